@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Constants of the TURN ChannelData fast path. Every one of them is shared with
+ * Go through the generated bindings (enums) or the load-time config. */
+#ifndef STUNNERD_XDP_CONSTS_H
+#define STUNNERD_XDP_CONSTS_H
+
+/* RFC 8656 §12.4: a ChannelData message starts with 0b01 in its first two bits
+ * (channel numbers 0x4000-0x7FFF); STUN messages start with 0b00. */
+#define CHANNEL_DATA_MASK 0xC0
+#define CHANNEL_DATA_BITS 0x40
+#define CHANNEL_DATA_HDR_LEN 4
+
+/* Over UDP a ChannelData message may carry 0-3 bytes of padding (RFC 8656 §12.5);
+ * more trailing bytes than that are not ours: pion/turn decides about them. */
+#define CHANNEL_DATA_MAX_PAD 3
+
+/* The largest application data we relay. It bounds variable packet offsets for
+ * the verifier and is above any XDP linear frame, so nothing real is cut off. */
+#define CHANNEL_DATA_MAX_LEN 0x1fff
+
+/* Relayed packets are locally originated by the relay, as pion/turn's would be:
+ * they get a fresh TTL instead of a decremented one. */
+#define RELAY_TTL 64
+
+/* How many UDP listener ports one program serves (set at load time). */
+#define MAX_LISTENER_PORTS 8
+
+#define ETH_ALEN 6
+#define ETH_P_IP 0x0800
+#define IPPROTO_UDP 17
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1FFF
+#define AF_INET 2
+
+/* Why the program let a packet go the way it did; one per-CPU counter each.
+ * REASON_RELAY_* are relayed, everything else is XDP_PASSed untouched. */
+enum reason {
+	REASON_RELAY_C2P_TX = 0,       /* client->peer, out the ingress interface */
+	REASON_RELAY_C2P_REDIRECT,     /* client->peer, to another attached interface */
+	REASON_RELAY_P2C_TX,           /* peer->client, out the ingress interface */
+	REASON_RELAY_P2C_REDIRECT,     /* peer->client, to another attached interface */
+	REASON_NOT_IPV4,               /* not an IPv4 frame (incl. VLAN-tagged, IPv6) */
+	REASON_NOT_UDP,                /* IPv4 but not UDP */
+	REASON_NOT_OURS,               /* UDP to neither a listener nor a relay port */
+	REASON_MALFORMED_IP,           /* truncated, bad version/IHL, length lies */
+	REASON_IP_OPTIONS,             /* IHL > 5 */
+	REASON_IP_FRAGMENT,            /* MF set or fragment offset != 0 */
+	REASON_MALFORMED_UDP,          /* UDP header truncated or its length lies */
+	REASON_STUN,                   /* listener port, not ChannelData (STUN/TURN) */
+	REASON_MALFORMED_CHANNEL_DATA, /* short, length beyond payload, 4+ bytes pad */
+	REASON_OVERSIZE,               /* data above CHANNEL_DATA_MAX_LEN */
+	REASON_NO_CHANNEL,             /* ChannelData for no bound channel */
+	REASON_NO_PEER_BINDING,        /* relay port, no channel bound to this peer */
+	REASON_CLIENT_ADDR_UNKNOWN,    /* listener address on the wire not learned yet */
+	REASON_FIB_NO_NEIGH,           /* next hop has no neighbour entry yet */
+	REASON_FIB_FRAG_NEEDED,        /* result above the egress MTU */
+	REASON_FIB_FWD_DISABLED,       /* forwarding is off on the ingress device */
+	REASON_FIB_NOT_FORWARDED,      /* local, blackhole, unreachable, ... */
+	REASON_EGRESS_NOT_ATTACHED,    /* egress interface not in the devmap */
+	REASON_ADJUST_FAILED,          /* bpf_xdp_adjust_head/tail refused */
+	REASON_MAX,
+};
+
+#endif

@@ -1,0 +1,6 @@
+// Package bpf holds the XDP fast path of stunnerd-xdp: the C sources and the Go
+// bindings bpf2go generates from them. The generated files are committed so that
+// `go build` needs no clang; `make generate` rebuilds them.
+package bpf
+
+//go:generate go tool bpf2go -cc clang -strip llvm-strip -target bpfel -type c2p_key -type c2p_val -type p2c_key -type p2c_val -type binding_stats -type reason Relay relay.c -- -O2 -g -Wall -Werror -I./include -I/usr/include/x86_64-linux-gnu

@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The maps shared with internal/channelmap, the only Go code that writes them.
+ * Addresses are 16 bytes (IPv4 as ::ffff:a.b.c.d) so Go has one address type;
+ * ports and channel numbers are in network byte order, as on the wire. */
+#ifndef STUNNERD_XDP_MAPS_H
+#define STUNNERD_XDP_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf_helpers.h>
+#include "consts.h"
+
+struct addr {
+	__u8 b[16];
+};
+
+/* A client's ChannelData arriving on a listener port. The listener address is
+ * not part of the key: behind a load balancer the wire carries a VIP that
+ * pion/turn never sees. */
+struct c2p_key {
+	struct addr client_addr;
+	__be16 client_port;
+	__be16 listener_port;
+	__be16 channel;
+	__u16 _pad;
+};
+
+struct c2p_val {
+	struct addr peer_addr;
+	struct addr relay_addr;
+	__be16 peer_port;
+	__be16 relay_port;
+	__u32 binding_id; /* index into binding_counters */
+};
+
+/* A peer's datagram to a relayed transport address. The relay address is part of
+ * the key: pion/turn's relay socket is bound to it and takes nothing else. */
+struct p2c_key {
+	struct addr peer_addr;
+	struct addr relay_addr;
+	__be16 peer_port;
+	__be16 relay_port;
+};
+
+struct p2c_val {
+	struct addr client_addr;
+	/* Source for packets to the client: the address the client's packets
+	 * arrived at on the wire. Userspace seeds it when the listener is not a
+	 * wildcard; the client->peer path learns it from the packet. All zero:
+	 * not known yet, the packet goes to userspace. */
+	struct addr listener_addr;
+	__be16 client_port;
+	__be16 listener_port;
+	__be16 channel;
+	__u16 _pad;
+	__u32 binding_id;
+};
+
+/* Per binding and direction: packets and application-data bytes relayed. */
+struct binding_stats {
+	__u64 c2p_packets;
+	__u64 c2p_bytes;
+	__u64 p2c_packets;
+	__u64 p2c_bytes;
+};
+
+/* Load-time configuration (rewritten by the loader before load, so the verifier
+ * sees constants). Ports in network byte order; relay range inclusive. */
+struct config {
+	__be16 listener_ports[MAX_LISTENER_PORTS];
+	__u16 listener_port_count;
+	__u16 min_relay_port; /* host order, for range comparison */
+	__u16 max_relay_port; /* host order */
+	__u16 _pad;
+};
+
+/* Sized by the loader from --max-bindings; max_entries here are the defaults. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct c2p_key);
+	__type(value, struct c2p_val);
+	__uint(max_entries, 131072);
+} c2p_bindings SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct p2c_key);
+	__type(value, struct p2c_val);
+	__uint(max_entries, 131072);
+} p2c_bindings SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct binding_stats);
+	__uint(max_entries, 131072);
+} binding_counters SEC(".maps");
+
+/* One counter per enum reason, per CPU: no atomics on the packet path. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, REASON_MAX);
+} verdicts SEC(".maps");
+
+/* The interfaces the program is attached to, keyed by ifindex: the only valid
+ * redirect targets. Written from the interfaces' network namespace. */
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 64);
+} tx_ports SEC(".maps");
+
+#endif

@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Packet parsing: every read is bounds-checked here, before it happens.
+ * A cursor walks the frame; each parse_* checks `hdr + 1 > data_end` first. */
+#ifndef STUNNERD_XDP_PARSING_H
+#define STUNNERD_XDP_PARSING_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/udp.h>
+#include <bpf_helpers.h>
+#include <bpf_endian.h>
+#include "consts.h"
+
+struct cursor {
+	void *pos;
+	void *end;
+};
+
+static __always_inline int parse_eth(struct cursor *c, struct ethhdr **eth)
+{
+	struct ethhdr *h = c->pos;
+	if ((void *)(h + 1) > c->end)
+		return REASON_NOT_IPV4;
+	if (h->h_proto != bpf_htons(ETH_P_IP))
+		return REASON_NOT_IPV4;
+	c->pos = h + 1;
+	*eth = h;
+	return -1;
+}
+
+/* parse_ipv4 accepts only option-less, unfragmented IPv4/UDP whose total length
+ * fits in the frame; the frame may be longer (Ethernet minimum-size trailer). */
+static __always_inline int parse_ipv4(struct cursor *c, struct iphdr **ip)
+{
+	struct iphdr *h = c->pos;
+	if ((void *)(h + 1) > c->end)
+		return REASON_MALFORMED_IP;
+	if (h->version != 4 || h->ihl < 5)
+		return REASON_MALFORMED_IP;
+	if (h->ihl != 5)
+		return REASON_IP_OPTIONS;
+	if (h->protocol != IPPROTO_UDP)
+		return REASON_NOT_UDP;
+	if (h->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return REASON_IP_FRAGMENT;
+	__u16 tot_len = bpf_ntohs(h->tot_len);
+	if (tot_len < sizeof(*h) + sizeof(struct udphdr) || (void *)h + tot_len > c->end)
+		return REASON_MALFORMED_IP;
+	c->pos = h + 1;
+	*ip = h;
+	return -1;
+}
+
+/* parse_udp requires the UDP length to agree exactly with the IP total length. */
+static __always_inline int parse_udp(struct cursor *c, struct iphdr *ip, struct udphdr **udp)
+{
+	struct udphdr *h = c->pos;
+	if ((void *)(h + 1) > c->end)
+		return REASON_MALFORMED_UDP;
+	if (bpf_ntohs(h->len) != bpf_ntohs(ip->tot_len) - sizeof(*ip))
+		return REASON_MALFORMED_UDP;
+	c->pos = h + 1;
+	*udp = h;
+	return -1;
+}
+
+/* parse_channel_data validates a ChannelData message that fills the UDP payload of
+ * payload_len bytes: the header, the length against the payload, padding of at
+ * most 3 bytes. It returns -1 and the data length and padding on success. */
+static __always_inline int parse_channel_data(struct cursor *c, __u16 payload_len,
+					      __be16 *channel, __u16 *data_len, __u16 *pad)
+{
+	__u8 *h = c->pos;
+	if ((void *)(h + CHANNEL_DATA_HDR_LEN) > c->end) {
+		/* Too short to be ChannelData; a STUN message is longer still. */
+		return REASON_MALFORMED_CHANNEL_DATA;
+	}
+	if ((h[0] & CHANNEL_DATA_MASK) != CHANNEL_DATA_BITS)
+		return REASON_STUN;
+	__u16 len = ((__u16)h[2] << 8) | h[3];
+	if ((__u32)len + CHANNEL_DATA_HDR_LEN > payload_len)
+		return REASON_MALFORMED_CHANNEL_DATA;
+	if (payload_len - CHANNEL_DATA_HDR_LEN - len > CHANNEL_DATA_MAX_PAD)
+		return REASON_MALFORMED_CHANNEL_DATA;
+	if (len > CHANNEL_DATA_MAX_LEN)
+		return REASON_OVERSIZE;
+	*channel = *(__be16 *)h;
+	*data_len = len;
+	*pad = payload_len - CHANNEL_DATA_HDR_LEN - len;
+	c->pos = h + CHANNEL_DATA_HDR_LEN;
+	return -1;
+}
+
+#endif
