@@ -1,0 +1,191 @@
+// Command stunnerd-xdp is a TURN server (pion/turn) whose UDP ChannelData hot
+// path runs in XDP. It is run like STUNner's stunnerd:
+//
+//	stunnerd-xdp [flags] turn://USER:PASS@ADDR:PORT
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/logging"
+)
+
+const usageHead = `stunnerd-xdp: a TURN server (pion/turn) whose UDP ChannelData hot path runs in XDP.
+
+Usage:
+  stunnerd-xdp [flags] turn://USER:PASS@ADDR:PORT
+
+pion/turn handles everything that needs judgement (Allocate, authentication,
+CreatePermission, ChannelBind, Refresh, STUN Binding) and mirrors each channel
+binding into BPF maps; an XDP program relays the bound ChannelData in the
+kernel. Whatever XDP cannot relay, and everything when XDP is unavailable, is
+relayed by pion/turn in userspace.
+
+ADDR may be 0.0.0.0 (then --relay-address is required). Example:
+  stunnerd-xdp --relay-address 10.0.0.5 --log=all:INFO,turn:DEBUG turn://user1:passwd1@0.0.0.0:3478
+
+Flags:
+`
+
+type options struct {
+	log, logFormat, realm, relayAddr, xdpMode, xdpIfaces string
+	metricsAddr, healthAddr                              string
+	minPort, maxPort                                     uint
+	maxBindings                                          uint
+	forceReady                                           bool
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+func run(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("stunnerd-xdp", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o options
+	fs.StringVar(&o.log, "log", "all:INFO", "log levels per scope: `SPEC` as scope:LEVEL,... with LEVEL TRACE, DEBUG, INFO, WARN, ERROR or DISABLE;\nscope 'all' is the default; scopes include turn, auth, control, loader, stunnerd-xdp")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&o.realm, "realm", daemon.DefaultRealm, "TURN realm for long-term credentials")
+	fs.StringVar(&o.relayAddr, "relay-address", "", "`IP` that relay sockets bind to and relayed packets leave from\n(default: the listener address when it is not a wildcard)")
+	fs.UintVar(&o.minPort, "min-relay-port", daemon.DefaultMinRelayPort, "lowest relay port (relay ports are host ports)")
+	fs.UintVar(&o.maxPort, "max-relay-port", daemon.DefaultMaxRelayPort, "highest relay port")
+	fs.StringVar(&o.xdpMode, "xdp-mode", string(loader.ModeAuto), "XDP attach mode: auto (native, then generic, then userspace), native, generic or off")
+	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
+	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off)")
+	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live and /ready (empty: off)")
+	fs.BoolVar(&o.forceReady, "force-ready-status", false, "keep /ready green while draining, for clusters that blackhole UDP to unready pods")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usageHead)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "stunnerd-xdp: need exactly one TURN URI, like turn://user:pass@10.0.0.1:3478 (see --help)")
+		return 2
+	}
+	cfg, err := buildConfig(o, fs.Arg(0))
+	if err != nil {
+		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
+		return 2
+	}
+	logger, err := logging.New(o.log, o.logFormat, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
+		return 2
+	}
+	cfg.Logger = logger
+	log := logger.Slog("stunnerd-xdp")
+
+	d, err := daemon.Start(cfg)
+	if err != nil {
+		log.Error("cannot start", "error", err)
+		return 1
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	s := <-sigs
+	log.Info("shutting down", "signal", s.String())
+	if err := d.Close(); err != nil {
+		log.Error("shutdown", "error", err)
+		return 1
+	}
+	return 0
+}
+
+// buildConfig turns the flags and the URI into a daemon configuration.
+func buildConfig(o options, uri string) (daemon.Config, error) {
+	var cfg daemon.Config
+	listen, user, pass, err := parseURI(uri)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Listen = listen
+	cfg.Users = map[string]string{user: pass}
+	cfg.Realm = o.realm
+	if o.relayAddr != "" {
+		a, err := netip.ParseAddr(o.relayAddr)
+		if err != nil {
+			return cfg, fmt.Errorf("--relay-address: %w", err)
+		}
+		cfg.RelayAddress = a
+	}
+	for _, p := range []struct {
+		name string
+		v    uint
+	}{{"--min-relay-port", o.minPort}, {"--max-relay-port", o.maxPort}} {
+		if p.v == 0 || p.v > 65535 {
+			return cfg, fmt.Errorf("%s %d: want 1-65535", p.name, p.v)
+		}
+	}
+	cfg.MinRelayPort, cfg.MaxRelayPort = uint16(o.minPort), uint16(o.maxPort)
+	if cfg.XDPMode, err = loader.ParseMode(o.xdpMode); err != nil {
+		return cfg, fmt.Errorf("--xdp-mode: %w", err)
+	}
+	if o.xdpIfaces != "" {
+		for _, i := range strings.Split(o.xdpIfaces, ",") {
+			if i = strings.TrimSpace(i); i == "" {
+				return cfg, fmt.Errorf("--xdp-iface %q: empty interface name", o.xdpIfaces)
+			}
+			cfg.Interfaces = append(cfg.Interfaces, i)
+		}
+	}
+	if o.maxBindings == 0 || o.maxBindings > 1<<24 {
+		return cfg, fmt.Errorf("--max-bindings %d: want 1-%d", o.maxBindings, 1<<24)
+	}
+	cfg.MaxBindings = uint32(o.maxBindings)
+	cfg.MetricsAddr, cfg.HealthAddr, cfg.ForceReady = o.metricsAddr, o.healthAddr, o.forceReady
+	return cfg, nil
+}
+
+// parseURI reads turn://USER:PASS@ADDR:PORT[?transport=udp].
+func parseURI(s string) (netip.AddrPort, string, string, error) {
+	var zero netip.AddrPort
+	u, err := url.Parse(s)
+	if err != nil {
+		return zero, "", "", fmt.Errorf("TURN URI %q: %w", s, err)
+	}
+	if u.Scheme != "turn" {
+		return zero, "", "", fmt.Errorf("TURN URI %q: scheme must be turn (turns/TLS is not served)", s)
+	}
+	if t := u.Query().Get("transport"); t != "" && !strings.EqualFold(t, "udp") {
+		return zero, "", "", fmt.Errorf("TURN URI %q: transport %q is not supported, only udp", s, t)
+	}
+	if u.User == nil || u.User.Username() == "" {
+		return zero, "", "", fmt.Errorf("TURN URI %q: no user, want turn://USER:PASS@ADDR:PORT", s)
+	}
+	pass, ok := u.User.Password()
+	if !ok || pass == "" {
+		return zero, "", "", fmt.Errorf("TURN URI %q: no password, want turn://USER:PASS@ADDR:PORT", s)
+	}
+	host, portStr := u.Hostname(), u.Port()
+	if portStr == "" {
+		portStr = "3478"
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil || port == 0 {
+		return zero, "", "", fmt.Errorf("TURN URI %q: invalid port %q", s, portStr)
+	}
+	addr, err := netip.ParseAddr(host)
+	if err != nil {
+		return zero, "", "", fmt.Errorf("TURN URI %q: address %q must be an IP address: %w", s, host, err)
+	}
+	return netip.AddrPortFrom(addr, uint16(port)), u.User.Username(), pass, nil
+}

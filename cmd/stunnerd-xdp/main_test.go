@@ -1,0 +1,99 @@
+package main
+
+import (
+	"bytes"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+)
+
+func TestParseURI(t *testing.T) {
+	for _, c := range []struct {
+		uri, listen, user, pass, err string
+	}{
+		{uri: "turn://user1:passwd1@10.0.0.1:3478", listen: "10.0.0.1:3478", user: "user1", pass: "passwd1"},
+		{uri: "turn://u:p@0.0.0.0:3479?transport=udp", listen: "0.0.0.0:3479", user: "u", pass: "p"},
+		{uri: "turn://u:p@10.0.0.1", listen: "10.0.0.1:3478", user: "u", pass: "p"},
+		{uri: "turn://u:p%40x@10.0.0.1:3478", listen: "10.0.0.1:3478", user: "u", pass: "p@x"},
+		{uri: "turns://u:p@10.0.0.1:5349", err: "scheme must be turn"},
+		{uri: "turn://u:p@10.0.0.1:3478?transport=tcp", err: "transport"},
+		{uri: "turn://10.0.0.1:3478", err: "no user"},
+		{uri: "turn://u@10.0.0.1:3478", err: "no password"},
+		{uri: "turn://u:p@example.com:3478", err: "must be an IP address"},
+		{uri: "turn://u:p@10.0.0.1:0", err: "invalid port"},
+		{uri: "turn://u:p@10.0.0.1:70000", err: "invalid port"},
+	} {
+		t.Run(c.uri, func(t *testing.T) {
+			listen, user, pass, err := parseURI(c.uri)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("error %v, want one containing %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if listen != netip.MustParseAddrPort(c.listen) || user != c.user || pass != c.pass {
+				t.Fatalf("got %v %q %q", listen, user, pass)
+			}
+		})
+	}
+}
+
+func TestBuildConfigErrors(t *testing.T) {
+	good := options{log: "all:INFO", logFormat: "text", realm: "r", xdpMode: "auto", minPort: 49152, maxPort: 65535, maxBindings: 1024}
+	uri := "turn://u:p@10.0.0.1:3478"
+	cfg, err := buildConfig(good, uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.XDPMode != loader.ModeAuto || cfg.MaxBindings != 1024 || cfg.Users["u"] != "p" {
+		t.Fatalf("config %+v", cfg)
+	}
+	for name, mut := range map[string]func(*options){
+		"bad mode":          func(o *options) { o.xdpMode = "turbo" },
+		"bad relay address": func(o *options) { o.relayAddr = "10.0.0" },
+		"port zero":         func(o *options) { o.minPort = 0 },
+		"port too big":      func(o *options) { o.maxPort = 70000 },
+		"empty iface":       func(o *options) { o.xdpIfaces = "eth0,," },
+		"zero bindings":     func(o *options) { o.maxBindings = 0 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := good
+			mut(&o)
+			if _, err := buildConfig(o, uri); err == nil {
+				t.Fatal("no error")
+			}
+		})
+	}
+}
+
+func TestUsageAndBadInvocations(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"--help"}, &out); code != 0 {
+		t.Fatalf("--help exit %d", code)
+	}
+	for _, flagName := range []string{"-log", "-log-format", "-relay-address", "-min-relay-port", "-max-relay-port", "-xdp-mode", "-xdp-iface", "-metrics-addr", "-health-addr", "-force-ready-status", "-max-bindings", "turn://USER:PASS@ADDR:PORT"} {
+		if !strings.Contains(out.String(), flagName) {
+			t.Errorf("--help does not explain %s", flagName)
+		}
+	}
+	for _, args := range [][]string{
+		{},
+		{"turn://u:p@10.0.0.1:3478", "extra"},
+		{"--log=all:LOUD", "turn://u:p@10.0.0.1:3478"},
+		{"--log-format=xml", "turn://u:p@10.0.0.1:3478"},
+		{"--no-such-flag", "turn://u:p@10.0.0.1:3478"},
+	} {
+		out.Reset()
+		if code := run(args, &out); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (output %q)", args, code, out.String())
+		}
+		if out.Len() == 0 {
+			t.Errorf("%v: no error message", args)
+		}
+	}
+}

@@ -1,0 +1,31 @@
+package channelmap
+
+import "github.com/l7mp/stunnerd-xdp/bpf"
+
+// ReasonNames are the metric labels of the program's verdict reasons, indexed by
+// the generated bpf.RelayReason values.
+var ReasonNames = map[bpf.RelayReason]string{
+	bpf.RelayReasonREASON_RELAY_C2P_TX:           "relay_client_to_peer_tx",
+	bpf.RelayReasonREASON_RELAY_C2P_REDIRECT:     "relay_client_to_peer_redirect",
+	bpf.RelayReasonREASON_RELAY_P2C_TX:           "relay_peer_to_client_tx",
+	bpf.RelayReasonREASON_RELAY_P2C_REDIRECT:     "relay_peer_to_client_redirect",
+	bpf.RelayReasonREASON_NOT_IPV4:               "pass_not_ipv4",
+	bpf.RelayReasonREASON_NOT_UDP:                "pass_not_udp",
+	bpf.RelayReasonREASON_NOT_OURS:               "pass_not_ours",
+	bpf.RelayReasonREASON_MALFORMED_IP:           "pass_malformed_ip",
+	bpf.RelayReasonREASON_IP_OPTIONS:             "pass_ip_options",
+	bpf.RelayReasonREASON_IP_FRAGMENT:            "pass_ip_fragment",
+	bpf.RelayReasonREASON_MALFORMED_UDP:          "pass_malformed_udp",
+	bpf.RelayReasonREASON_STUN:                   "pass_stun",
+	bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA: "pass_malformed_channel_data",
+	bpf.RelayReasonREASON_OVERSIZE:               "pass_oversize",
+	bpf.RelayReasonREASON_NO_CHANNEL:             "pass_no_channel",
+	bpf.RelayReasonREASON_NO_PEER_BINDING:        "pass_no_peer_binding",
+	bpf.RelayReasonREASON_CLIENT_ADDR_UNKNOWN:    "pass_client_addr_unknown",
+	bpf.RelayReasonREASON_FIB_NO_NEIGH:           "pass_fib_no_neigh",
+	bpf.RelayReasonREASON_FIB_FRAG_NEEDED:        "pass_fib_frag_needed",
+	bpf.RelayReasonREASON_FIB_FWD_DISABLED:       "pass_fib_forwarding_disabled",
+	bpf.RelayReasonREASON_FIB_NOT_FORWARDED:      "pass_fib_not_forwarded",
+	bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED:    "pass_egress_not_attached",
+	bpf.RelayReasonREASON_ADJUST_FAILED:          "pass_adjust_failed",
+}

@@ -1,0 +1,369 @@
+// Package daemon assembles stunnerd-xdp: the pion/turn server, the mirror of its
+// channel bindings into the XDP maps, the loader and the switch between the
+// kernel and userspace paths, metrics and health.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pion/turn/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
+
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/control"
+	"github.com/l7mp/stunnerd-xdp/internal/fallback"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/logging"
+)
+
+// Config is everything the daemon runs on.
+type Config struct {
+	// Listen is the UDP listener address; may be a wildcard.
+	Listen netip.AddrPort
+	// Users are the long-term credentials (username -> password).
+	Users map[string]string
+	Realm string
+	// RelayAddress is the IP relay sockets bind to and packets to peers come from.
+	RelayAddress               netip.Addr
+	MinRelayPort, MaxRelayPort uint16
+
+	XDPMode     loader.Mode
+	Interfaces  []string // empty: those carrying the listener and relay addresses
+	MaxBindings uint32
+
+	MetricsAddr string // empty: no metrics server
+	HealthAddr  string // empty: no health server
+	ForceReady  bool
+
+	// ChannelBindTimeout overrides pion/turn's 10-minute channel lifetime.
+	ChannelBindTimeout time.Duration
+	// ReconcileInterval is how often the maps are compared with pion's state.
+	ReconcileInterval time.Duration
+	// SocketBuffer is the receive and send buffer of the listener socket.
+	SocketBuffer int
+
+	Logger *logging.Factory
+}
+
+// Defaults for the zero fields of Config.
+const (
+	DefaultRealm             = "stunner.l7mp.io"
+	DefaultMinRelayPort      = 49152
+	DefaultMaxRelayPort      = 65535
+	DefaultMaxBindings       = 131072
+	DefaultReconcileInterval = 10 * time.Second
+	DefaultSocketBuffer      = 4 << 20
+)
+
+func (c *Config) validate() error {
+	if !c.Listen.IsValid() || c.Listen.Port() == 0 {
+		return fmt.Errorf("invalid listener address %v", c.Listen)
+	}
+	if !c.Listen.Addr().Unmap().Is4() {
+		return fmt.Errorf("listener %v: only IPv4 listeners are supported", c.Listen)
+	}
+	if len(c.Users) == 0 {
+		return errors.New("no TURN credentials: give them in the URI as turn://USER:PASS@ADDR:PORT")
+	}
+	if c.Realm == "" {
+		c.Realm = DefaultRealm
+	}
+	if !c.RelayAddress.IsValid() || c.RelayAddress.IsUnspecified() {
+		if c.Listen.Addr().IsUnspecified() {
+			return errors.New("the listener is a wildcard address: set --relay-address to the IP relayed traffic leaves from")
+		}
+		c.RelayAddress = c.Listen.Addr()
+	}
+	c.RelayAddress = c.RelayAddress.Unmap()
+	if !c.RelayAddress.Is4() {
+		return fmt.Errorf("relay address %v: only IPv4 is supported", c.RelayAddress)
+	}
+	if c.MinRelayPort == 0 {
+		c.MinRelayPort = DefaultMinRelayPort
+	}
+	if c.MaxRelayPort == 0 {
+		c.MaxRelayPort = DefaultMaxRelayPort
+	}
+	if c.MaxRelayPort < c.MinRelayPort {
+		return fmt.Errorf("relay port range %d-%d is empty", c.MinRelayPort, c.MaxRelayPort)
+	}
+	if p := c.Listen.Port(); p >= c.MinRelayPort && p <= c.MaxRelayPort {
+		return fmt.Errorf("listener port %d is inside the relay port range %d-%d", p, c.MinRelayPort, c.MaxRelayPort)
+	}
+	if c.XDPMode == "" {
+		c.XDPMode = loader.ModeAuto
+	}
+	if c.MaxBindings == 0 {
+		c.MaxBindings = DefaultMaxBindings
+	}
+	if c.ReconcileInterval == 0 {
+		c.ReconcileInterval = DefaultReconcileInterval
+	}
+	if c.SocketBuffer == 0 {
+		c.SocketBuffer = DefaultSocketBuffer
+	}
+	if c.Logger == nil {
+		return errors.New("no logger")
+	}
+	return nil
+}
+
+// Daemon is a running stunnerd-xdp.
+type Daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	server   *turn.Server
+	listener net.PacketConn
+	mirror   *control.Mirror
+	prog     *loader.Program
+	maps     *channelmap.Maps
+	sw       *fallback.Switch
+	counters *fallback.Counters
+	registry *prometheus.Registry
+	https    []*http.Server
+	stop     chan struct{}
+	wg       sync.WaitGroup
+
+	closeOnce sync.Once
+}
+
+// Start builds and starts the daemon. XDP problems never stop it: it serves
+// from userspace instead and says why.
+func Start(cfg Config) (*Daemon, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	d := &Daemon{
+		cfg:      cfg,
+		log:      cfg.Logger.Slog("stunnerd-xdp"),
+		counters: &fallback.Counters{},
+		stop:     make(chan struct{}),
+	}
+	d.mirror = control.New(cfg.Logger.Slog("control"))
+
+	// Relay ports are host ports: make sure the range is usable before pion
+	// fails on it allocation by allocation.
+	if err := checkRelayRange(cfg.RelayAddress, cfg.MinRelayPort, cfg.MaxRelayPort); err != nil {
+		d.mirror.Close()
+		return nil, err
+	}
+
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			// Bigger buffers absorb bursts on the userspace path; FORCE works
+			// as root beyond net.core.rmem_max.
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, cfg.SocketBuffer)
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, cfg.SocketBuffer)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	conn, err := lc.ListenPacket(context.Background(), "udp4", cfg.Listen.String())
+	if err != nil {
+		d.mirror.Close()
+		return nil, fmt.Errorf("listen on %v: %w", cfg.Listen, err)
+	}
+	d.listener = conn
+
+	users := map[string][]byte{}
+	for u, p := range cfg.Users {
+		users[u] = turn.GenerateAuthKey(u, cfg.Realm, p)
+	}
+	authLog := cfg.Logger.Slog("auth")
+	d.server, err = turn.NewServer(turn.ServerConfig{
+		Realm:              cfg.Realm,
+		LoggerFactory:      cfg.Logger,
+		ChannelBindTimeout: cfg.ChannelBindTimeout,
+		AuthHandler: func(username, realm string, src net.Addr) ([]byte, bool) {
+			key, ok := users[username]
+			if !ok {
+				authLog.Info("unknown user", "user", username, "client", src.String())
+			}
+			return key, ok
+		},
+		EventHandler: d.mirror.EventHandler(),
+		PacketConnConfigs: []turn.PacketConnConfig{{
+			PacketConn: &fallback.ListenerConn{PacketConn: conn, Counters: d.counters},
+			RelayAddressGenerator: &fallback.RelayAddressGenerator{
+				RelayAddressGeneratorPortRange: turn.RelayAddressGeneratorPortRange{
+					RelayAddress: net.IP(cfg.RelayAddress.AsSlice()),
+					Address:      cfg.RelayAddress.String(),
+					MinPort:      cfg.MinRelayPort,
+					MaxPort:      cfg.MaxRelayPort,
+				},
+				Counters: d.counters,
+			},
+		}},
+	})
+	if err != nil {
+		conn.Close()
+		d.mirror.Close()
+		return nil, fmt.Errorf("start TURN server: %w", err)
+	}
+	d.log.Info("TURN server listening", "listener", cfg.Listen.String(), "realm", cfg.Realm,
+		"relay-address", cfg.RelayAddress.String(), "relay-ports", fmt.Sprintf("%d-%d", cfg.MinRelayPort, cfg.MaxRelayPort))
+
+	d.startXDP()
+
+	d.registry = prometheus.NewRegistry()
+	d.registry.MustRegister(newCollector(d))
+	if err := d.serveHTTP(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Daemon) startXDP() {
+	ifaces := d.cfg.Interfaces
+	xlog := d.cfg.Logger.Slog("loader")
+	if d.cfg.XDPMode == loader.ModeOff {
+		xlog.Info("XDP off (--xdp-mode=off): pion/turn relays everything in userspace")
+		d.sw = fallback.NewSwitch(xlog, d.mirror, nil, nil, ifaces)
+		return
+	}
+	if len(ifaces) == 0 {
+		var err error
+		ifaces, err = loader.InterfacesFor(d.cfg.Listen.Addr(), d.cfg.RelayAddress)
+		if err != nil || len(ifaces) == 0 {
+			xlog.Warn("cannot tell which interfaces to attach XDP to, serving from userspace; set --xdp-iface", "error", err)
+			d.sw = fallback.NewSwitch(xlog, d.mirror, nil, nil, nil)
+			return
+		}
+	}
+	prog, err := loader.Load(loader.Config{
+		ListenerPorts: []uint16{d.cfg.Listen.Port()},
+		MinRelayPort:  d.cfg.MinRelayPort,
+		MaxRelayPort:  d.cfg.MaxRelayPort,
+		MaxBindings:   d.cfg.MaxBindings,
+	}, xlog)
+	if err != nil {
+		xlog.Warn("XDP program not loaded, serving from userspace", "error", err)
+		d.sw = fallback.NewSwitch(xlog, d.mirror, nil, nil, ifaces)
+		return
+	}
+	d.prog = prog
+	d.maps = channelmap.New(prog.Maps())
+	d.sw = fallback.NewSwitch(xlog, d.mirror, prog, d.maps, ifaces)
+	if _, err := d.sw.Enable(d.cfg.XDPMode); err != nil {
+		xlog.Warn("XDP not attached anywhere, serving from userspace", "error", err)
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.mirror.RunReconcile(d.cfg.ReconcileInterval, d.stop)
+	}()
+}
+
+func checkRelayRange(addr netip.Addr, lo, hi uint16) error {
+	// Probe both ends: a range that is entirely taken or not bindable (a relay
+	// address the node does not have) fails here with a clear error.
+	for _, p := range []uint16{lo, hi} {
+		c, err := net.ListenPacket("udp4", netip.AddrPortFrom(addr, p).String())
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if errors.Is(err, syscall.EADDRNOTAVAIL) {
+			return fmt.Errorf("relay address %v is not an address of this host: %w", addr, err)
+		}
+	}
+	return fmt.Errorf("relay port range %d-%d on %v: both ends are in use", lo, hi, addr)
+}
+
+func (d *Daemon) serveHTTP() error {
+	serve := func(addr string, h http.Handler, what string) error {
+		if addr == "" {
+			return nil
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("%s endpoint on %s: %w", what, addr, err)
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		d.https = append(d.https, srv)
+		go func() { _ = srv.Serve(ln) }()
+		d.log.Info(what+" endpoint listening", "addr", ln.Addr().String())
+		return nil
+	}
+	mm := http.NewServeMux()
+	mm.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{}))
+	if err := serve(d.cfg.MetricsAddr, mm, "metrics"); err != nil {
+		return err
+	}
+	hm := http.NewServeMux()
+	hm.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"live"}` + "\n"))
+	})
+	hm.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
+	})
+	return serve(d.cfg.HealthAddr, hm, "health")
+}
+
+// Attached returns the XDP mode of every interface it runs on.
+func (d *Daemon) Attached() map[string]loader.Mode { return d.sw.Attached() }
+
+// Interfaces returns the interfaces the daemon manages.
+func (d *Daemon) Interfaces() []string { return d.sw.Interfaces() }
+
+// Maps returns the binding maps (nil without XDP).
+func (d *Daemon) Maps() *channelmap.Maps { return d.maps }
+
+// Mirror returns the mirror of pion's bindings.
+func (d *Daemon) Mirror() *control.Mirror { return d.mirror }
+
+// Switch returns the switch between paths.
+func (d *Daemon) Switch() *fallback.Switch { return d.sw }
+
+// Registry returns the Prometheus registry.
+func (d *Daemon) Registry() *prometheus.Registry { return d.registry }
+
+// UserspaceCounters returns what pion/turn relayed.
+func (d *Daemon) UserspaceCounters() *fallback.Counters { return d.counters }
+
+// AllocationCount returns pion's live allocations.
+func (d *Daemon) AllocationCount() int { return d.server.AllocationCount() }
+
+// Close stops the TURN server, detaches XDP and frees the maps.
+func (d *Daemon) Close() error {
+	var errs []error
+	d.closeOnce.Do(func() {
+		close(d.stop)
+		for _, s := range d.https {
+			_ = s.Close()
+		}
+		if d.server != nil {
+			errs = append(errs, d.server.Close())
+		}
+		d.wg.Wait()
+		if d.sw != nil {
+			errs = append(errs, d.sw.Disable())
+		}
+		d.mirror.Close()
+		if d.prog != nil {
+			errs = append(errs, d.prog.Close())
+		}
+		d.log.Info("stopped")
+	})
+	return errors.Join(errs...)
+}
+
+func itoa(v int) string { return strconv.Itoa(v) }

@@ -1,0 +1,89 @@
+package daemon
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+)
+
+// collector reads the counters at scrape time: the per-CPU maps are summed in
+// Go, nothing is copied on the packet path.
+type collector struct {
+	d                                              *Daemon
+	packets, bytes, verdicts, allocs, chans, bound *prometheus.Desc
+	attached, mirrorEvents, mirrorErrors, drift    *prometheus.Desc
+}
+
+func newCollector(d *Daemon) *collector {
+	return &collector{
+		d:        d,
+		packets:  prometheus.NewDesc("stunnerd_xdp_packets_total", "Packets relayed, by path (xdp or userspace) and direction.", []string{"path", "direction"}, nil),
+		bytes:    prometheus.NewDesc("stunnerd_xdp_bytes_total", "Application-data bytes relayed, by path and direction.", []string{"path", "direction"}, nil),
+		verdicts: prometheus.NewDesc("stunnerd_xdp_verdicts_total", "Packets seen by the XDP program, by the reason for its verdict.", []string{"reason"}, nil),
+		allocs:   prometheus.NewDesc("stunnerd_xdp_allocations_active", "TURN allocations pion/turn holds.", nil, nil),
+		chans:    prometheus.NewDesc("stunnerd_xdp_channels_active", "TURN channel bindings pion/turn holds.", nil, nil),
+		bound:    prometheus.NewDesc("stunnerd_xdp_bindings_offloaded", "Channel bindings installed in the XDP maps.", nil, nil),
+		attached: prometheus.NewDesc("stunnerd_xdp_attached", "1 where the XDP program is attached to the interface in the mode.", []string{"iface", "mode"}, nil),
+		mirrorEvents: prometheus.NewDesc("stunnerd_xdp_mirror_events_total", "pion/turn events received by the mirror.", nil, nil),
+		mirrorErrors: prometheus.NewDesc("stunnerd_xdp_mirror_errors_total", "Map writes that failed (the flows stayed in userspace).", nil, nil),
+		drift:        prometheus.NewDesc("stunnerd_xdp_reconcile_repairs_total", "Differences between pion/turn and the maps repaired by the reconcile.", nil, nil),
+	}
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	u := c.d.counters
+	counter(c.packets, u.ClientToPeerPackets.Load(), "userspace", "client_to_peer")
+	counter(c.packets, u.PeerToClientPackets.Load(), "userspace", "peer_to_client")
+	counter(c.bytes, u.ClientToPeerBytes.Load(), "userspace", "client_to_peer")
+	counter(c.bytes, u.PeerToClientBytes.Load(), "userspace", "peer_to_client")
+
+	var xdp channelmap.Stats
+	if m := c.d.maps; m != nil {
+		if s, err := m.Totals(); err == nil {
+			xdp = s
+		}
+		if v, err := m.Verdicts(); err == nil {
+			for r, n := range v {
+				counter(c.verdicts, n, channelmap.ReasonNames[bpf.RelayReason(r)])
+			}
+		}
+		gauge(c.bound, float64(m.Len()))
+	}
+	counter(c.packets, xdp.ClientToPeerPackets, "xdp", "client_to_peer")
+	counter(c.packets, xdp.PeerToClientPackets, "xdp", "peer_to_client")
+	counter(c.bytes, xdp.ClientToPeerBytes, "xdp", "client_to_peer")
+	counter(c.bytes, xdp.PeerToClientBytes, "xdp", "peer_to_client")
+
+	gauge(c.allocs, float64(c.d.server.AllocationCount()))
+	_, chans := c.d.mirror.Counts()
+	gauge(c.chans, float64(chans))
+
+	attached := c.d.sw.Attached()
+	for _, iface := range c.d.sw.Interfaces() {
+		for _, mode := range []loader.Mode{loader.ModeNative, loader.ModeGeneric} {
+			v := 0.0
+			if attached[iface] == mode {
+				v = 1
+			}
+			gauge(c.attached, v, iface, string(mode))
+		}
+	}
+	st := c.d.mirror.Stats()
+	counter(c.mirrorEvents, st.Events)
+	counter(c.mirrorErrors, st.Errors)
+	counter(c.drift, st.Drift)
+}

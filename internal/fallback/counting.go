@@ -1,0 +1,91 @@
+// Package fallback is the userspace path and the switch between paths. pion/turn
+// relays whatever the XDP program passes (and everything when XDP is off); the
+// wrappers here count what it relays, and Switch moves bindings between the
+// kernel and userspace without touching the sessions themselves.
+package fallback
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"sync/atomic"
+
+	"github.com/pion/stun/v3"
+	"github.com/pion/turn/v4"
+)
+
+// Counters count packets and application-data bytes relayed by pion/turn.
+type Counters struct {
+	ClientToPeerPackets, ClientToPeerBytes atomic.Uint64
+	PeerToClientPackets, PeerToClientBytes atomic.Uint64
+}
+
+// ListenerConn wraps pion's listener socket: what pion writes to clients as
+// ChannelData or Data indications is peer->client traffic it relayed.
+type ListenerConn struct {
+	net.PacketConn
+	Counters *Counters
+}
+
+func (c *ListenerConn) WriteTo(p []byte, addr net.Addr) (int, error) {
+	n, err := c.PacketConn.WriteTo(p, addr)
+	if err == nil {
+		if data, ok := relayedData(p); ok {
+			c.Counters.PeerToClientPackets.Add(1)
+			c.Counters.PeerToClientBytes.Add(uint64(data))
+		}
+	}
+	return n, err
+}
+
+// relayedData reports whether p carries relayed peer data, and how much.
+func relayedData(p []byte) (int, bool) {
+	if len(p) >= 4 && p[0]&0xC0 == 0x40 {
+		return int(binary.BigEndian.Uint16(p[2:4])), true
+	}
+	// A Data indication: method Data (0x007), class indication.
+	if len(p) >= 20 && binary.BigEndian.Uint16(p[0:2]) == 0x0117 {
+		m := &stun.Message{Raw: append([]byte(nil), p...)}
+		if err := m.Decode(); err != nil {
+			return 0, false
+		}
+		v, err := m.Get(stun.AttrData)
+		if err != nil {
+			return 0, false
+		}
+		return len(v), true
+	}
+	return 0, false
+}
+
+// relayConn wraps a relay socket: what pion writes there is client->peer
+// traffic it relayed (from ChannelData or Send indications).
+type relayConn struct {
+	net.PacketConn
+	counters *Counters
+}
+
+func (c *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
+	n, err := c.PacketConn.WriteTo(p, addr)
+	if err == nil {
+		c.counters.ClientToPeerPackets.Add(1)
+		c.counters.ClientToPeerBytes.Add(uint64(n))
+	}
+	return n, err
+}
+
+// RelayAddressGenerator allocates relay sockets bound to the relay address in
+// the configured port range and counts what pion relays through them.
+type RelayAddressGenerator struct {
+	turn.RelayAddressGeneratorPortRange
+	Counters *Counters
+}
+
+// AllocatePacketConn implements turn.RelayAddressGenerator.
+func (g *RelayAddressGenerator) AllocatePacketConn(network string, requestedPort int) (net.PacketConn, net.Addr, error) {
+	conn, addr, err := g.RelayAddressGeneratorPortRange.AllocatePacketConn(network, requestedPort)
+	if err != nil {
+		return nil, nil, fmt.Errorf("allocate relay socket: %w", err)
+	}
+	return &relayConn{PacketConn: conn, counters: g.Counters}, addr, nil
+}
