@@ -147,18 +147,20 @@ func key(src, dst net.Addr, proto string) (allocKey, bool) {
 	return k, k.client.IsValid() && k.listener.IsValid()
 }
 
+// addrPort converts a pion address; IPv4 comes out plain, never 4-in-6.
 func addrPort(a net.Addr) netip.AddrPort {
+	var ap netip.AddrPort
 	switch v := a.(type) {
 	case *net.UDPAddr:
-		return v.AddrPort()
+		ap = v.AddrPort()
 	case *net.TCPAddr:
-		return v.AddrPort()
+		ap = v.AddrPort()
+	case nil:
+		return ap
+	default:
+		ap, _ = netip.ParseAddrPort(a.String())
 	}
-	if a == nil {
-		return netip.AddrPort{}
-	}
-	ap, _ := netip.ParseAddrPort(a.String())
-	return ap
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
 func ipAddr(ip net.IP) netip.Addr {

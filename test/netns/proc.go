@@ -1,0 +1,151 @@
+package netns
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// stopGrace is how long Stop waits after SIGTERM before it sends SIGKILL.
+const stopGrace = 5 * time.Second
+
+// Proc is a process started in a namespace by NS.Start. It runs in its own process group, which
+// Stop and Kill signal as a whole, and is stopped when the test ends if still running.
+type Proc struct {
+	cmd            *exec.Cmd
+	stdout, stderr lockedBuffer
+	done           chan struct{} // closed when the process has exited and err is set
+	err            error
+}
+
+// Start starts a command inside the namespace and returns without waiting for it. Its output is
+// captured for Stdout and Stderr. The process gets SIGKILL if the test binary dies, and is
+// stopped (SIGTERM, then SIGKILL) by t.Cleanup.
+func (n *NS) Start(t testing.TB, name string, args ...string) *Proc {
+	t.Helper()
+	p := &Proc{done: make(chan struct{})}
+	p.cmd = n.Cmd(context.Background(), name, args...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	// Setpgid puts the process and its children in a group of their own that Stop can signal
+	// without touching anything else. Pdeathsig covers a test binary that dies without cleanups
+	// (e.g. `go test -timeout`); it follows the forking thread, but Go threads live as long as
+	// the process unless one exits locked (see NS.Do).
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// A child that inherited the output pipes could otherwise keep Wait from returning.
+	p.cmd.WaitDelay = stopGrace
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("netns %s: starting %s: %v", n.Name, name, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		if err := p.Stop(); err != nil && !isSignalExit(err) {
+			t.Logf("netns %s: %s exited: %v\nstdout:\n%s\nstderr:\n%s", n.Name, name, err, p.Stdout(), p.Stderr())
+		}
+	})
+	return p
+}
+
+// PID returns the process ID, which is also the ID of its process group.
+func (p *Proc) PID() int { return p.cmd.Process.Pid }
+
+// Stdout returns what the process has written to stdout so far.
+func (p *Proc) Stdout() string { return p.stdout.String() }
+
+// Stderr returns what the process has written to stderr so far.
+func (p *Proc) Stderr() string { return p.stderr.String() }
+
+// Exited reports whether the process has exited.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Wait waits at most timeout for the process to exit by itself and returns its exit error.
+func (p *Proc) Wait(timeout time.Duration) error {
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(timeout):
+		return fmt.Errorf("pid %d still running after %v", p.PID(), timeout)
+	}
+}
+
+// Stop sends SIGTERM to the process group, then SIGKILL if it is still running after 5s, and
+// returns the exit error (an *exec.ExitError for the signal when it had to be stopped).
+func (p *Proc) Stop() error {
+	if p.Exited() {
+		return p.err
+	}
+	_ = syscall.Kill(-p.PID(), syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(stopGrace):
+		return p.Kill()
+	}
+}
+
+// Kill sends SIGKILL to the process group and waits for the process to exit.
+func (p *Proc) Kill() error {
+	if !p.Exited() {
+		_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
+	}
+	return p.Wait(stopGrace)
+}
+
+// WaitOutput waits at most timeout until substr appears on stdout or stderr (a readiness line,
+// for instance). It returns false if the process exited or the time ran out first.
+func (p *Proc) WaitOutput(substr string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if strings.Contains(p.Stdout(), substr) || strings.Contains(p.Stderr(), substr) {
+			return true
+		}
+		if p.Exited() || time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func isSignalExit(err error) bool {
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) {
+		return false
+	}
+	status, ok := exitErr.Sys().(syscall.WaitStatus)
+	return ok && status.Signaled()
+}
+
+// lockedBuffer is a bytes.Buffer that the process's copying goroutines may write while the test
+// reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

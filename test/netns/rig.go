@@ -1,0 +1,245 @@
+package netns
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+)
+
+// Iface is one interface of a rig, named inside its namespace.
+type Iface struct {
+	Name string
+	Addr netip.Addr // IPv4, on a /24
+	MAC  net.HardwareAddr
+}
+
+// Rig is a client, a relay server and a peer in three namespaces. The client has no route to the
+// peer subnet, nor the peer to the client subnet: only a relay on the server connects them.
+//
+// Common to both rigs:
+//   - IPv6 is disabled everywhere (no router solicitations, DAD or MLD noise in counters).
+//   - IPv4 forwarding is off globally (net.ipv4.ip_forward=0, also if the host forwards) and on
+//     for each server interface (net.ipv4.conf.IF.forwarding=1): bpf_fib_lookup returns
+//     BPF_FIB_LKUP_RET_FWD_DISABLED without it. Per-device forwarding also lets the kernel
+//     forward what arrives on that device, but neither side has a route to the other's subnet.
+//   - Permanent neighbour entries both ways between the server and client and the server and
+//     peer, so the first packets of a test never wait for ARP (and never take a slow path for it).
+//   - Tx checksum offload is off on the client and peer veths: an XDP program on the server that
+//     updates checksums incrementally needs complete checksums, and a CHECKSUM_PARTIAL frame from
+//     a veth only carries the pseudo-header sum. The server's own veths keep their defaults, so
+//     what the server's userspace sends (the fallback relay) is delivered fine but shows as "bad
+//     udp cksum" in captures at cl0 or peer0; a test that checks those checksums runs
+//     `ethtool -K srv0 tx off` (and srv1) in the server first.
+//   - A native XDP_PASS program on every veth end that receives frames the server XDP_TXes or
+//     redirects: veth delivers XDP frames only to a peer that runs XDP itself, and silently loses
+//     them otherwise.
+type Rig struct {
+	Client, Server, Peer *NS
+	Bridge               *NS // NewBridged only: holds the bridge "br0"
+
+	ClientIf       Iface // "cl0" 10.100.0.2 in Client
+	ServerClientIf Iface // "srv0" 10.100.0.1 in Server, facing the client
+	ServerPeerIf   Iface // "srv1" 10.200.0.1 in Server, facing the peer; "srv0" in NewBridged
+	PeerIf         Iface // "peer0" 10.200.0.2 in Peer
+
+	id string // random tag in the namespace names
+}
+
+// Names and addresses shared by both rigs.
+var (
+	clientAddr       = netip.MustParseAddr("10.100.0.2")
+	serverClientAddr = netip.MustParseAddr("10.100.0.1")
+	serverPeerAddr   = netip.MustParseAddr("10.200.0.1")
+	peerAddr         = netip.MustParseAddr("10.200.0.2")
+)
+
+// NewRouted builds cl --veth-- srv --veth-- peer:
+//
+//	Client cl0 10.100.0.2/24 <-> srv0 10.100.0.1/24 Server srv1 10.200.0.1/24 <-> peer0 10.200.0.2/24 Peer
+//
+// XDP_PASS runs on cl0 and peer0, so the server may XDP_REDIRECT between srv0 and srv1.
+func NewRouted(t testing.TB) *Rig {
+	t.Helper()
+	r := newRig(t)
+	r.ServerPeerIf = Iface{Name: "srv1", Addr: serverPeerAddr, MAC: macFor(serverPeerAddr)}
+
+	veth(t, r.Client, r.ClientIf, r.Server, r.ServerClientIf)
+	veth(t, r.Peer, r.PeerIf, r.Server, r.ServerPeerIf)
+	r.configure(t)
+	r.Client.AttachXDPPass(t, r.ClientIf.Name)
+	r.Peer.AttachXDPPass(t, r.PeerIf.Name)
+	return r
+}
+
+// NewBridged builds a rig in which the server reaches client and peer through one interface, so
+// that the server's XDP program forwards with XDP_TX:
+//
+//	Client cl0 10.100.0.2/24 --brc--+
+//	Peer peer0 10.200.0.2/24 --brp--+ br0 (Bridge) --brs-- srv0 10.100.0.1/24 + 10.200.0.1/24 Server
+//
+// XDP_PASS runs on brs, where frames XDP_TXed out of srv0 arrive; the bridge then forwards them to
+// cl0 or peer0 as ordinary skbs. The bridge has static FDB entries for the three hosts, so it never
+// floods their unicast frames to the wrong port.
+func NewBridged(t testing.TB) *Rig {
+	t.Helper()
+	r := newRig(t)
+	r.ServerPeerIf = Iface{Name: "srv0", Addr: serverPeerAddr, MAC: r.ServerClientIf.MAC}
+	r.Bridge = newNS(t, r.id+"-br")
+	disableIPv6(t, r.Bridge)
+
+	r.Bridge.IP(t, "link", "add", "br0", "type", "bridge")
+	r.Bridge.IP(t, "link", "set", "br0", "up")
+	for _, port := range []struct {
+		ns    *NS
+		iface Iface
+		name  string
+	}{
+		{r.Client, r.ClientIf, "brc"},
+		{r.Peer, r.PeerIf, "brp"},
+		{r.Server, r.ServerClientIf, "brs"},
+	} {
+		veth(t, port.ns, port.iface, r.Bridge, Iface{Name: port.name})
+		r.Bridge.IP(t, "link", "set", port.name, "master", "br0")
+		runCmd(t, "bridge", "-n", r.Bridge.Name, "fdb", "replace", port.iface.MAC.String(),
+			"dev", port.name, "master", "static")
+	}
+	r.configure(t)
+	r.Bridge.AttachXDPPass(t, "brs")
+	return r
+}
+
+// ServerIfaces returns the names of the server's interfaces: where a relay attaches its program.
+func (r *Rig) ServerIfaces() []string {
+	if r.ServerClientIf.Name == r.ServerPeerIf.Name {
+		return []string{r.ServerClientIf.Name}
+	}
+	return []string{r.ServerClientIf.Name, r.ServerPeerIf.Name}
+}
+
+// newRig creates the client, server and peer namespaces and fills in the interfaces both rigs share.
+func newRig(t testing.TB) *Rig {
+	t.Helper()
+	id := uniqueTag()
+	r := &Rig{
+		id:             id,
+		Client:         newNS(t, id+"-cl"),
+		Server:         newNS(t, id+"-srv"),
+		Peer:           newNS(t, id+"-peer"),
+		ClientIf:       Iface{Name: "cl0", Addr: clientAddr, MAC: macFor(clientAddr)},
+		ServerClientIf: Iface{Name: "srv0", Addr: serverClientAddr, MAC: macFor(serverClientAddr)},
+		PeerIf:         Iface{Name: "peer0", Addr: peerAddr, MAC: macFor(peerAddr)},
+	}
+	for _, n := range []*NS{r.Client, r.Server, r.Peer} {
+		disableIPv6(t, n)
+		// New namespaces inherit IPv4 settings from the host's, which may forward.
+		n.Run(t, "sysctl", "-q", "-w", "net.ipv4.ip_forward=0")
+	}
+	return r
+}
+
+// configure sets addresses, forwarding, neighbours and offloads once the veths exist.
+func (r *Rig) configure(t testing.TB) {
+	t.Helper()
+	r.Client.IP(t, "addr", "add", r.ClientIf.Addr.String()+"/24", "dev", r.ClientIf.Name)
+	r.Peer.IP(t, "addr", "add", r.PeerIf.Addr.String()+"/24", "dev", r.PeerIf.Name)
+	r.Server.IP(t, "addr", "add", r.ServerClientIf.Addr.String()+"/24", "dev", r.ServerClientIf.Name)
+	r.Server.IP(t, "addr", "add", r.ServerPeerIf.Addr.String()+"/24", "dev", r.ServerPeerIf.Name)
+
+	sysctls := []string{"-q", "-w"}
+	for _, name := range r.ServerIfaces() {
+		sysctls = append(sysctls, fmt.Sprintf("net.ipv4.conf.%s.forwarding=1", name))
+	}
+	r.Server.Run(t, "sysctl", sysctls...)
+
+	neigh(t, r.Server, r.ServerClientIf.Name, r.ClientIf)
+	neigh(t, r.Server, r.ServerPeerIf.Name, r.PeerIf)
+	neigh(t, r.Client, r.ClientIf.Name, r.ServerClientIf)
+	neigh(t, r.Peer, r.PeerIf.Name, r.ServerPeerIf)
+
+	r.Client.Run(t, "ethtool", "-K", r.ClientIf.Name, "tx", "off")
+	r.Peer.Run(t, "ethtool", "-K", r.PeerIf.Name, "tx", "off")
+}
+
+// veth creates a veth pair a (in nsA) <-> b (in nsB) and sets both ends up. Interfaces without a
+// MAC get a random one.
+func veth(t testing.TB, nsA *NS, a Iface, nsB *NS, b Iface) {
+	t.Helper()
+	args := []string{"link", "add", "name", a.Name, "netns", nsA.Name}
+	if a.MAC != nil {
+		args = append(args, "address", a.MAC.String())
+	}
+	args = append(args, "type", "veth", "peer", "name", b.Name, "netns", nsB.Name)
+	if b.MAC != nil {
+		args = append(args, "address", b.MAC.String())
+	}
+	runCmd(t, "ip", args...)
+	nsA.IP(t, "link", "set", a.Name, "up")
+	nsB.IP(t, "link", "set", b.Name, "up")
+}
+
+// neigh installs a permanent neighbour entry for to on dev in n.
+func neigh(t testing.TB, n *NS, dev string, to Iface) {
+	t.Helper()
+	n.IP(t, "neigh", "replace", to.Addr.String(), "lladdr", to.MAC.String(), "dev", dev, "nud", "permanent")
+}
+
+func disableIPv6(t testing.TB, n *NS) {
+	t.Helper()
+	// "default" covers interfaces created later, "all" those that exist (lo).
+	n.Run(t, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+}
+
+// macFor derives a locally administered MAC from an IPv4 address: 10.100.0.2 -> 02:00:0a:64:00:02.
+func macFor(addr netip.Addr) net.HardwareAddr {
+	a := addr.As4()
+	return net.HardwareAddr{0x02, 0x00, a[0], a[1], a[2], a[3]}
+}
+
+// AttachXDPPass attaches a program that returns XDP_PASS to iface in native (driver) mode, for as
+// long as the test runs. On a veth this makes the interface accept frames that its peer XDP_TXes
+// or that are XDP_REDIRECTed into its peer.
+func (n *NS) AttachXDPPass(t testing.TB, iface string) {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:    "xdp_pass",
+		Type:    ebpf.XDP,
+		License: "MIT",
+		// Built with asm rather than clang so that the fixtures need no BPF toolchain.
+		Instructions: asm.Instructions{
+			asm.Mov.Imm(asm.R0, 2), // XDP_PASS
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		t.Fatalf("loading XDP_PASS program: %v", err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	n.AttachXDP(t, iface, prog)
+}
+
+// AttachXDP attaches prog to iface in native (driver) mode and detaches it when the test ends.
+func (n *NS) AttachXDP(t testing.TB, iface string, prog *ebpf.Program) {
+	t.Helper()
+	var l link.Link
+	err := n.Do(func() error {
+		ifi, err := net.InterfaceByName(iface)
+		if err != nil {
+			return err
+		}
+		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifi.Index, Flags: link.XDPDriverMode})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("netns %s: attaching XDP to %s: %v", n.Name, iface, err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("netns %s: detaching XDP from %s: %v", n.Name, iface, err)
+		}
+	})
+}
