@@ -18,14 +18,14 @@ type collector struct {
 
 func newCollector(d *Daemon) *collector {
 	return &collector{
-		d:        d,
-		packets:  prometheus.NewDesc("stunnerd_xdp_packets_total", "Packets relayed, by path (xdp or userspace) and direction.", []string{"path", "direction"}, nil),
-		bytes:    prometheus.NewDesc("stunnerd_xdp_bytes_total", "Application-data bytes relayed, by path and direction.", []string{"path", "direction"}, nil),
-		verdicts: prometheus.NewDesc("stunnerd_xdp_verdicts_total", "Packets seen by the XDP program, by the reason for its verdict.", []string{"reason"}, nil),
-		allocs:   prometheus.NewDesc("stunnerd_xdp_allocations_active", "TURN allocations pion/turn holds.", nil, nil),
-		chans:    prometheus.NewDesc("stunnerd_xdp_channels_active", "TURN channel bindings pion/turn holds.", nil, nil),
-		bound:    prometheus.NewDesc("stunnerd_xdp_bindings_offloaded", "Channel bindings installed in the XDP maps.", nil, nil),
-		attached: prometheus.NewDesc("stunnerd_xdp_attached", "1 where the XDP program is attached to the interface in the mode.", []string{"iface", "mode"}, nil),
+		d:            d,
+		packets:      prometheus.NewDesc("stunnerd_xdp_packets_total", "Packets relayed, by path (xdp or userspace) and direction.", []string{"path", "direction"}, nil),
+		bytes:        prometheus.NewDesc("stunnerd_xdp_bytes_total", "Application-data bytes relayed, by path and direction.", []string{"path", "direction"}, nil),
+		verdicts:     prometheus.NewDesc("stunnerd_xdp_verdicts_total", "Packets seen by the XDP program, by the reason for its verdict.", []string{"reason"}, nil),
+		allocs:       prometheus.NewDesc("stunnerd_xdp_allocations_active", "TURN allocations pion/turn holds.", nil, nil),
+		chans:        prometheus.NewDesc("stunnerd_xdp_channels_active", "TURN channel bindings pion/turn holds.", nil, nil),
+		bound:        prometheus.NewDesc("stunnerd_xdp_bindings_offloaded", "Channel bindings installed in the XDP maps.", nil, nil),
+		attached:     prometheus.NewDesc("stunnerd_xdp_attached", "1 where the XDP program is attached to the interface in the mode.", []string{"iface", "mode"}, nil),
 		mirrorEvents: prometheus.NewDesc("stunnerd_xdp_mirror_events_total", "pion/turn events received by the mirror.", nil, nil),
 		mirrorErrors: prometheus.NewDesc("stunnerd_xdp_mirror_errors_total", "Map writes that failed (the flows stayed in userspace).", nil, nil),
 		drift:        prometheus.NewDesc("stunnerd_xdp_reconcile_repairs_total", "Differences between pion/turn and the maps repaired by the reconcile.", nil, nil),

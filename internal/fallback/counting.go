@@ -43,8 +43,8 @@ func relayedData(p []byte) (int, bool) {
 	if len(p) >= 4 && p[0]&0xC0 == 0x40 {
 		return int(binary.BigEndian.Uint16(p[2:4])), true
 	}
-	// A Data indication: method Data (0x007), class indication.
-	if len(p) >= 20 && binary.BigEndian.Uint16(p[0:2]) == 0x0117 {
+	// A Data indication: method Data (0x007), class indication: type 0x0017.
+	if len(p) >= 20 && binary.BigEndian.Uint16(p[0:2]) == 0x0017 {
 		m := &stun.Message{Raw: append([]byte(nil), p...)}
 		if err := m.Decode(); err != nil {
 			return 0, false

@@ -129,10 +129,10 @@ func TestIperfBridgedXDPTX(t *testing.T) {
 func TestEchoBothDirectionsXDP(t *testing.T) {
 	inRig(t, false, func(t *testing.T, r rig) {
 		d := startDaemon(t, loader.ModeNative, r.serverIfaces, nil)
-		r.peer.Start(t, udpechoBin, "serve", peerAddr+":5002")
+		r.peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
 		startTurncat(t, r, 5002)
 		const count = 20000
-		out := r.client.Run(t, udpechoBin, "send", "-to", "127.0.0.1:5000", "-rate", "5000",
+		out := r.client.Run(t, udpechoPath(t), "send", "-to", "127.0.0.1:5000", "-rate", "5000",
 			"-count", strconv.Itoa(count), "-size", "200", "-timeout", "2s")
 		res := parseEcho(t, out)
 		after := snapshot(t, d)
@@ -142,6 +142,9 @@ func TestEchoBothDirectionsXDP(t *testing.T) {
 		}
 		if float64(res.Received) < 0.999*count {
 			t.Errorf("%d of %d echoes came back, want at least 99.9%%", res.Received, count)
+		}
+		if got := after.xdp.PeerToClientPackets + after.userP2C; got < uint64(res.Received) {
+			t.Errorf("the paths counted %d peer->client packets, the client received %d", got, res.Received)
 		}
 		if s := share(after.xdp.ClientToPeerPackets, after.userC2P); s < minXDPShare {
 			t.Errorf("XDP relayed %.2f%% client->peer, want at least %.0f%%", 100*s, 100*minXDPShare)
