@@ -1,0 +1,242 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pion/turn/v4"
+
+	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/netns"
+)
+
+// removalDeadline is how soon after pion's event a binding must leave the maps.
+const removalDeadline = time.Second
+
+// allocate makes a pion/turn client allocation in this (the server) namespace
+// and sends to the peer until its channel binding shows up in the maps.
+func allocate(t *testing.T, d *daemon.Daemon) net.PacketConn {
+	t.Helper()
+	conn, err := net.ListenPacket("udp4", "10.100.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c, err := turn.NewClient(&turn.ClientConfig{
+		TURNServerAddr: listenAddr.String(), STUNServerAddr: listenAddr.String(),
+		Username: user, Password: password, Realm: daemon.DefaultRealm, Conn: conn,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	relay, err := c.Allocate()
+	if err != nil {
+		t.Fatalf("allocate: %v", err)
+	}
+	peer := &net.UDPAddr{IP: net.ParseIP(peerAddr), Port: 5001}
+	deadline := time.Now().Add(5 * time.Second)
+	for d.Maps().Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no channel binding reached the maps within 5 s")
+		}
+		if _, err := relay.WriteTo([]byte("hello"), peer); err != nil {
+			t.Fatalf("write to peer: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return relay
+}
+
+// waitEmpty waits until the kernel maps hold nothing in either direction and
+// returns how long that took.
+func waitEmpty(t *testing.T, d *daemon.Daemon, limit time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		c2p, err := d.Maps().Dump()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p2c, err := d.Maps().DumpPeerToClient()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(c2p) == 0 && p2c == 0 {
+			return time.Since(start)
+		}
+		if time.Since(start) > limit {
+			t.Fatalf("after %v the maps still hold %d client->peer and %d peer->client entries", limit, len(c2p), p2c)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestAllocationRefreshZeroRemovesBindings: a Refresh with lifetime 0 ends the
+// allocation; its entries leave the maps within a second.
+func TestAllocationRefreshZeroRemovesBindings(t *testing.T) {
+	inRig(t, false, func(t *testing.T, r rig) {
+		d := startDaemon(t, loader.ModeNative, r.serverIfaces, nil)
+		relay := allocate(t, d)
+		if d.AllocationCount() != 1 {
+			t.Fatalf("%d allocations, want 1", d.AllocationCount())
+		}
+		if err := relay.Close(); err != nil { // sends Refresh(lifetime=0)
+			t.Fatal(err)
+		}
+		took := waitEmpty(t, d, removalDeadline)
+		t.Logf("bindings left the maps %v after the Refresh(0) was sent", took)
+	})
+}
+
+// TestChannelExpiryRemovesBindings: a channel that is not refreshed expires
+// (ChannelBindTimeout shortened to 2 s); its entries leave the maps within a
+// second of the expiry.
+func TestChannelExpiryRemovesBindings(t *testing.T) {
+	inRig(t, false, func(t *testing.T, r rig) {
+		const lifetime = 2 * time.Second
+		d := startDaemon(t, loader.ModeNative, r.serverIfaces, func(c *daemon.Config) { c.ChannelBindTimeout = lifetime })
+		allocate(t, d)
+		took := waitEmpty(t, d, lifetime+removalDeadline)
+		t.Logf("bindings left the maps %v after the binding was seen (lifetime %v)", took, lifetime)
+		if took < lifetime/2 {
+			t.Fatalf("binding removed after %v, long before it expired", took)
+		}
+		if _, ch := d.Mirror().Counts(); ch != 0 {
+			t.Fatalf("mirror still holds %d channels", ch)
+		}
+		if d.AllocationCount() != 1 {
+			t.Fatalf("the allocation went away with the channel (%d allocations)", d.AllocationCount())
+		}
+	})
+}
+
+// buildDaemon builds the stunnerd-xdp binary once per test process.
+func buildDaemon(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "stunnerd-xdp")
+	cmd := exec.Command("go", "build", "-o", p, "./cmd/stunnerd-xdp")
+	cmd.Dir = repoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build stunnerd-xdp: %v\n%s", err, out)
+	}
+	return p
+}
+
+// xdpAttached reports whether any XDP program is attached to the interface.
+func xdpAttached(t *testing.T, ns *netns.NS, iface string) bool {
+	t.Helper()
+	out := ns.IP(t, "-d", "link", "show", "dev", iface)
+	return strings.Contains(out, "prog/xdp") || strings.Contains(out, " xdp")
+}
+
+// httpGet fetches a URL from inside the namespace.
+func httpGet(t *testing.T, ns *netns.NS, url string) (int, string) {
+	t.Helper()
+	var (
+		code int
+		body string
+	)
+	err := ns.Do(func() error {
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		c, err := net.DialTimeout("tcp", req.URL.Host, 2*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		req.Close = true
+		if err := req.Write(c); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		code, body = resp.StatusCode, string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("GET %s in %s: %v", url, ns.Name, err)
+	}
+	return code, body
+}
+
+// TestKill9Detaches: the program is attached through bpf_links the daemon holds,
+// so SIGKILL leaves no XDP program behind. Before the kill, the binary serves
+// health and metrics as operators expect.
+func TestKill9Detaches(t *testing.T) {
+	if testenv.InNetns() {
+		t.Skip("parent-only test")
+	}
+	netns.RequirePrivileged(t)
+	bin := buildDaemon(t)
+	r := netns.NewRouted(t)
+	p := r.Server.Start(t, bin, "--xdp-mode=native", "--log-format=json", "--relay-address=10.200.0.1",
+		"--metrics-addr=10.100.0.1:8080", "--health-addr=10.100.0.1:8086",
+		fmt.Sprintf("turn://%s:%s@%s", user, password, listenAddr))
+	if !p.WaitOutput(`"msg":"health endpoint listening"`, 10*time.Second) {
+		t.Fatalf("daemon did not come up:\n%s", p.Stderr())
+	}
+	for _, i := range r.ServerIfaces() {
+		if !xdpAttached(t, r.Server, i) {
+			t.Fatalf("no XDP program on %s while the daemon runs", i)
+		}
+	}
+	for _, path := range []string{"/live", "/ready"} {
+		if code, _ := httpGet(t, r.Server, "http://10.100.0.1:8086"+path); code != http.StatusOK {
+			t.Errorf("%s answered %d", path, code)
+		}
+	}
+	_, metrics := httpGet(t, r.Server, "http://10.100.0.1:8080/metrics")
+	for _, want := range []string{
+		`stunnerd_xdp_attached{iface="srv0",mode="native"} 1`,
+		`stunnerd_xdp_attached{iface="srv1",mode="native"} 1`,
+		`stunnerd_xdp_packets_total{direction="client_to_peer",path="xdp"} 0`,
+		`stunnerd_xdp_packets_total{direction="peer_to_client",path="userspace"} 0`,
+		`stunnerd_xdp_bytes_total{direction="client_to_peer",path="userspace"} 0`,
+		`stunnerd_xdp_verdicts_total{reason="pass_stun"}`,
+		`stunnerd_xdp_allocations_active 0`,
+		`stunnerd_xdp_channels_active 0`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if !strings.Contains(p.Stderr(), `"scope":"loader"`) || !strings.Contains(p.Stderr(), `"mode":"native"`) {
+		t.Errorf("JSON log does not say which mode each interface got:\n%s", p.Stderr())
+	}
+
+	_ = p.Kill() // SIGKILL to the process group; reports the killed exit
+	_ = p.Wait(5 * time.Second)
+	if !p.Exited() {
+		t.Fatal("daemon survived SIGKILL")
+	}
+	deadline := time.Now().Add(time.Second)
+	for _, i := range r.ServerIfaces() {
+		for xdpAttached(t, r.Server, i) {
+			if time.Now().After(deadline) {
+				t.Fatalf("XDP program still attached to %s after kill -9", i)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
