@@ -1,0 +1,44 @@
+# stunnerd-xdp: a kernel-bypass TURN data plane. `make help` lists the targets.
+GO      ?= go
+BIN     ?= bin
+# The privileged tests share two cores with their traffic generators: one
+# package at a time keeps their measurements honest.
+TESTFLAGS ?= -count=1 -p 1 -timeout 40m
+
+.PHONY: help generate check-generate build tools test test-short lint demo clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+generate: ## rebuild the BPF object and its Go bindings with clang (bpf2go)
+	$(GO) generate ./bpf/...
+
+check-generate: generate ## fail if `make generate` changes a committed file
+	@git diff --exit-code -- bpf/ || { echo "bpf/: generated files differ from the committed ones; run make generate and commit"; exit 1; }
+
+build: ## build bin/stunnerd-xdp
+	$(GO) build -o $(BIN)/stunnerd-xdp ./cmd/stunnerd-xdp
+
+$(BIN)/turncat $(BIN)/stunnerd:
+	test/tools/build.sh $(BIN)
+
+$(BIN)/udpecho: $(wildcard test/cmd/udpecho/*.go)
+	$(GO) build -o $(BIN)/udpecho ./test/cmd/udpecho
+
+tools: $(BIN)/turncat $(BIN)/udpecho ## build STUNner v1.1.0's turncat and stunnerd, and udpecho, into bin/
+
+lint: ## go vet and gofmt
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
+
+test: lint tools ## run every test; as root the XDP and network-namespace tests run too
+	$(GO) test $(TESTFLAGS) ./...
+
+test-short: ## the unprivileged tests only
+	$(GO) test -short -count=1 ./...
+
+demo: build tools ## (root) relay iperf through turncat and stunnerd-xdp with XDP in network namespaces
+	$(GO) run ./test/demo --daemon $(BIN)/stunnerd-xdp --turncat $(BIN)/turncat
+
+clean: ## remove build output
+	rm -rf $(BIN)
