@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
@@ -45,6 +46,7 @@ type options struct {
 	minPort, maxPort                                     uint
 	maxBindings                                          uint
 	forceReady                                           bool
+	gracePeriod                                          time.Duration
 }
 
 func main() {
@@ -67,6 +69,7 @@ func run(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off)")
 	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live and /ready (empty: off)")
 	fs.BoolVar(&o.forceReady, "force-ready-status", false, "keep /ready green while draining, for clusters that blackhole UDP to unready pods")
+	fs.DurationVar(&o.gracePeriod, "grace-period", time.Hour, "on SIGTERM or SIGINT, how long to drain: new allocations are refused,\nlive ones keep relaying until they end or this runs out; a second signal exits at once")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usageHead)
 		fs.PrintDefaults()
@@ -99,10 +102,21 @@ func run(args []string, stderr io.Writer) int {
 		log.Error("cannot start", "error", err)
 		return 1
 	}
-	sigs := make(chan os.Signal, 1)
+	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	s := <-sigs
-	log.Info("shutting down", "signal", s.String())
+	log.Info("graceful shutdown", "signal", s.String(), "grace-period", o.gracePeriod.String())
+	drained := d.Drain()
+	timer := time.NewTimer(o.gracePeriod)
+	select {
+	case <-drained:
+		log.Info("last allocation gone")
+	case <-timer.C:
+		log.Warn("grace period over, closing live allocations", "allocations", d.AllocationCount())
+	case s := <-sigs:
+		log.Warn("second signal, exiting at once", "signal", s.String(), "allocations", d.AllocationCount())
+	}
+	timer.Stop()
 	if err := d.Close(); err != nil {
 		log.Error("shutdown", "error", err)
 		return 1
@@ -146,6 +160,9 @@ func buildConfig(o options, uri string) (daemon.Config, error) {
 			}
 			cfg.Interfaces = append(cfg.Interfaces, i)
 		}
+	}
+	if o.gracePeriod < 0 {
+		return cfg, fmt.Errorf("--grace-period %v: must not be negative", o.gracePeriod)
 	}
 	if o.maxBindings == 0 || o.maxBindings > 1<<24 {
 		return cfg, fmt.Errorf("--max-bindings %d: want 1-%d", o.maxBindings, 1<<24)

@@ -5,14 +5,15 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
-	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -127,14 +128,15 @@ type Daemon struct {
 	server   *turn.Server
 	listener net.PacketConn
 	mirror   *control.Mirror
-	prog     *loader.Program
-	maps     *channelmap.Maps
 	sw       *fallback.Switch
 	counters *fallback.Counters
 	registry *prometheus.Registry
 	https    []*http.Server
 	stop     chan struct{}
 	wg       sync.WaitGroup
+
+	draining atomic.Bool
+	drained  chan struct{} // closed by Drain when the last allocation is gone
 
 	closeOnce sync.Once
 }
@@ -150,6 +152,7 @@ func Start(cfg Config) (*Daemon, error) {
 		log:      cfg.Logger.Slog("stunnerd-xdp"),
 		counters: &fallback.Counters{},
 		stop:     make(chan struct{}),
+		drained:  make(chan struct{}),
 	}
 	d.mirror = control.New(cfg.Logger.Slog("control"))
 
@@ -196,6 +199,15 @@ func Start(cfg Config) (*Daemon, error) {
 			}
 			return key, ok
 		},
+		// While draining, new allocations get 486 (Allocation Quota Reached);
+		// existing ones keep refreshing and relaying.
+		QuotaHandler: func(username, _ string, src net.Addr) bool {
+			if d.draining.Load() {
+				authLog.Info("allocation refused: draining", "user", username, "client", src.String())
+				return false
+			}
+			return true
+		},
 		EventHandler: d.mirror.EventHandler(),
 		PacketConnConfigs: []turn.PacketConnConfig{{
 			PacketConn: &fallback.ListenerConn{PacketConn: conn, Counters: d.counters},
@@ -230,44 +242,44 @@ func Start(cfg Config) (*Daemon, error) {
 }
 
 func (d *Daemon) startXDP() {
-	ifaces := d.cfg.Interfaces
 	xlog := d.cfg.Logger.Slog("loader")
-	if d.cfg.XDPMode == loader.ModeOff {
-		xlog.Info("XDP off (--xdp-mode=off): pion/turn relays everything in userspace")
-		d.sw = fallback.NewSwitch(xlog, d.mirror, nil, nil, ifaces)
-		return
-	}
+	ifaces := d.cfg.Interfaces
 	if len(ifaces) == 0 {
 		var err error
-		ifaces, err = loader.InterfacesFor(d.cfg.Listen.Addr(), d.cfg.RelayAddress)
-		if err != nil || len(ifaces) == 0 {
-			xlog.Warn("cannot tell which interfaces to attach XDP to, serving from userspace; set --xdp-iface", "error", err)
-			d.sw = fallback.NewSwitch(xlog, d.mirror, nil, nil, nil)
-			return
+		if ifaces, err = loader.InterfacesFor(d.cfg.Listen.Addr(), d.cfg.RelayAddress); err != nil {
+			xlog.Warn("cannot tell which interfaces carry the listener and relay addresses; set --xdp-iface", "error", err)
 		}
 	}
-	prog, err := loader.Load(loader.Config{
+	d.sw = fallback.NewSwitch(xlog, d.mirror, loader.Config{
 		ListenerPorts: []uint16{d.cfg.Listen.Port()},
 		MinRelayPort:  d.cfg.MinRelayPort,
 		MaxRelayPort:  d.cfg.MaxRelayPort,
 		MaxBindings:   d.cfg.MaxBindings,
-	}, xlog)
-	if err != nil {
-		xlog.Warn("XDP program not loaded, serving from userspace", "error", err)
-		d.sw = fallback.NewSwitch(xlog, d.mirror, nil, nil, ifaces)
-		return
-	}
-	d.prog = prog
-	d.maps = channelmap.New(prog.Maps())
-	d.sw = fallback.NewSwitch(xlog, d.mirror, prog, d.maps, ifaces)
-	if _, err := d.sw.Enable(d.cfg.XDPMode); err != nil {
-		xlog.Warn("XDP not attached anywhere, serving from userspace", "error", err)
-	}
+	}, ifaces)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
 		d.mirror.RunReconcile(d.cfg.ReconcileInterval, d.stop)
 	}()
+	if err := d.SetMode(d.cfg.XDPMode); err != nil {
+		xlog.Warn("serving from userspace", "error", err)
+	}
+}
+
+// SetMode moves the relay to the given XDP mode (off: userspace) without
+// touching sessions. It is what --xdp-mode does at start and what the node
+// label does later.
+func (d *Daemon) SetMode(mode loader.Mode) error {
+	xlog := d.cfg.Logger.Slog("loader")
+	if mode == loader.ModeOff {
+		if err := d.sw.Disable(); err != nil {
+			return err
+		}
+		xlog.Info("XDP off: pion/turn relays everything in userspace")
+		return nil
+	}
+	_, err := d.sw.Enable(mode)
+	return err
 }
 
 func checkRelayRange(addr netip.Addr, lo, hi uint16) error {
@@ -313,7 +325,18 @@ func (d *Daemon) serveHTTP() error {
 	})
 	hm.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		// Clusters that blackhole UDP to unready pods would cut live sessions
+		// during the drain: --force-ready-status keeps it green for them.
+		if d.draining.Load() && !d.cfg.ForceReady {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"status":"terminating"}` + "\n"))
+			return
+		}
 		_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
+	})
+	hm.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(d.Status())
 	})
 	return serve(d.cfg.HealthAddr, hm, "health")
 }
@@ -324,8 +347,8 @@ func (d *Daemon) Attached() map[string]loader.Mode { return d.sw.Attached() }
 // Interfaces returns the interfaces the daemon manages.
 func (d *Daemon) Interfaces() []string { return d.sw.Interfaces() }
 
-// Maps returns the binding maps (nil without XDP).
-func (d *Daemon) Maps() *channelmap.Maps { return d.maps }
+// Maps returns the binding maps (nil until XDP was first enabled).
+func (d *Daemon) Maps() *channelmap.Maps { return d.sw.Maps() }
 
 // Mirror returns the mirror of pion's bindings.
 func (d *Daemon) Mirror() *control.Mirror { return d.mirror }
@@ -355,15 +378,66 @@ func (d *Daemon) Close() error {
 		}
 		d.wg.Wait()
 		if d.sw != nil {
-			errs = append(errs, d.sw.Disable())
+			errs = append(errs, d.sw.Close())
 		}
 		d.mirror.Close()
-		if d.prog != nil {
-			errs = append(errs, d.prog.Close())
-		}
 		d.log.Info("stopped")
 	})
 	return errors.Join(errs...)
 }
 
-func itoa(v int) string { return strconv.Itoa(v) }
+// Drain starts a graceful shutdown: new allocations are refused, existing ones
+// keep relaying on whichever path they are, /ready fails (unless
+// ForceReady) and /status says TERMINATING. The returned channel closes when the
+// last allocation is gone; the caller decides how long to wait for it.
+func (d *Daemon) Drain() <-chan struct{} {
+	if d.draining.CompareAndSwap(false, true) {
+		d.log.Info("draining: new allocations are refused, live ones keep relaying",
+			"allocations", d.server.AllocationCount())
+		go func() {
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				if d.server.AllocationCount() == 0 {
+					close(d.drained)
+					return
+				}
+				select {
+				case <-d.stop:
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
+	return d.drained
+}
+
+// Draining reports whether Drain was called.
+func (d *Daemon) Draining() bool { return d.draining.Load() }
+
+// Status is what /status reports.
+type Status struct {
+	Status      string            `json:"status"`
+	Allocations int               `json:"allocations"`
+	Channels    int               `json:"channels"`
+	Offloaded   int               `json:"offloaded"`
+	Attached    map[string]string `json:"attached"`
+	Draining    bool              `json:"draining"`
+}
+
+// Status returns the daemon's state.
+func (d *Daemon) Status() Status {
+	st := Status{Status: "READY", Allocations: d.server.AllocationCount(), Attached: map[string]string{}}
+	if d.draining.Load() {
+		st.Status, st.Draining = "TERMINATING", true
+	}
+	_, st.Channels = d.mirror.Counts()
+	if m := d.sw.Maps(); m != nil {
+		st.Offloaded = m.Len()
+	}
+	for i, m := range d.sw.Attached() {
+		st.Attached[i] = string(m)
+	}
+	return st
+}

@@ -52,7 +52,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.bytes, u.PeerToClientBytes.Load(), "userspace", "peer_to_client")
 
 	var xdp channelmap.Stats
-	if m := c.d.maps; m != nil {
+	if m := c.d.sw.Maps(); m != nil {
 		if s, err := m.Totals(); err == nil {
 			xdp = s
 		}

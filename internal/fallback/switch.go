@@ -13,40 +13,60 @@ import (
 
 // Switch moves the relay between the XDP path and the userspace path. Sessions
 // never notice: pion/turn keeps every allocation and socket either way; only
-// where the packets of bound channels are relayed changes.
+// where the packets of bound channels are relayed changes. The program is
+// loaded on the first Enable and kept (with its maps) until Close, so flipping
+// back and forth costs an attach, not a load.
 type Switch struct {
 	log    *slog.Logger
 	mirror *control.Mirror
-	prog   *loader.Program
-	maps   *channelmap.Maps
+	cfg    loader.Config
 	ifaces []string
 
 	mu       sync.Mutex
+	prog     *loader.Program
+	maps     *channelmap.Maps
 	attached map[string]loader.Mode
 }
 
-// NewSwitch builds a switch over a loaded program (nil when XDP could not even
-// be loaded: the switch then stays on userspace).
-func NewSwitch(log *slog.Logger, mirror *control.Mirror, prog *loader.Program, maps *channelmap.Maps, ifaces []string) *Switch {
-	return &Switch{log: log, mirror: mirror, prog: prog, maps: maps, ifaces: ifaces, attached: map[string]loader.Mode{}}
+// NewSwitch builds a switch that starts on the userspace path.
+func NewSwitch(log *slog.Logger, mirror *control.Mirror, cfg loader.Config, ifaces []string) *Switch {
+	return &Switch{log: log, mirror: mirror, cfg: cfg, ifaces: ifaces, attached: map[string]loader.Mode{}}
 }
 
-// Enable attaches XDP to the interfaces in the given mode. Bindings are
-// installed before the first attach so the kernel path is complete when it
-// starts. An interface that cannot attach stays on userspace; Enable fails
-// only when none could.
+// Enable attaches XDP to the interfaces in the given mode (auto: native, else
+// generic). Bindings are installed before the first attach so the kernel path is
+// complete when it starts. An interface that cannot attach stays on userspace;
+// Enable fails only when none could, and then everything stays in userspace.
 func (s *Switch) Enable(mode loader.Mode) (map[string]loader.Mode, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if mode == loader.ModeOff {
 		return s.attachedCopy(), s.disableLocked()
 	}
+	if len(s.ifaces) == 0 {
+		return nil, errors.New("no interfaces to attach XDP to")
+	}
 	if s.prog == nil {
-		return nil, errors.New("XDP program is not loaded")
+		prog, err := loader.Load(s.cfg, s.log)
+		if err != nil {
+			return nil, err
+		}
+		s.prog, s.maps = prog, channelmap.New(prog.Maps())
 	}
 	s.mirror.SetOffload(s.maps)
 	var errs []error
 	for _, iface := range s.ifaces {
+		if got, ok := s.attached[iface]; ok && (got == mode || mode == loader.ModeAuto) {
+			continue
+		}
+		if _, ok := s.attached[iface]; ok {
+			// A different mode was asked for: reattach.
+			if err := s.prog.Detach(iface); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			delete(s.attached, iface)
+		}
 		got, err := s.prog.Attach(iface, mode)
 		if err != nil {
 			errs = append(errs, err)
@@ -72,18 +92,29 @@ func (s *Switch) Disable() error {
 
 func (s *Switch) disableLocked() error {
 	var errs []error
-	if s.prog != nil {
-		// Detach first: until then the kernel relays with complete maps.
-		for iface := range s.attached {
-			if err := s.prog.Detach(iface); err != nil {
-				errs = append(errs, err)
-			}
-			s.log.Info("XDP detached", "iface", iface)
+	// Detach first: until then the kernel relays with complete maps, and after
+	// it pion/turn's relay sockets see every packet.
+	for iface := range s.attached {
+		if err := s.prog.Detach(iface); err != nil {
+			errs = append(errs, err)
 		}
+		s.log.Info("XDP detached", "iface", iface)
 	}
 	s.attached = map[string]loader.Mode{}
 	s.mirror.SetOffload(nil)
 	return errors.Join(errs...)
+}
+
+// Close detaches and frees the program and its maps.
+func (s *Switch) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := s.disableLocked()
+	if s.prog != nil {
+		err = errors.Join(err, s.prog.Close())
+		s.prog, s.maps = nil, nil
+	}
+	return err
 }
 
 // Attached returns the mode each interface runs in.
@@ -99,6 +130,13 @@ func (s *Switch) attachedCopy() map[string]loader.Mode {
 		out[k] = v
 	}
 	return out
+}
+
+// Maps returns the binding maps, nil until the program was first loaded.
+func (s *Switch) Maps() *channelmap.Maps {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maps
 }
 
 // Interfaces returns the interfaces the switch manages.

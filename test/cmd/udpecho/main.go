@@ -9,11 +9,13 @@ package main
 
 import (
 	"encoding/binary"
+	"errors"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
 	"os"
+	"syscall"
 	"time"
 )
 
@@ -96,6 +98,9 @@ func send(args []string) error {
 		buf := make([]byte, 65536)
 		for {
 			n, err := c.Read(buf)
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				continue // an ICMP error for an earlier datagram, e.g. before the relay listened
+			}
 			if err != nil {
 				return
 			}

@@ -1,0 +1,241 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pion/turn/v4"
+
+	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/netns"
+)
+
+// TestLiveSwitch flips the relay between XDP native, userspace and XDP generic
+// while iperf runs through turncat: the session survives every flip and the
+// loss stays under 1 %.
+func TestLiveSwitch(t *testing.T) {
+	inRig(t, false, func(t *testing.T, r rig) {
+		d := startDaemon(t, loader.ModeNative, r.serverIfaces, nil)
+		done := make(chan netns.IperfResult, 1)
+		go func() { done <- iperfThroughTurncat(t, r) }()
+		modes := []loader.Mode{loader.ModeOff, loader.ModeGeneric, loader.ModeOff, loader.ModeNative, loader.ModeOff, loader.ModeNative}
+		var seen []string
+		for _, m := range modes {
+			time.Sleep(1500 * time.Millisecond)
+			if err := d.SetMode(m); err != nil {
+				t.Errorf("switch to %s: %v", m, err)
+			}
+			p := snapshot(t, d)
+			seen = append(seen, fmt.Sprintf("%s[%v]", m, p))
+			if m == loader.ModeOff && (len(d.Attached()) != 0 || p.offloadSize != 0) {
+				t.Errorf("after switching off: attached %v, %d bindings in the maps", d.Attached(), p.offloadSize)
+			}
+			if m != loader.ModeOff && p.offloadSize == 0 {
+				t.Errorf("after switching to %s: no binding in the maps", m)
+			}
+		}
+		res := <-done
+		after := snapshot(t, d)
+		t.Logf("flips: %s", strings.Join(seen, " -> "))
+		t.Logf("relayed: %v; iperf %+v", after, res)
+		if res.LossPercent >= 1 {
+			t.Errorf("loss %.3f%% across %d switches, want under 1%%", res.LossPercent, len(modes))
+		}
+		if after.xdp.ClientToPeerPackets == 0 || after.userC2P < uint64(iperfRate) {
+			t.Errorf("want both paths to have carried the session: %v", after)
+		}
+	})
+}
+
+// allocateFrom makes a pion/turn allocation from the client namespace and
+// returns the error of the Allocate.
+func allocateFrom(t *testing.T, ns *netns.NS) (net.PacketConn, error) {
+	t.Helper()
+	var conn net.PacketConn
+	// The socket is created inside the namespace; pion's goroutines only use it.
+	if err := ns.Do(func() error {
+		var err error
+		conn, err = net.ListenPacket("udp4", "10.100.0.2:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c, err := turn.NewClient(&turn.ClientConfig{
+		TURNServerAddr: listenAddr.String(), STUNServerAddr: listenAddr.String(),
+		Username: user, Password: password, Realm: daemon.DefaultRealm, Conn: conn,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	return c.Allocate()
+}
+
+func status(t *testing.T, ns *netns.NS) daemon.Status {
+	t.Helper()
+	code, body := httpGet(t, ns, "http://10.100.0.1:8086/status")
+	var st daemon.Status
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil {
+		t.Fatalf("/status: %d %q", code, body)
+	}
+	return st
+}
+
+func startBinary(t *testing.T, r *netns.Rig, args ...string) *netns.Proc {
+	t.Helper()
+	bin := buildDaemon(t)
+	args = append([]string{"--xdp-mode=native", "--log-format=json", "--relay-address=10.200.0.1",
+		"--metrics-addr=", "--health-addr=10.100.0.1:8086"}, args...)
+	args = append(args, fmt.Sprintf("turn://%s:%s@%s", user, password, listenAddr))
+	p := r.Server.Start(t, bin, args...)
+	if !p.WaitOutput(`"msg":"health endpoint listening"`, 10*time.Second) {
+		t.Fatalf("daemon did not come up:\n%s", p.Stderr())
+	}
+	return p
+}
+
+// echoSession relays datagrams through a pion/turn allocation to the echo peer
+// at a fixed rate for the given time and counts the echoes. It runs in the
+// client namespace (the socket is made there).
+func echoSession(t *testing.T, relay net.PacketConn, rate int, d time.Duration) (sent, received int, last time.Time) {
+	t.Helper()
+	peer := &net.UDPAddr{IP: net.ParseIP(peerAddr), Port: 5002}
+	type count struct {
+		n    int
+		last time.Time
+	}
+	got := make(chan count, 1)
+	go func() {
+		var c count
+		buf := make([]byte, 1500)
+		for {
+			_ = relay.SetReadDeadline(time.Now().Add(time.Second))
+			if _, _, err := relay.ReadFrom(buf); err != nil {
+				got <- c
+				return
+			}
+			c.n++
+			c.last = time.Now()
+		}
+	}()
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		<-tick.C
+		if _, err := relay.WriteTo([]byte("drain-test-payload"), peer); err != nil {
+			t.Errorf("write: %v", err)
+			break
+		}
+		sent++
+	}
+	c := <-got
+	return sent, c.n, c.last
+}
+
+// TestGracefulDrain: SIGTERM stops new allocations, keeps the live session
+// relaying for the whole drain, fails /ready, reports TERMINATING, and the
+// daemon exits by itself when the last allocation is gone, leaving no XDP.
+func TestGracefulDrain(t *testing.T) {
+	if testenv.InNetns() {
+		t.Skip("parent-only test")
+	}
+	netns.RequirePrivileged(t)
+	r := netns.NewRouted(t)
+	p := startBinary(t, r, "--grace-period=2m")
+	r.Peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
+	relay, err := allocateFrom(t, r.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		sent, received int
+		last           time.Time
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		s, n, last := echoSession(t, relay, 1000, 5*time.Second)
+		done <- result{s, n, last}
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	if st := status(t, r.Server); st.Status != "READY" || st.Allocations != 1 || st.Offloaded != 1 {
+		t.Fatalf("before SIGTERM: %+v", st)
+	}
+	if err := syscall.Kill(p.PID(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if code, _ := httpGet(t, r.Server, "http://10.100.0.1:8086/ready"); code != http.StatusServiceUnavailable {
+		t.Errorf("/ready answered %d while draining, want 503", code)
+	}
+	if st := status(t, r.Server); st.Status != "TERMINATING" || st.Allocations != 1 || len(st.Attached) != 2 {
+		t.Errorf("while draining: %+v", st)
+	}
+	if _, err := allocateFrom(t, r.Client); err == nil || !strings.Contains(err.Error(), "486") {
+		t.Errorf("a new allocation during the drain: %v, want a 486 error response", err)
+	}
+	res := <-done
+	t.Logf("echo session across the drain: %d sent, %d echoed", res.sent, res.received)
+	if float64(res.received) < 0.99*float64(res.sent) {
+		t.Errorf("%d of %d echoes, want at least 99%%", res.received, res.sent)
+	}
+	if res.last.Sub(start) < 4900*time.Millisecond {
+		t.Errorf("echoes stopped %v into the 5 s session (SIGTERM at 1.5 s)", res.last.Sub(start))
+	}
+	if p.Exited() {
+		t.Fatalf("daemon exited with a live allocation:\n%s", p.Stderr())
+	}
+	// Closing the allocation sends Refresh(lifetime=0); the daemon follows.
+	if err := relay.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(10 * time.Second); err != nil {
+		t.Fatalf("daemon after the last allocation: %v\n%s", err, p.Stderr())
+	}
+	if !strings.Contains(p.Stderr(), "last allocation gone") {
+		t.Errorf("daemon did not say why it exited:\n%s", p.Stderr())
+	}
+	for _, i := range r.ServerIfaces() {
+		if xdpAttached(t, r.Server, i) {
+			t.Errorf("XDP still attached to %s after exit", i)
+		}
+	}
+}
+
+// TestSecondSignalExitsAtOnce: a second SIGTERM or SIGINT ends the drain.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	if testenv.InNetns() {
+		t.Skip("parent-only test")
+	}
+	netns.RequirePrivileged(t)
+	r := netns.NewRouted(t)
+	p := startBinary(t, r, "--grace-period=10m")
+	if _, err := allocateFrom(t, r.Client); err != nil {
+		t.Fatal(err)
+	}
+	_ = syscall.Kill(p.PID(), syscall.SIGTERM)
+	time.Sleep(time.Second)
+	if p.Exited() {
+		t.Fatalf("daemon exited on the first SIGTERM with a live allocation:\n%s", p.Stderr())
+	}
+	_ = syscall.Kill(p.PID(), syscall.SIGINT)
+	if err := p.Wait(3 * time.Second); err != nil || !p.Exited() {
+		t.Fatalf("daemon after the second signal: exited=%v err=%v\n%s", p.Exited(), err, p.Stderr())
+	}
+	if !strings.Contains(p.Stderr(), "second signal") {
+		t.Errorf("no word of the second signal in the log:\n%s", p.Stderr())
+	}
+}
