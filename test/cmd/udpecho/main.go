@@ -9,8 +9,8 @@ package main
 
 import (
 	"encoding/binary"
-	"errors"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
