@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
@@ -47,6 +48,29 @@ type options struct {
 	maxBindings                                          uint
 	forceReady                                           bool
 	gracePeriod                                          time.Duration
+	allowPeers, denyPeers                                prefixList
+}
+
+// prefixList is a repeatable flag of CIDR prefixes or addresses.
+type prefixList []netip.Prefix
+
+func (l *prefixList) String() string {
+	var s []string
+	for _, p := range *l {
+		s = append(s, p.String())
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *prefixList) Set(v string) error {
+	for _, part := range strings.Split(v, ",") {
+		p, err := control.ParsePrefix(strings.TrimSpace(part))
+		if err != nil {
+			return err
+		}
+		*l = append(*l, p)
+	}
+	return nil
 }
 
 func main() {
@@ -69,6 +93,8 @@ func run(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off)")
 	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live and /ready (empty: off)")
 	fs.BoolVar(&o.forceReady, "force-ready-status", false, "keep /ready green while draining, for clusters that blackhole UDP to unready pods")
+	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist,\nand it also admits peers the defaults refuse (loopback, link-local, multicast, this node's addresses)")
+	fs.Var(&o.denyPeers, "deny-peer", "`CIDR` of peers clients may not relay to (repeatable); the most specific prefix wins")
 	fs.DurationVar(&o.gracePeriod, "grace-period", time.Hour, "on SIGTERM or SIGINT, how long to drain: new allocations are refused,\nlive ones keep relaying until they end or this runs out; a second signal exits at once")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usageHead)
@@ -169,6 +195,7 @@ func buildConfig(o options, uri string) (daemon.Config, error) {
 	}
 	cfg.MaxBindings = uint32(o.maxBindings)
 	cfg.MetricsAddr, cfg.HealthAddr, cfg.ForceReady = o.metricsAddr, o.healthAddr, o.forceReady
+	cfg.AllowPeers, cfg.DenyPeers = o.allowPeers, o.denyPeers
 	return cfg, nil
 }
 

@@ -76,7 +76,7 @@ func TestUsageAndBadInvocations(t *testing.T) {
 	if code := run([]string{"--help"}, &out); code != 0 {
 		t.Fatalf("--help exit %d", code)
 	}
-	for _, flagName := range []string{"-log", "-log-format", "-relay-address", "-min-relay-port", "-max-relay-port", "-xdp-mode", "-xdp-iface", "-metrics-addr", "-health-addr", "-force-ready-status", "-max-bindings", "turn://USER:PASS@ADDR:PORT"} {
+	for _, flagName := range []string{"-log", "-log-format", "-relay-address", "-min-relay-port", "-max-relay-port", "-xdp-mode", "-xdp-iface", "-metrics-addr", "-health-addr", "-force-ready-status", "-max-bindings", "-allow-peer", "-deny-peer", "-grace-period", "turn://USER:PASS@ADDR:PORT"} {
 		if !strings.Contains(out.String(), flagName) {
 			t.Errorf("--help does not explain %s", flagName)
 		}
@@ -87,6 +87,8 @@ func TestUsageAndBadInvocations(t *testing.T) {
 		{"--log=all:LOUD", "turn://u:p@10.0.0.1:3478"},
 		{"--log-format=xml", "turn://u:p@10.0.0.1:3478"},
 		{"--no-such-flag", "turn://u:p@10.0.0.1:3478"},
+		{"--allow-peer=10.0.0.1/8", "turn://u:p@10.0.0.1:3478"},
+		{"--deny-peer=nonsense", "turn://u:p@10.0.0.1:3478"},
 	} {
 		out.Reset()
 		if code := run(args, &out); code != 2 {

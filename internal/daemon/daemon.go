@@ -40,6 +40,11 @@ type Config struct {
 	RelayAddress               netip.Addr
 	MinRelayPort, MaxRelayPort uint16
 
+	// AllowPeers and DenyPeers are the peer access control (see
+	// control.PeerPolicy); by default loopback, link-local, multicast and the
+	// node's own addresses are refused.
+	AllowPeers, DenyPeers []netip.Prefix
+
 	XDPMode     loader.Mode
 	Interfaces  []string // empty: those carrying the listener and relay addresses
 	MaxBindings uint32
@@ -210,7 +215,8 @@ func Start(cfg Config) (*Daemon, error) {
 		},
 		EventHandler: d.mirror.EventHandler(),
 		PacketConnConfigs: []turn.PacketConnConfig{{
-			PacketConn: &fallback.ListenerConn{PacketConn: conn, Counters: d.counters},
+			PacketConn:        &fallback.ListenerConn{PacketConn: conn, Counters: d.counters},
+			PermissionHandler: control.NewPeerPolicy(cfg.AllowPeers, cfg.DenyPeers, cfg.Logger.Slog("auth")).Handler,
 			RelayAddressGenerator: &fallback.RelayAddressGenerator{
 				RelayAddressGeneratorPortRange: turn.RelayAddressGeneratorPortRange{
 					RelayAddress: net.IP(cfg.RelayAddress.AsSlice()),

@@ -59,6 +59,9 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	restore()
+	if daemonBin != "" {
+		_ = os.RemoveAll(filepath.Dir(daemonBin))
+	}
 	os.Exit(code)
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -124,15 +125,25 @@ func TestChannelExpiryRemovesBindings(t *testing.T) {
 	})
 }
 
+var daemonBin string
+
 // buildDaemon builds the stunnerd-xdp binary once per test process.
 func buildDaemon(t *testing.T) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "stunnerd-xdp")
+	if daemonBin != "" {
+		return daemonBin
+	}
+	dir, err := os.MkdirTemp("", "stunnerd-xdp-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "stunnerd-xdp")
 	cmd := exec.Command("go", "build", "-o", p, "./cmd/stunnerd-xdp")
 	cmd.Dir = repoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build stunnerd-xdp: %v\n%s", err, out)
 	}
+	daemonBin = p
 	return p
 }
 
