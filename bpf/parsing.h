@@ -72,10 +72,11 @@ static __always_inline int parse_channel_data(struct cursor *c, __u16 payload_le
 					      __be16 *channel, __u16 *data_len, __u16 *pad)
 {
 	__u8 *h = c->pos;
-	if ((void *)(h + CHANNEL_DATA_HDR_LEN) > c->end) {
-		/* Too short to be ChannelData; a STUN message is longer still. */
+	/* Too short to be ChannelData; a STUN message is longer still. The frame
+	 * end is not enough: bytes after the datagram (an Ethernet trailer) are
+	 * not part of the message and must not be read as its header. */
+	if (payload_len < CHANNEL_DATA_HDR_LEN || (void *)(h + CHANNEL_DATA_HDR_LEN) > c->end)
 		return REASON_MALFORMED_CHANNEL_DATA;
-	}
 	if ((h[0] & CHANNEL_DATA_MASK) != CHANNEL_DATA_BITS)
 		return REASON_STUN;
 	__u16 len = ((__u16)h[2] << 8) | h[3];

@@ -2,178 +2,15 @@ package bpf_test
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
-	"log/slog"
-	"net"
 	"net/netip"
-	"os"
 	"testing"
-
-	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netlink"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/model"
 	"github.com/l7mp/stunnerd-xdp/internal/packet"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
-
-const (
-	listenerPort = 3478
-	xdpPass      = 2
-	xdpTX        = 3
-	xdpRedirect  = 4
-)
-
-var (
-	clientMAC = [6]byte{0x02, 0, 0, 0, 0x10, 0x02}
-	peerMAC   = [6]byte{0x02, 0, 0, 0, 0x20, 0x02}
-	peer2MAC  = [6]byte{0x02, 0, 0, 0, 0x10, 0x03}
-	smallMAC  = [6]byte{0x02, 0, 0, 0, 0x21, 0x02}
-	offMAC    = [6]byte{0x02, 0, 0, 0, 0x22, 0x02}
-	otherMAC  = [6]byte{0x02, 0, 0, 0, 0x23, 0x02}
-)
-
-// link is one server-side interface of the golden environment.
-type iface struct {
-	name    string
-	addr    string // server address, /24
-	mtu     int
-	fwd     bool
-	devmap  bool
-	index   int
-	mac     [6]byte
-	neigh   map[string][6]byte
-	unreach string
-}
-
-// env is a network namespace whose routing and neighbour tables drive
-// bpf_fib_lookup, and the relay program loaded with bindings for every branch.
-type env struct {
-	ns     *testenv.NSWorker
-	prog   *loader.Program
-	maps   *channelmap.Maps
-	ifaces map[string]*iface
-}
-
-func newEnv(t *testing.T) *env {
-	t.Helper()
-	testenv.RequireRoot(t)
-	e := &env{ns: testenv.NewNSWorker(t), ifaces: map[string]*iface{}}
-	for _, i := range []*iface{
-		{name: "a0", addr: "10.100.0.1", mtu: 1500, fwd: true, devmap: true,
-			neigh: map[string][6]byte{"10.100.0.2": clientMAC, "10.100.0.3": peer2MAC}},
-		{name: "b0", addr: "10.200.0.1", mtu: 1500, fwd: true, devmap: true,
-			neigh: map[string][6]byte{"10.200.0.2": peerMAC}, unreach: "10.250.0.0/24"},
-		{name: "c0", addr: "10.201.0.1", mtu: 100, fwd: true, devmap: true,
-			neigh: map[string][6]byte{"10.201.0.2": smallMAC}},
-		{name: "d0", addr: "10.202.0.1", mtu: 1500, fwd: false, devmap: true,
-			neigh: map[string][6]byte{"10.202.0.2": offMAC}},
-		{name: "e0", addr: "10.203.0.1", mtu: 1500, fwd: true, devmap: false,
-			neigh: map[string][6]byte{"10.203.0.2": otherMAC}},
-	} {
-		e.ifaces[i.name] = i
-	}
-	prog, err := loader.Load(loader.Config{
-		ListenerPorts: []uint16{listenerPort}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 1024,
-	}, slog.New(slog.NewTextHandler(os.Stderr, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { prog.Close() })
-	e.prog = prog
-	e.maps = channelmap.New(prog.Maps())
-	if err := e.ns.Do(func() error { return e.setup() }); err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-func (e *env) setup() error {
-	if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("0"), 0); err != nil {
-		return err
-	}
-	for _, i := range e.ifaces {
-		la := netlink.NewLinkAttrs()
-		la.Name = i.name
-		la.MTU = i.mtu
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: i.name[:1] + "1"}); err != nil {
-			return fmt.Errorf("add veth %s: %w", i.name, err)
-		}
-		l, err := netlink.LinkByName(i.name)
-		if err != nil {
-			return err
-		}
-		p, err := netlink.LinkByName(i.name[:1] + "1")
-		if err != nil {
-			return err
-		}
-		addr, _ := netlink.ParseAddr(i.addr + "/24")
-		if err := netlink.AddrAdd(l, addr); err != nil {
-			return fmt.Errorf("add address to %s: %w", i.name, err)
-		}
-		for _, up := range []netlink.Link{l, p} {
-			if err := netlink.LinkSetUp(up); err != nil {
-				return err
-			}
-		}
-		fwd := "0"
-		if i.fwd {
-			fwd = "1"
-		}
-		if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+i.name+"/forwarding", []byte(fwd), 0); err != nil {
-			return err
-		}
-		for ip, mac := range i.neigh {
-			if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, State: netlink.NUD_PERMANENT,
-				IP: net.ParseIP(ip), HardwareAddr: net.HardwareAddr(mac[:])}); err != nil {
-				return fmt.Errorf("add neighbour %s: %w", ip, err)
-			}
-		}
-		if i.unreach != "" {
-			_, dst, _ := net.ParseCIDR(i.unreach)
-			if err := netlink.RouteAdd(&netlink.Route{Dst: dst, Type: 7 /* RTN_UNREACHABLE */}); err != nil {
-				return fmt.Errorf("add unreachable route: %w", err)
-			}
-		}
-		i.index = l.Attrs().Index
-		copy(i.mac[:], l.Attrs().HardwareAddr)
-		if i.devmap {
-			if err := e.prog.Maps().TxPorts.Put(uint32(i.index), uint32(i.index)); err != nil {
-				return fmt.Errorf("devmap %s: %w", i.name, err)
-			}
-		}
-	}
-	return nil
-}
-
-type xdpMD struct {
-	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
-}
-
-// run runs the program once on frame as if it arrived on the named interface.
-func (e *env) run(t *testing.T, ingress string, frame []byte) (uint32, []byte) {
-	t.Helper()
-	var (
-		ret uint32
-		out []byte
-	)
-	err := e.ns.Do(func() error {
-		var err error
-		ctx := xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(e.ifaces[ingress].index)}
-		buf := make([]byte, len(frame)+512)
-		opts := ebpf.RunOptions{Data: frame, DataOut: buf, Context: ctx}
-		ret, err = e.prog.XDP().Run(&opts)
-		out = opts.DataOut
-		return err
-	})
-	if err != nil {
-		t.Fatalf("BPF_PROG_RUN: %v", err)
-	}
-	return ret, out
-}
 
 func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 
@@ -208,13 +45,13 @@ var bindings = map[string]channelmap.Binding{
 		Peer: ap("10.200.0.2:5004"), Relay: ap("10.200.0.1:50008"), ListenerAddr: netip.MustParseAddr("10.201.0.1")},
 }
 
-func (e *env) install(t *testing.T) {
+// install puts the golden bindings into the maps and returns the model of the
+// environment holding the same bindings.
+func (e *env) install(t testing.TB) *model.Model {
 	t.Helper()
-	for name, b := range bindings {
-		if err := e.maps.Upsert(b); err != nil {
-			t.Fatalf("install %s: %v", name, err)
-		}
-	}
+	bs := sortedBindings()
+	e.replace(t, bs)
+	return e.newModel(t, bs)
 }
 
 // fromClient is a frame the client sends to the listener; fromPeer one the peer
@@ -259,9 +96,18 @@ type golden struct {
 	out     []byte // nil: the input, untouched
 }
 
+// TestGoldenPackets: every way a bound packet leaves, and every way the next
+// hop can fail, through BPF_PROG_RUN. Each row's expected output is built by
+// internal/packet, independently of the program and the model, and the model
+// must agree with the program on every row too.
 func TestGoldenPackets(t *testing.T) {
 	e := newEnv(t)
-	e.install(t)
+	m := e.install(t)
+	runTable(t, e, m, goldenCases(e))
+}
+
+// goldenCases are the relayed rows and the next-hop (FIB) rows.
+func goldenCases(e *env) []golden {
 	a0, b0, c0 := e.ifaces["a0"], e.ifaces["b0"], e.ifaces["c0"]
 	redirect, tx := bindings["redirect"], bindings["tx"]
 
@@ -336,98 +182,11 @@ func TestGoldenPackets(t *testing.T) {
 			out: toPeer(in, b, c0.mac, smallMAC, data(72)).Marshal()})
 	}
 
-	// Everything the program does not own passes untouched.
+	// The next hop decides: every FIB outcome passes the original untouched.
 	pass := func(name, ingress string, in []byte, reason bpf.RelayReason) {
 		cases = append(cases, golden{name: "pass/" + name, ingress: ingress, in: in, verdict: xdpPass, reason: reason})
 	}
 	cd := func(b channelmap.Binding, n int) []byte { return packet.ChannelData(b.Channel, data(n), nil) }
-	good := fromClient(redirect, "10.100.0.1", cd(redirect, 100))
-
-	ipv6 := good.Marshal()
-	binary.BigEndian.PutUint16(ipv6[12:14], 0x86DD)
-	pass("not-ipv4/ethertype-ipv6", "a0", ipv6, bpf.RelayReasonREASON_NOT_IPV4)
-	vlan := append(append(append([]byte{}, good.Marshal()[:12]...), 0x81, 0x00, 0x00, 0x64), good.Marshal()[12:]...)
-	pass("not-ipv4/vlan-tagged", "a0", vlan, bpf.RelayReasonREASON_NOT_IPV4)
-
-	f := good
-	f.Proto = 6
-	pass("not-udp/tcp", "a0", f.Marshal(), bpf.RelayReasonREASON_NOT_UDP)
-	f = good
-	f.Dst = ap("10.100.0.1:3479")
-	pass("not-ours/other-port", "a0", f.Marshal(), bpf.RelayReasonREASON_NOT_OURS)
-	f = good
-	f.Dst = ap("10.200.0.1:49151")
-	pass("not-ours/below-relay-range", "b0", f.Marshal(), bpf.RelayReasonREASON_NOT_OURS)
-
-	pass("malformed-ip/truncated-header", "a0", good.Marshal()[:packet.EthLen+19], bpf.RelayReasonREASON_MALFORMED_IP)
-	m := good.Marshal()
-	m[packet.EthLen] = 0x65 // version 6 under an IPv4 ethertype
-	pass("malformed-ip/version", "a0", m, bpf.RelayReasonREASON_MALFORMED_IP)
-	m = good.Marshal()
-	m[packet.EthLen] = 0x44 // IHL 4
-	pass("malformed-ip/ihl-below-5", "a0", m, bpf.RelayReasonREASON_MALFORMED_IP)
-	m = good.Marshal()
-	binary.BigEndian.PutUint16(m[packet.EthLen+2:], uint16(len(m)-packet.EthLen+1))
-	pass("malformed-ip/total-length-beyond-frame", "a0", m, bpf.RelayReasonREASON_MALFORMED_IP)
-	m = good.Marshal()
-	binary.BigEndian.PutUint16(m[packet.EthLen+2:], 27)
-	pass("malformed-ip/total-length-below-udp", "a0", m, bpf.RelayReasonREASON_MALFORMED_IP)
-	f = good
-	f.Options = []byte{0x01, 0x01, 0x01, 0x00} // NOPs and end of options
-	pass("ip-options", "a0", f.Marshal(), bpf.RelayReasonREASON_IP_OPTIONS)
-	f = good
-	f.FragOff = 0x2000 // MF: first fragment
-	pass("ip-fragment/first", "a0", f.Marshal(), bpf.RelayReasonREASON_IP_FRAGMENT)
-	f = good
-	f.FragOff = 0x0010 // a later fragment
-	pass("ip-fragment/later", "a0", f.Marshal(), bpf.RelayReasonREASON_IP_FRAGMENT)
-
-	m = good.Marshal()
-	binary.BigEndian.PutUint16(m[packet.EthLen+packet.IPv4Len+4:], uint16(packet.UDPLen+len(good.Payload)-4))
-	pass("malformed-udp/length-short", "a0", m, bpf.RelayReasonREASON_MALFORMED_UDP)
-	m = good.Marshal()
-	binary.BigEndian.PutUint16(m[packet.EthLen+packet.IPv4Len+4:], uint16(packet.UDPLen+len(good.Payload)+4))
-	pass("malformed-udp/length-long", "a0", m, bpf.RelayReasonREASON_MALFORMED_UDP)
-	m = good.Marshal()
-	binary.BigEndian.PutUint16(m[packet.EthLen+2:], packet.IPv4Len+4)
-	pass("malformed-ip/total-length-below-udp-header", "a0", m[:packet.EthLen+packet.IPv4Len+4], bpf.RelayReasonREASON_MALFORMED_IP)
-
-	f = good
-	f.Payload = []byte{0x00, 0x01, 0x00, 0x00, 0x21, 0x12, 0xA4, 0x42, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12} // Binding request
-	pass("stun/binding-request", "a0", f.Marshal(), bpf.RelayReasonREASON_STUN)
-	f = good
-	f.Payload = []byte{0x80, 0x00, 0x00, 0x00}
-	pass("stun/first-bits-10", "a0", f.Marshal(), bpf.RelayReasonREASON_STUN)
-	f = good
-	f.Payload = []byte{0x40, 0x00, 0x00}
-	pass("malformed-channel-data/short", "a0", f.Marshal(), bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA)
-	f = good
-	f.Payload = append(packet.ChannelData(redirect.Channel, data(10), nil)[:4], data(9)...)
-	pass("malformed-channel-data/length-beyond-payload", "a0", f.Marshal(), bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA)
-	f = good
-	f.Payload = packet.ChannelData(redirect.Channel, data(10), []byte{0, 0, 0, 0})
-	pass("malformed-channel-data/padding-4", "a0", f.Marshal(), bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA)
-
-	f = good
-	f.Payload = packet.ChannelData(0x4FFF, data(10), nil)
-	pass("no-channel/unbound-channel", "a0", f.Marshal(), bpf.RelayReasonREASON_NO_CHANNEL)
-	f = good
-	f.Src = ap("10.100.0.2:40009")
-	pass("no-channel/other-client-port", "a0", f.Marshal(), bpf.RelayReasonREASON_NO_CHANNEL)
-	f = good
-	f.Payload = packet.ChannelData(0x7FFF, data(10), nil) // reserved by RFC 8656, never bound
-	pass("no-channel/reserved-range", "a0", f.Marshal(), bpf.RelayReasonREASON_NO_CHANNEL)
-
-	p := fromPeer(redirect, data(10))
-	p.Src = ap("10.200.0.2:5009")
-	pass("no-peer-binding/right-ip-wrong-port", "b0", p.Marshal(), bpf.RelayReasonREASON_NO_PEER_BINDING)
-	p = fromPeer(redirect, data(10))
-	p.Src = ap("10.200.0.77:5001")
-	pass("no-peer-binding/unbound-peer", "b0", p.Marshal(), bpf.RelayReasonREASON_NO_PEER_BINDING)
-	p = fromPeer(redirect, data(10))
-	p.Dst = ap("10.200.0.99:50000")
-	pass("no-peer-binding/other-local-address", "b0", p.Marshal(), bpf.RelayReasonREASON_NO_PEER_BINDING)
-
 	b := bindings["noneigh"]
 	pass("fib/no-neigh", "a0", fromClient(b, "10.100.0.1", cd(b, 10)).Marshal(), bpf.RelayReasonREASON_FIB_NO_NEIGH)
 	b = bindings["smallmtu"]
@@ -442,32 +201,32 @@ func TestGoldenPackets(t *testing.T) {
 	b = bindings["notattached"]
 	pass("egress-not-attached", "a0", fromClient(b, "10.100.0.1", cd(b, 10)).Marshal(), bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED)
 
+	return cases
+}
+
+// runTable runs every row through the program and the model: the row's own
+// verdict, reason and output must hold, exactly one verdict counter (the row's)
+// must move by one, and the model must agree with the program on all of it.
+func runTable(t *testing.T, e *env, m *model.Model, cases []golden) {
+	t.Helper()
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			before := e.verdicts(t)
-			ret, out := e.run(t, c.ingress, c.in)
-			if ret != c.verdict {
-				t.Errorf("verdict %d, want %d", ret, c.verdict)
+			got, _ := e.check(t, m, c.ingress, c.in)
+			if got.verdict != c.verdict {
+				t.Errorf("verdict %d, want %d", got.verdict, c.verdict)
 			}
-			after := e.verdicts(t)
-			for r := range after {
-				want := before[r]
-				if bpf.RelayReason(r) == c.reason {
-					want++
-				}
-				if after[r] != want {
-					t.Errorf("verdict counter %v: %d -> %d, want %d", bpf.RelayReason(r), before[r], after[r], want)
-				}
+			if got.reason != c.reason {
+				t.Errorf("reason %s, want %s", reasonName(got.reason), reasonName(c.reason))
 			}
 			want := c.out
 			if want == nil {
 				want = c.in
 			}
-			if !bytes.Equal(out, want) {
-				t.Fatalf("output differs\n got %x\nwant %x", out, want)
+			if !bytes.Equal(got.out, want) {
+				t.Fatalf("output differs\n got %x\nwant %x", got.out, want)
 			}
 			if c.out != nil {
-				if _, err := packet.Parse(out); err != nil {
+				if _, err := packet.Parse(got.out); err != nil {
 					t.Fatalf("output frame: %v", err)
 				}
 			}
@@ -475,44 +234,46 @@ func TestGoldenPackets(t *testing.T) {
 	}
 }
 
-func (e *env) verdicts(t *testing.T) []uint64 {
-	t.Helper()
-	v, err := e.maps.Verdicts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
 // TestLearnListenerAddress: with a wildcard listener the peer->client direction
 // waits in userspace until a client packet shows the address it arrived at.
 func TestLearnListenerAddress(t *testing.T) {
 	e := newEnv(t)
-	e.install(t)
+	m := e.install(t)
 	b := bindings["learn"]
 	a0 := e.ifaces["a0"]
 
+	// Every step goes through the model too (e.check), which also compares the
+	// learned address in the kernel with the model's after each packet.
 	in := fromPeer(b, data(20))
-	if ret, out := e.run(t, "b0", in.Marshal()); ret != xdpPass || !bytes.Equal(out, in.Marshal()) {
-		t.Fatalf("before learning: verdict %d, want PASS untouched", ret)
+	if got, _ := e.check(t, m, "b0", in.Marshal()); got.verdict != xdpPass || got.reason != bpf.RelayReasonREASON_CLIENT_ADDR_UNKNOWN ||
+		!bytes.Equal(got.out, in.Marshal()) {
+		t.Fatalf("before learning: verdict %d %s, want PASS client_addr_unknown untouched", got.verdict, reasonName(got.reason))
 	}
 	c := fromClient(b, "10.100.0.1", packet.ChannelData(b.Channel, data(20), nil))
-	if ret, _ := e.run(t, "a0", c.Marshal()); ret != xdpRedirect {
-		t.Fatalf("client packet: verdict %d, want REDIRECT", ret)
+	if got, res := e.check(t, m, "a0", c.Marshal()); got.verdict != xdpRedirect || res.Learned == nil {
+		t.Fatalf("client packet: verdict %d, learned %v, want REDIRECT and a learned address", got.verdict, res.Learned)
 	}
-	ret, out := e.run(t, "b0", in.Marshal())
+	got, _ := e.check(t, m, "b0", in.Marshal())
 	want := toClient(in, b, netip.MustParseAddr("10.100.0.1"), a0.mac, clientMAC, data(20)).Marshal()
-	if ret != xdpRedirect || !bytes.Equal(out, want) {
-		t.Fatalf("after learning: verdict %d\n got %x\nwant %x", ret, out, want)
+	if got.verdict != xdpRedirect || !bytes.Equal(got.out, want) {
+		t.Fatalf("after learning: verdict %d\n got %x\nwant %x", got.verdict, got.out, want)
 	}
 	// A client packet that arrives at another address (a VIP before DNAT)
 	// moves the source of the replies with it.
 	c = fromClient(b, "10.100.0.100", packet.ChannelData(b.Channel, data(20), nil))
-	e.run(t, "a0", c.Marshal())
-	ret, out = e.run(t, "b0", in.Marshal())
+	e.check(t, m, "a0", c.Marshal())
+	got, _ = e.check(t, m, "b0", in.Marshal())
 	want = toClient(in, b, netip.MustParseAddr("10.100.0.100"), a0.mac, clientMAC, data(20)).Marshal()
-	if ret != xdpRedirect || !bytes.Equal(out, want) {
-		t.Fatalf("after moving: verdict %d\n got %x\nwant %x", ret, out, want)
+	if got.verdict != xdpRedirect || !bytes.Equal(got.out, want) {
+		t.Fatalf("after moving: verdict %d\n got %x\nwant %x", got.verdict, got.out, want)
+	}
+	// Learning does not wait for a next hop: a bound client packet that passes
+	// (its peer has no neighbour entry yet) still shows where it was sent.
+	nb := bindings["noneigh"]
+	c = fromClient(nb, "10.100.0.77", packet.ChannelData(nb.Channel, data(20), nil))
+	if got, res := e.check(t, m, "a0", c.Marshal()); got.reason != bpf.RelayReasonREASON_FIB_NO_NEIGH || res.Learned == nil ||
+		res.Learned.Addr != netip.MustParseAddr("10.100.0.77") {
+		t.Fatalf("bound packet without a next hop: %s, learned %v", reasonName(got.reason), res.Learned)
 	}
 }
 

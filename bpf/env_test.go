@@ -1,0 +1,405 @@
+package bpf_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/model"
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+)
+
+// The environment every privileged test in this package shares: the golden
+// tables, the hostile-input table and the fuzz targets all see the same
+// interfaces, neighbours, MTUs, forwarding settings and program configuration,
+// and the reference model is given exactly the same (modelEnv).
+
+const (
+	listenerPort = 3478
+	xdpPass      = uint32(model.Pass)
+	xdpTX        = uint32(model.TX)
+	xdpRedirect  = uint32(model.Redirect)
+)
+
+var progConfig = loader.Config{
+	ListenerPorts: []uint16{listenerPort}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 1024,
+}
+
+var (
+	clientMAC = [6]byte{0x02, 0, 0, 0, 0x10, 0x02}
+	peerMAC   = [6]byte{0x02, 0, 0, 0, 0x20, 0x02}
+	peer2MAC  = [6]byte{0x02, 0, 0, 0, 0x10, 0x03}
+	smallMAC  = [6]byte{0x02, 0, 0, 0, 0x21, 0x02}
+	offMAC    = [6]byte{0x02, 0, 0, 0, 0x22, 0x02}
+	otherMAC  = [6]byte{0x02, 0, 0, 0, 0x23, 0x02}
+)
+
+// iface is one server-side interface of the environment.
+type iface struct {
+	name    string
+	addr    string // server address, /24
+	mtu     int
+	fwd     bool
+	devmap  bool
+	index   int
+	mac     [6]byte
+	neigh   map[string][6]byte
+	unreach string // a route of type unreachable added with this interface
+}
+
+// ifaceNames is the fixed order in which fuzz inputs choose an ingress.
+var ifaceNames = []string{"a0", "b0", "c0", "d0", "e0"}
+
+func ifaceTable() []*iface {
+	return []*iface{
+		// Client and a second peer.
+		{name: "a0", addr: "10.100.0.1", mtu: 1500, fwd: true, devmap: true,
+			neigh: map[string][6]byte{"10.100.0.2": clientMAC, "10.100.0.3": peer2MAC}},
+		// Peer; behind it an unreachable subnet.
+		{name: "b0", addr: "10.200.0.1", mtu: 1500, fwd: true, devmap: true,
+			neigh: map[string][6]byte{"10.200.0.2": peerMAC}, unreach: "10.250.0.0/24"},
+		// MTU 100: results above it need fragmentation.
+		{name: "c0", addr: "10.201.0.1", mtu: 100, fwd: true, devmap: true,
+			neigh: map[string][6]byte{"10.201.0.2": smallMAC}},
+		// Forwarding off.
+		{name: "d0", addr: "10.202.0.1", mtu: 1500, fwd: false, devmap: true,
+			neigh: map[string][6]byte{"10.202.0.2": offMAC}},
+		// Not in the devmap: the program is not attached there.
+		{name: "e0", addr: "10.203.0.1", mtu: 1500, fwd: true, devmap: false,
+			neigh: map[string][6]byte{"10.203.0.2": otherMAC}},
+	}
+}
+
+// env is a network namespace whose routing and neighbour tables drive
+// bpf_fib_lookup, and the relay program loaded into it.
+type env struct {
+	ns     *testenv.NSWorker
+	prog   *loader.Program
+	maps   *channelmap.Maps
+	ifaces map[string]*iface
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("BPF_PROG_RUN in a network namespace: not in -short mode")
+	}
+	testenv.RequireRoot(t)
+	e := &env{ns: testenv.NewNSWorker(t), ifaces: map[string]*iface{}}
+	for _, i := range ifaceTable() {
+		e.ifaces[i.name] = i
+	}
+	prog, err := loader.Load(progConfig, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	e.prog = prog
+	e.maps = channelmap.New(prog.Maps())
+	if err := e.ns.Do(func() error { return e.setup() }); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func (e *env) setup() error {
+	if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("0"), 0); err != nil {
+		return err
+	}
+	for _, i := range e.ifaces {
+		la := netlink.NewLinkAttrs()
+		la.Name = i.name
+		la.MTU = i.mtu
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: i.name[:1] + "1"}); err != nil {
+			return fmt.Errorf("add veth %s: %w", i.name, err)
+		}
+		l, err := netlink.LinkByName(i.name)
+		if err != nil {
+			return err
+		}
+		p, err := netlink.LinkByName(i.name[:1] + "1")
+		if err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr(i.addr + "/24")
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return fmt.Errorf("add address to %s: %w", i.name, err)
+		}
+		for _, up := range []netlink.Link{l, p} {
+			if err := netlink.LinkSetUp(up); err != nil {
+				return err
+			}
+		}
+		fwd := "0"
+		if i.fwd {
+			fwd = "1"
+		}
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+i.name+"/forwarding", []byte(fwd), 0); err != nil {
+			return err
+		}
+		for ip, mac := range i.neigh {
+			if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, State: netlink.NUD_PERMANENT,
+				IP: net.ParseIP(ip), HardwareAddr: net.HardwareAddr(mac[:])}); err != nil {
+				return fmt.Errorf("add neighbour %s: %w", ip, err)
+			}
+		}
+		if i.unreach != "" {
+			_, dst, _ := net.ParseCIDR(i.unreach)
+			if err := netlink.RouteAdd(&netlink.Route{Dst: dst, Type: 7 /* RTN_UNREACHABLE */}); err != nil {
+				return fmt.Errorf("add unreachable route: %w", err)
+			}
+		}
+		i.index = l.Attrs().Index
+		copy(i.mac[:], l.Attrs().HardwareAddr)
+		if i.devmap {
+			if err := e.prog.Maps().TxPorts.Put(uint32(i.index), uint32(i.index)); err != nil {
+				return fmt.Errorf("devmap %s: %w", i.name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// modelEnv describes the namespace to the reference model: the same table
+// setup built the interfaces, routes and neighbours from.
+func (e *env) modelEnv() model.Env {
+	me := model.Env{
+		ListenerPorts: progConfig.ListenerPorts,
+		MinRelayPort:  progConfig.MinRelayPort,
+		MaxRelayPort:  progConfig.MaxRelayPort,
+	}
+	for _, name := range ifaceNames {
+		i := e.ifaces[name]
+		mi := model.Interface{Name: i.name, Index: i.index, MAC: i.mac, MTU: i.mtu, Forwarding: i.fwd,
+			Attached: i.devmap, Addr: netip.MustParsePrefix(i.addr + "/24"), Neighbours: map[netip.Addr][6]byte{}}
+		for ip, mac := range i.neigh {
+			mi.Neighbours[netip.MustParseAddr(ip)] = mac
+		}
+		me.Interfaces = append(me.Interfaces, mi)
+		if i.unreach != "" {
+			me.Unreachable = append(me.Unreachable, netip.MustParsePrefix(i.unreach))
+		}
+	}
+	return me
+}
+
+// newModel returns the model of this environment with the given bindings.
+func (e *env) newModel(t testing.TB, bs []channelmap.Binding) *model.Model {
+	t.Helper()
+	m, err := model.New(e.modelEnv(), bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+type xdpMD struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// BPF_PROG_RUN takes frames of at least an Ethernet header and at most a page
+// less the XDP headroom and the skb_shared_info tailroom.
+const (
+	minRunFrame = 14
+	maxRunFrame = 3000
+)
+
+// run runs the program once on frame as if it arrived on the named interface.
+func (e *env) run(t testing.TB, ingress string, frame []byte) (uint32, []byte) {
+	t.Helper()
+	var (
+		ret uint32
+		out []byte
+	)
+	err := e.ns.Do(func() error {
+		var err error
+		ctx := xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(e.ifaces[ingress].index)}
+		buf := make([]byte, len(frame)+512)
+		opts := ebpf.RunOptions{Data: frame, DataOut: buf, Context: ctx}
+		ret, err = e.prog.XDP().Run(&opts)
+		out = opts.DataOut
+		return err
+	})
+	if err != nil {
+		t.Fatalf("BPF_PROG_RUN: %v", err)
+	}
+	return ret, out
+}
+
+func (e *env) verdicts(t testing.TB) []uint64 {
+	t.Helper()
+	v, err := e.maps.Verdicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func (e *env) totals(t testing.TB) channelmap.Stats {
+	t.Helper()
+	s, err := e.maps.Totals()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// listeners reads every binding's listener address as the kernel has it;
+// "not known" is 0.0.0.0, as in the model.
+func (e *env) listeners(t testing.TB) map[channelmap.Key]netip.Addr {
+	t.Helper()
+	d, err := e.maps.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(map[channelmap.Key]netip.Addr, len(d))
+	for k, b := range d {
+		out[k] = knownOrZero(b.ListenerAddr)
+	}
+	return out
+}
+
+func knownOrZero(a netip.Addr) netip.Addr {
+	if !a.IsValid() || a.IsUnspecified() {
+		return netip.IPv4Unspecified()
+	}
+	return a.Unmap()
+}
+
+// observation is what one BPF_PROG_RUN did, as far as it can be seen.
+type observation struct {
+	verdict uint32
+	out     []byte
+	reason  bpf.RelayReason // the one verdict counter that moved
+	counted channelmap.Stats
+}
+
+// observe runs frame through the program and reads back the verdict counter
+// that moved (exactly one must move, by one) and what the per-binding counters
+// gained. The counters are global: they are read before and after rather than
+// assumed to start at zero.
+func (e *env) observe(t testing.TB, ingress string, frame []byte) observation {
+	t.Helper()
+	before, beforeTotals := e.verdicts(t), e.totals(t)
+	ret, out := e.run(t, ingress, frame)
+	after, afterTotals := e.verdicts(t), e.totals(t)
+	o := observation{verdict: ret, out: out, reason: bpf.RelayReasonREASON_MAX}
+	for r := range after {
+		switch d := after[r] - before[r]; {
+		case d == 0:
+		case d == 1 && o.reason == bpf.RelayReasonREASON_MAX:
+			o.reason = bpf.RelayReason(r)
+		default:
+			t.Errorf("verdict counter %s moved by %d (one counter must move by one)", reasonName(bpf.RelayReason(r)), d)
+		}
+	}
+	if o.reason == bpf.RelayReasonREASON_MAX {
+		t.Errorf("no verdict counter moved")
+	}
+	o.counted = channelmap.Stats{
+		ClientToPeerPackets: afterTotals.ClientToPeerPackets - beforeTotals.ClientToPeerPackets,
+		ClientToPeerBytes:   afterTotals.ClientToPeerBytes - beforeTotals.ClientToPeerBytes,
+		PeerToClientPackets: afterTotals.PeerToClientPackets - beforeTotals.PeerToClientPackets,
+		PeerToClientBytes:   afterTotals.PeerToClientBytes - beforeTotals.PeerToClientBytes,
+	}
+	return o
+}
+
+// check runs frame through the program and the model (which it advances) and
+// fails on any difference: verdict, reason, output bytes, learned listener
+// addresses and per-binding counters.
+func (e *env) check(t testing.TB, m *model.Model, ingress string, frame []byte) (observation, model.Result) {
+	t.Helper()
+	want := m.Process(e.ifaces[ingress].index, frame)
+	got := e.observe(t, ingress, frame)
+	if got.verdict != uint32(want.Verdict) || got.reason != want.Reason {
+		t.Errorf("program: %v %s; model: %v %s", model.Verdict(got.verdict), reasonName(got.reason), want.Verdict, reasonName(want.Reason))
+	}
+	if !bytes.Equal(got.out, want.Frame) {
+		t.Errorf("output differs from the model's\nprogram %x\n  model %x", got.out, want.Frame)
+	}
+	var counted channelmap.Stats
+	if want.Counted != nil {
+		if want.Reason == bpf.RelayReasonREASON_RELAY_C2P_TX || want.Reason == bpf.RelayReasonREASON_RELAY_C2P_REDIRECT {
+			counted.ClientToPeerPackets, counted.ClientToPeerBytes = 1, uint64(want.DataLen)
+		} else {
+			counted.PeerToClientPackets, counted.PeerToClientBytes = 1, uint64(want.DataLen)
+		}
+	}
+	if got.counted != counted {
+		t.Errorf("per-binding counters gained %+v, model %+v", got.counted, counted)
+	}
+	kernel := e.listeners(t)
+	for _, b := range m.Bindings() {
+		if k, ok := kernel[b.Key()]; !ok || k != b.ListenerAddr {
+			t.Errorf("binding %v: listener address %v in the kernel, %v in the model", b.Key(), k, b.ListenerAddr)
+		}
+	}
+	if len(kernel) != len(m.Bindings()) {
+		t.Errorf("%d bindings in the kernel, %d in the model", len(kernel), len(m.Bindings()))
+	}
+	return got, want
+}
+
+// restore puts learned listener addresses back to what the bindings say, so
+// that fuzz iterations are independent of each other.
+func (e *env) restore(t testing.TB, bs []channelmap.Binding) {
+	t.Helper()
+	kernel := e.listeners(t)
+	for _, b := range bs {
+		if kernel[b.Key()] != knownOrZero(b.ListenerAddr) {
+			if err := e.maps.Upsert(b); err != nil {
+				t.Fatalf("restore %v: %v", b, err)
+			}
+		}
+	}
+}
+
+// replace makes bs the only bindings in the maps.
+func (e *env) replace(t testing.TB, bs []channelmap.Binding) {
+	t.Helper()
+	for _, b := range e.maps.Installed() {
+		if err := e.maps.Delete(b.Key()); err != nil {
+			t.Fatalf("delete %v: %v", b, err)
+		}
+	}
+	for _, b := range bs {
+		if err := e.maps.Upsert(b); err != nil {
+			t.Fatalf("install %v: %v", b, err)
+		}
+	}
+}
+
+// sortedBindings returns the golden bindings in a fixed order.
+func sortedBindings() []channelmap.Binding {
+	names := make([]string, 0, len(bindings))
+	for n := range bindings {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	out := make([]channelmap.Binding, len(names))
+	for i, n := range names {
+		out[i] = bindings[n]
+	}
+	return out
+}
+
+// reasonName is the metric label of a reason, for readable failures.
+func reasonName(r bpf.RelayReason) string {
+	if n, ok := channelmap.ReasonNames[r]; ok {
+		return n
+	}
+	return fmt.Sprintf("reason(%d)", uint32(r))
+}

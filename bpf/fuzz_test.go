@@ -1,0 +1,278 @@
+package bpf_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"go/build"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/packet"
+)
+
+// Differential fuzzing of the XDP program against the reference model. Both
+// targets run every input through BPF_PROG_RUN in the shared environment
+// (newEnv) and through the model, and fail on any difference (env.check). Run
+// one for a while with
+//
+//	go test ./bpf -run '^$' -fuzz '^FuzzRelayVsModel$' -fuzztime 30s -fuzzminimizetime 3s
+//	go test ./bpf -run '^$' -fuzz '^FuzzRelayBindingsVsModel$' -fuzztime 30s -fuzzminimizetime 3s
+//
+// (as root; an execution costs ~100 syscalls, so the default minimization
+// budget of 60 s per new input stalls every worker for a minute at a time).
+//
+// Without -fuzz, `go test` runs their seeds and bpf/testdata/fuzz as tests.
+
+// FuzzRelayVsModel: any frame, arriving on any interface of the environment,
+// against the golden bindings. Seeded with every golden and hostile row and with
+// pion/turn's ChannelData fuzz corpus.
+func FuzzRelayVsModel(f *testing.F) {
+	e := newEnv(f)
+	bs := sortedBindings()
+	e.replace(f, bs)
+	for _, c := range append(goldenCases(e), hostileCases(e)...) {
+		f.Add(c.in, ingressIndex(c.ingress))
+	}
+	redirect := bindings["redirect"]
+	for _, msg := range pionChannelData(f) {
+		f.Add(fromClient(redirect, "10.100.0.1", msg).Marshal(), uint8(0))
+		// The same message on the bound channel and cut to its own length plus
+		// padding, so that it is relayed rather than refused for its tail.
+		if len(msg) >= 4 {
+			n := int(msg[2])<<8 | int(msg[3])
+			relayable := packet.ChannelData(redirect.Channel, msg[4:min(len(msg), 4+n)], nil)
+			f.Add(fromClient(redirect, "10.100.0.1", relayable).Marshal(), uint8(0))
+		}
+	}
+
+	f.Fuzz(func(t *testing.T, frame []byte, ingress uint8) {
+		name := ifaceNames[int(ingress)%len(ifaceNames)]
+		m := e.newModel(t, bs)
+		if len(frame) < minRunFrame || len(frame) > maxRunFrame {
+			m.Process(e.ifaces[name].index, frame) // BPF_PROG_RUN refuses it; the model must not panic
+			return
+		}
+		// The learned listener addresses are the only state a frame changes
+		// besides counters (which check reads as deltas); check has compared
+		// the kernel's with the model's, so only a learned one needs undoing.
+		if _, res := e.check(t, m, name, frame); res.Learned != nil {
+			e.restore(t, bs)
+		}
+	})
+}
+
+// FuzzRelayBindingsVsModel: varies the binding set as well. spec encodes up to
+// eight bindings drawn from addresses that lead to every FIB outcome in the
+// environment; the frame is built from one of them (pick), in either direction,
+// to one of several destination addresses, with a fuzzed payload.
+func FuzzRelayBindingsVsModel(f *testing.F) {
+	e := newEnv(f)
+	// spec bytes per binding: client host, client port, channel, peer
+	// host<<4|port, relay addr<<4|port, listener address.
+	seeds := []struct {
+		spec             []byte
+		pick, dst, flags uint8
+		payload          []byte
+	}{
+		{[]byte{0, 0, 0, 0x20, 0x10, 1}, 0, 0, 1, data(100)},                   // redirect c2p
+		{[]byte{0, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, data(100)},                   // redirect p2c
+		{[]byte{0, 0, 1, 0x10, 0x00, 1}, 0, 0, 1, data(10)},                    // XDP_TX c2p
+		{[]byte{0, 0, 1, 0x10, 0x00, 1}, 1, 0, 0, data(10)},                    // XDP_TX p2c
+		{[]byte{0, 0, 0, 0x20, 0x10, 0}, 1, 0, 0, data(10)},                    // listener unknown
+		{[]byte{0, 0, 0, 0x20, 0x10, 0}, 0, 1, 1, data(10)},                    // learn a VIP
+		{[]byte{0, 0, 0, 0x40, 0x20, 1}, 0, 0, 1, data(80)},                    // MTU 100
+		{[]byte{4, 0, 0, 0x20, 0x10, 3}, 1, 0, 0, data(69)},                    // client behind MTU 100
+		{[]byte{0, 0, 0, 0x50, 0x20, 1}, 0, 0, 1, data(10)},                    // no neighbour, MTU 100
+		{[]byte{6, 0, 0, 0x20, 0x10, 4}, 0, 2, 1, data(10)},                    // forwarding off on ingress d0
+		{[]byte{0, 0, 0, 0x70, 0x40, 1}, 0, 0, 1, data(10)},                    // egress not attached
+		{[]byte{0, 0, 0, 0x80, 0x10, 1}, 0, 0, 1, data(10)},                    // unreachable
+		{[]byte{0, 0, 0, 0xa0, 0x10, 1}, 0, 0, 1, data(10)},                    // broadcast peer
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0, 1, 0, 0x21, 0x11, 0}, 2, 0, 1, nil}, // two clients' ports
+		{[]byte{0, 0, 4, 0x20, 0x10, 1}, 0, 0, 1 | 3<<1, data(5)},              // channel 0x7fff, padding 3
+	}
+	for _, s := range seeds {
+		f.Add(s.spec, uint8(0), s.pick, s.dst, s.flags, s.payload)
+	}
+	for _, msg := range pionChannelData(f) {
+		f.Add([]byte{0, 0, 0, 0x20, 0x10, 1}, uint8(0), uint8(0), uint8(0), uint8(0), msg)
+	}
+
+	f.Fuzz(func(t *testing.T, spec []byte, ingress, pick, dst, flags uint8, payload []byte) {
+		bs := decodeBindings(spec)
+		e.replace(t, bs)
+		m := e.newModel(t, bs)
+		if len(payload) > maxRunFrame-64 {
+			payload = payload[:maxRunFrame-64]
+		}
+		name := ifaceNames[int(ingress)%len(ifaceNames)]
+		e.check(t, m, name, fuzzFrame(bs, pick, dst, flags, payload))
+	})
+}
+
+// Address pools of the environment (see ifaceTable): neighbours on each
+// interface, a host without a neighbour entry, one behind the MTU-100 link,
+// the unreachable subnet, the server's own and broadcast addresses, a network
+// address and one without a route.
+var (
+	fuzzHosts = []string{"10.100.0.2", "10.100.0.3", "10.200.0.2", "10.200.0.9", "10.201.0.2", "10.201.0.9",
+		"10.202.0.2", "10.203.0.2", "10.250.0.2", "10.100.0.1", "10.100.0.255", "10.100.0.0", "192.0.2.1"}
+	fuzzClientPorts = []uint16{40000, 40001, listenerPort, 50000}
+	fuzzPeerPorts   = []uint16{5001, 5002, 49152, listenerPort}
+	fuzzRelayAddrs  = []string{"10.100.0.1", "10.200.0.1", "10.201.0.1", "10.202.0.1", "10.203.0.1", "10.200.0.99"}
+	fuzzRelayPorts  = []uint16{49152, 50000, 65535}
+	fuzzChannels    = []uint16{0x4000, 0x4001, 0x4FFF, 0x5000, 0x7FFF}
+	// Listener addresses: not known (learned from packets), the interfaces', a
+	// VIP in front of the node, unspecified.
+	fuzzListeners = []string{"", "10.100.0.1", "10.100.0.100", "10.201.0.1", "10.202.0.1", "0.0.0.0"}
+	// Where a client's packet may be addressed: as fuzzListeners, and broadcast.
+	fuzzDsts = []string{"10.100.0.1", "10.100.0.100", "10.202.0.1", "10.201.0.1", "0.0.0.0", "255.255.255.255"}
+)
+
+func pick[T any](pool []T, b byte) T { return pool[int(b)%len(pool)] }
+
+// decodeBindings turns spec into a consistent binding set, as pion/turn would
+// hold: a client key or a peer-and-relay pair already taken is skipped.
+func decodeBindings(spec []byte) []channelmap.Binding {
+	var out []channelmap.Binding
+	clients := map[channelmap.Key]bool{}
+	peers := map[[2]netip.AddrPort]bool{}
+	for i := 0; i+6 <= len(spec) && len(out) < 8; i += 6 {
+		s := spec[i : i+6]
+		b := channelmap.Binding{
+			Client:       netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzHosts, s[0])), pick(fuzzClientPorts, s[1])),
+			ListenerPort: listenerPort,
+			Channel:      pick(fuzzChannels, s[2]),
+			Peer:         netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzHosts, s[3]>>4)), pick(fuzzPeerPorts, s[3]&0xf)),
+			Relay:        netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzRelayAddrs, s[4]>>4)), pick(fuzzRelayPorts, s[4]&0xf)),
+		}
+		if l := pick(fuzzListeners, s[5]); l != "" {
+			b.ListenerAddr = netip.MustParseAddr(l)
+		}
+		pk := [2]netip.AddrPort{b.Peer, b.Relay}
+		if clients[b.Key()] || peers[pk] {
+			continue
+		}
+		clients[b.Key()], peers[pk] = true, true
+		out = append(out, b)
+	}
+	return out
+}
+
+// fuzzFrame builds the frame of a fuzz input. pick's low bit is the direction
+// (client->peer or peer->client), the rest the binding; flags: bit 0 wraps the
+// payload as ChannelData on the binding's channel with (flags>>1)&3 bytes of
+// padding, bit 3 sends no UDP checksum, bits 4-5 choose the TTL, bit 6 sets DF,
+// bit 7 sends from a port one above the bound one.
+func fuzzFrame(bs []channelmap.Binding, pickB, dst, flags uint8, payload []byte) []byte {
+	b := bindings["redirect"] // with no bindings, still a frame to refuse
+	if len(bs) > 0 {
+		b = bs[int(pickB>>1)%len(bs)]
+	}
+	var f packet.Frame
+	if pickB&1 == 0 {
+		f = fromClient(b, pick(fuzzDsts, dst), payload)
+		if flags&1 != 0 {
+			f.Payload = packet.ChannelData(b.Channel, payload, bytes.Repeat([]byte{0xEE}, int(flags>>1&3)))
+		}
+	} else {
+		f = fromPeer(b, payload)
+	}
+	f.NoUDPChecksum = flags&8 != 0
+	f.TTL = []uint8{64, 1, 0, 255}[flags>>4&3]
+	f.FragOff = 0
+	if flags&0x40 != 0 {
+		f.FragOff = 0x4000
+	}
+	if flags&0x80 != 0 {
+		f.Src = netip.AddrPortFrom(f.Src.Addr(), f.Src.Port()+1)
+	}
+	return f.Marshal()
+}
+
+func ingressIndex(name string) uint8 {
+	for i, n := range ifaceNames {
+		if n == name {
+			return uint8(i)
+		}
+	}
+	panic("no interface " + name)
+}
+
+// pionChannelData returns pion/turn's ChannelData fuzz corpus and its captured
+// ChannelData message from the module cache (internal/proto/testdata of the
+// version go.mod requires), or nothing when the cache does not have them: the
+// golden and hostile rows, built with internal/packet's encoder, seed the
+// targets anyway. pion's encoder itself is internal to its module.
+func pionChannelData(t testing.TB) [][]byte {
+	t.Helper()
+	dir := pionTestdata()
+	if dir == "" {
+		t.Log("pion/turn testdata not in the module cache: no pion seeds")
+		return nil
+	}
+	var out [][]byte
+	files, _ := filepath.Glob(filepath.Join(dir, "fuzz", "FuzzChannelData", "*"))
+	for _, name := range files {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// "go test fuzz v1" then one []byte("...") line.
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if lit, ok := strings.CutPrefix(line, "[]byte("); ok {
+				v, err := strconv.Unquote(strings.TrimSuffix(lit, ")"))
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				out = append(out, []byte(v))
+			}
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "02_chandata.hex")); err == nil {
+		if msg, err := hex.DecodeString(strings.TrimSpace(string(b))); err == nil {
+			out = append(out, msg)
+		}
+	}
+	return out
+}
+
+// pionTestdata finds pion/turn's internal/proto/testdata in the module cache,
+// for the version go.mod requires (the tests run in bpf/, next to ../go.mod; the
+// bpf package does not link pion/turn, so the build info does not name it).
+func pionTestdata() string {
+	gomod, err := os.ReadFile(filepath.Join("..", "go.mod"))
+	if err != nil {
+		return ""
+	}
+	version := ""
+	for _, line := range strings.Split(string(gomod), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "github.com/pion/turn/v4" {
+			version = f[1]
+		}
+	}
+	if version == "" {
+		return ""
+	}
+	cache := os.Getenv("GOMODCACHE")
+	if cache == "" {
+		gopath := os.Getenv("GOPATH")
+		if gopath == "" {
+			gopath = build.Default.GOPATH
+		}
+		cache = filepath.Join(filepath.SplitList(gopath)[0], "pkg", "mod")
+	}
+	dir := filepath.Join(cache, "github.com", "pion", "turn", "v4@"+version, "internal", "proto", "testdata")
+	if _, err := os.Stat(dir); err != nil {
+		return ""
+	}
+	return dir
+}

@@ -1,0 +1,472 @@
+// Package model is the executable specification of the XDP fast path: a small,
+// pure-Go description of what the program in bpf/relay.c must do with one frame,
+// written from RFC 8656 (ChannelData over UDP), RFC 768/1071 (checksums) and the
+// behaviour the README documents, not from the C. The tests in bpf/ run golden,
+// hostile and fuzzed frames through both the program (BPF_PROG_RUN) and this
+// model and fail on any difference in verdict, reason, output bytes or learned
+// state.
+//
+// What the model says, in order:
+//
+//  1. Only untagged, option-less, unfragmented IPv4/UDP whose IP total length fits
+//     the frame and whose UDP length agrees with it is looked at; bytes after the
+//     IP packet are an Ethernet trailer. Everything else passes untouched.
+//  2. UDP to a listener port must be ChannelData (first two bits 01) of a bound
+//     (client address:port, listener port, channel), with its length inside the
+//     payload and at most 3 bytes of padding after it. Such a packet shows the
+//     address the client sends to, which becomes the source of replies.
+//  3. UDP to a relay port must come from exactly the bound peer address:port to
+//     the bound relay address:port, and the listener address must be known.
+//  4. The rewritten packet (client->peer: the data alone, relay -> peer;
+//     peer->client: ChannelData header + data, listener -> client) leaves through
+//     the next hop the kernel's FIB gives for it, looked up as if forwarded from the
+//     ingress interface; when the FIB cannot give one the original packet passes.
+//  5. The relay originates what it sends: a fresh IPv4 header (TTL 64, TOS, ID and
+//     DF kept), and a UDP checksum that is absent when the input's was and
+//     otherwise carries the input's checksum error over, so that a datagram
+//     damaged before the relay still fails at the receiver.
+package model
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+)
+
+// Verdict is an XDP action, numbered as the kernel numbers them so that it
+// compares directly with what BPF_PROG_RUN returns.
+type Verdict uint32
+
+// The verdicts the program gives. It never drops (XDP_DROP, XDP_ABORTED).
+const (
+	Pass     Verdict = 2 // XDP_PASS: the kernel and pion/turn get the frame
+	TX       Verdict = 3 // XDP_TX: out of the ingress interface
+	Redirect Verdict = 4 // XDP_REDIRECT: out of another attached interface
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Pass:
+		return "PASS"
+	case TX:
+		return "TX"
+	case Redirect:
+		return "REDIRECT"
+	}
+	return fmt.Sprintf("XDP action %d", uint32(v))
+}
+
+// Limits of the fast path that are policy, not protocol.
+const (
+	// MaxDataLen is the largest application data relayed in the kernel
+	// (CHANNEL_DATA_MAX_LEN); larger messages pass as oversize.
+	MaxDataLen = 0x1fff
+	// MaxPadding is the most padding accepted after ChannelData over UDP: what
+	// rounds a message up to a multiple of 4 (RFC 8656 §12.5). More trailing
+	// bytes are not a ChannelData message we understand.
+	MaxPadding = 3
+	// RelayTTL is the TTL of what the relay sends: it originates the packets.
+	RelayTTL = 64
+)
+
+// Interface is one network interface as the FIB and the program see it.
+type Interface struct {
+	Name  string
+	Index int
+	MAC   [6]byte
+	// Addr is the interface's address and its connected subnet. The address is
+	// local, the subnet's last address is its broadcast; anything else in the
+	// subnet is a unicast next hop on this interface.
+	Addr netip.Prefix
+	MTU  int
+	// Forwarding is net.ipv4.conf.<iface>.forwarding: bpf_fib_lookup forwards
+	// only what arrived on an interface with forwarding on.
+	Forwarding bool
+	// Attached means in the program's redirect devmap.
+	Attached bool
+	// Neighbours are the resolved (valid) neighbour entries of the interface.
+	Neighbours map[netip.Addr][6]byte
+}
+
+// Env is everything outside the packet that decides its fate: the program's
+// load-time configuration and the host's interfaces and routes.
+type Env struct {
+	ListenerPorts              []uint16
+	MinRelayPort, MaxRelayPort uint16 // inclusive
+	Interfaces                 []Interface
+	// Unreachable are routes of type unreachable (or blackhole, prohibit): the
+	// FIB refuses to forward to them.
+	Unreachable []netip.Prefix
+}
+
+// Learned is a side effect of a client packet: the address it was sent to
+// becomes the source of the binding's replies. The unspecified address means
+// "not known": replies wait in userspace.
+type Learned struct {
+	Binding channelmap.Key
+	Addr    netip.Addr
+}
+
+// Result is what the fast path does with one frame.
+type Result struct {
+	Verdict Verdict
+	Reason  bpf.RelayReason
+	// Frame is the frame that leaves: the input itself on Pass.
+	Frame []byte
+	// Learned is set when the frame changed a binding's listener address. It can
+	// happen on Pass too: the packet was bound, only its next hop was missing.
+	Learned *Learned
+	// Counted is the binding whose per-binding counters count the frame (set
+	// on TX and Redirect), with the application-data bytes it carried.
+	Counted *channelmap.Key
+	DataLen int
+}
+
+// Model holds the bindings and the learned listener addresses.
+type Model struct {
+	env Env
+	// client is indexed by what a client packet carries; peer by what a peer
+	// packet carries. Both point at the same bindings.
+	client map[channelmap.Key]*channelmap.Binding
+	peer   map[peerKey]*channelmap.Binding
+	order  []*channelmap.Binding
+}
+
+type peerKey struct{ peer, relay netip.AddrPort }
+
+// New returns a model of the program loaded with env's configuration and the
+// given bindings. Bindings must be consistent, as pion/turn's are: one binding
+// per (client, listener port, channel) and one per (peer, relay), IPv4 only.
+func New(env Env, bindings []channelmap.Binding) (*Model, error) {
+	m := &Model{env: env, client: map[channelmap.Key]*channelmap.Binding{}, peer: map[peerKey]*channelmap.Binding{}}
+	for _, b := range bindings {
+		b.Client = unmapPort(b.Client)
+		b.Peer = unmapPort(b.Peer)
+		b.Relay = unmapPort(b.Relay)
+		b.ListenerAddr = b.ListenerAddr.Unmap()
+		if !b.Client.Addr().Is4() || !b.Peer.Addr().Is4() || !b.Relay.Addr().Is4() {
+			return nil, fmt.Errorf("binding %v: the fast path relays IPv4 only", b)
+		}
+		if b.ListenerAddr.IsValid() && !b.ListenerAddr.Is4() {
+			return nil, fmt.Errorf("binding %v: listener address %v is not IPv4", b, b.ListenerAddr)
+		}
+		if !b.ListenerAddr.IsValid() {
+			b.ListenerAddr = netip.IPv4Unspecified()
+		}
+		pk := peerKey{b.Peer, b.Relay}
+		if _, dup := m.client[b.Key()]; dup {
+			return nil, fmt.Errorf("binding %v: client key bound twice", b)
+		}
+		if _, dup := m.peer[pk]; dup {
+			return nil, fmt.Errorf("binding %v: peer and relay bound twice", b)
+		}
+		bp := &b
+		m.client[b.Key()] = bp
+		m.peer[pk] = bp
+		m.order = append(m.order, bp)
+	}
+	return m, nil
+}
+
+// Bindings returns the bindings in the order given to New, with their current
+// listener addresses (unspecified: not known).
+func (m *Model) Bindings() []channelmap.Binding {
+	out := make([]channelmap.Binding, len(m.order))
+	for i, b := range m.order {
+		out[i] = *b
+	}
+	return out
+}
+
+// Process is the fast path for one frame arriving on the interface with the
+// given ifindex. It updates the learned listener addresses.
+func (m *Model) Process(ingress int, frame []byte) Result {
+	pass := func(r bpf.RelayReason) Result { return Result{Verdict: Pass, Reason: r, Frame: frame} }
+
+	const ethLen, ipLen, udpLen = 14, 20, 8
+	if len(frame) < ethLen || be16(frame[12:]) != 0x0800 {
+		return pass(bpf.RelayReasonREASON_NOT_IPV4) // also VLAN tags and IPv6
+	}
+	ip := frame[ethLen:]
+	if len(ip) < ipLen || ip[0]>>4 != 4 || ip[0]&0x0f < 5 {
+		return pass(bpf.RelayReasonREASON_MALFORMED_IP)
+	}
+	if ip[0]&0x0f > 5 {
+		return pass(bpf.RelayReasonREASON_IP_OPTIONS)
+	}
+	if ip[9] != 17 {
+		return pass(bpf.RelayReasonREASON_NOT_UDP)
+	}
+	if be16(ip[6:])&0x3fff != 0 { // MF or an offset: reassembly is the kernel's job
+		return pass(bpf.RelayReasonREASON_IP_FRAGMENT)
+	}
+	totLen := int(be16(ip[2:]))
+	if totLen < ipLen+udpLen || totLen > len(ip) {
+		return pass(bpf.RelayReasonREASON_MALFORMED_IP)
+	}
+	ip = ip[:totLen] // what follows is an Ethernet trailer, not ours
+	udp := ip[ipLen:]
+	if int(be16(udp[4:])) != len(udp) {
+		return pass(bpf.RelayReasonREASON_MALFORMED_UDP)
+	}
+	src := netip.AddrPortFrom(addr4(ip[12:]), be16(udp[0:]))
+	dst := netip.AddrPortFrom(addr4(ip[16:]), be16(udp[2:]))
+	in := datagram{src: src, dst: dst, ip: ip, udp: udp}
+
+	switch {
+	case m.isListenerPort(dst.Port()):
+		return m.fromClient(ingress, frame, in)
+	case dst.Port() >= m.env.MinRelayPort && dst.Port() <= m.env.MaxRelayPort && m.env.MinRelayPort != 0:
+		return m.fromPeer(ingress, frame, in)
+	}
+	return pass(bpf.RelayReasonREASON_NOT_OURS)
+}
+
+// datagram is a parsed input: its addresses, IP packet and UDP datagram.
+type datagram struct {
+	src, dst netip.AddrPort
+	ip, udp  []byte
+}
+
+func (m *Model) isListenerPort(p uint16) bool {
+	for _, l := range m.env.ListenerPorts {
+		if l == p {
+			return true
+		}
+	}
+	return false
+}
+
+// fromClient handles UDP to a listener port (RFC 8656 §12.4, §12.5).
+func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
+	pass := func(r bpf.RelayReason) Result { return Result{Verdict: Pass, Reason: r, Frame: frame} }
+	msg := in.udp[8:]
+	if len(msg) < 4 {
+		return pass(bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA) // no room for a header
+	}
+	if msg[0]>>6 != 0b01 {
+		return pass(bpf.RelayReasonREASON_STUN) // 0b00 is STUN; 0b1x is nothing pion takes either
+	}
+	channel, n := be16(msg[0:]), int(be16(msg[2:]))
+	if 4+n > len(msg) || len(msg)-4-n > MaxPadding {
+		return pass(bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA)
+	}
+	if n > MaxDataLen {
+		return pass(bpf.RelayReasonREASON_OVERSIZE)
+	}
+	key := channelmap.Key{Client: in.src, ListenerPort: in.dst.Port(), Channel: channel}
+	b, ok := m.client[key]
+	if !ok {
+		return pass(bpf.RelayReasonREASON_NO_CHANNEL)
+	}
+
+	res := Result{Verdict: Pass, Frame: frame}
+	// Learned before the next hop is known: the packet is bound either way, and
+	// a VIP in front of us is what it was sent to.
+	if b.ListenerAddr != in.dst.Addr() {
+		b.ListenerAddr = in.dst.Addr()
+		res.Learned = &Learned{Binding: key, Addr: b.ListenerAddr}
+	}
+	data := msg[4 : 4+n]
+	out := outPacket{src: b.Relay, dst: b.Peer, payload: data, dataLen: n}
+	return m.send(ingress, in, out, res, key, bpf.RelayReasonREASON_RELAY_C2P_TX, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT)
+}
+
+// fromPeer handles UDP to a relay port: a peer's datagram becomes ChannelData.
+func (m *Model) fromPeer(ingress int, frame []byte, in datagram) Result {
+	pass := func(r bpf.RelayReason) Result { return Result{Verdict: Pass, Reason: r, Frame: frame} }
+	b, ok := m.peer[peerKey{in.src, in.dst}]
+	if !ok {
+		return pass(bpf.RelayReasonREASON_NO_PEER_BINDING)
+	}
+	if b.ListenerAddr.IsUnspecified() {
+		return pass(bpf.RelayReasonREASON_CLIENT_ADDR_UNKNOWN)
+	}
+	data := in.udp[8:]
+	if len(data) > MaxDataLen {
+		return pass(bpf.RelayReasonREASON_OVERSIZE)
+	}
+	msg := make([]byte, 4+len(data))
+	binary.BigEndian.PutUint16(msg[0:], b.Channel)
+	binary.BigEndian.PutUint16(msg[2:], uint16(len(data)))
+	copy(msg[4:], data)
+	out := outPacket{src: netip.AddrPortFrom(b.ListenerAddr, b.ListenerPort), dst: b.Client, payload: msg, dataLen: len(data)}
+	return m.send(ingress, in, out, Result{Verdict: Pass, Frame: frame}, b.Key(),
+		bpf.RelayReasonREASON_RELAY_P2C_TX, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT)
+}
+
+// outPacket is what the relay sends: addresses and the UDP payload, of which
+// dataLen bytes are application data.
+type outPacket struct {
+	src, dst netip.AddrPort
+	payload  []byte
+	dataLen  int
+}
+
+// send finds the next hop of out and builds its frame, or passes the original.
+func (m *Model) send(ingress int, in datagram, out outPacket, res Result, key channelmap.Key, txReason, redirectReason bpf.RelayReason) Result {
+	totLen := 20 + 8 + len(out.payload)
+	hop, reason := m.fib(ingress, out.dst.Addr(), totLen)
+	if hop == nil {
+		res.Reason = reason
+		return res
+	}
+	res.Verdict, res.Reason = Redirect, redirectReason
+	if hop.egress.Index == ingress {
+		res.Verdict, res.Reason = TX, txReason
+	}
+	res.Frame = m.build(in, out, hop)
+	res.Counted = &key
+	res.DataLen = out.dataLen
+	return res
+}
+
+// nextHop is a successful FIB answer.
+type nextHop struct {
+	egress *Interface
+	dmac   [6]byte
+}
+
+// fib answers as bpf_fib_lookup does for a packet forwarded from the ingress
+// interface, in its order (forwarding, route, MTU, neighbour), and then applies
+// the program's own rule that a redirect needs an attached egress interface.
+// It returns the PASS reason when there is no usable next hop.
+func (m *Model) fib(ingress int, dst netip.Addr, totLen int) (*nextHop, bpf.RelayReason) {
+	in := m.iface(ingress)
+	if in == nil || !in.Forwarding {
+		return nil, bpf.RelayReasonREASON_FIB_FWD_DISABLED
+	}
+	var egress *Interface
+	for i := range m.env.Interfaces {
+		ifc := &m.env.Interfaces[i]
+		p := ifc.Addr.Masked()
+		if dst == ifc.Addr.Addr() || dst == lastAddr(p) {
+			// Local and broadcast routes: nothing to forward to.
+			return nil, bpf.RelayReasonREASON_FIB_NOT_FORWARDED
+		}
+		if p.Contains(dst) {
+			egress = ifc
+		}
+	}
+	for _, u := range m.env.Unreachable {
+		if u.Contains(dst) && (egress == nil || u.Bits() > egress.Addr.Bits()) {
+			return nil, bpf.RelayReasonREASON_FIB_NOT_FORWARDED
+		}
+	}
+	if egress == nil {
+		return nil, bpf.RelayReasonREASON_FIB_NOT_FORWARDED // no route
+	}
+	if totLen > egress.MTU {
+		return nil, bpf.RelayReasonREASON_FIB_FRAG_NEEDED
+	}
+	mac, ok := egress.Neighbours[dst]
+	if !ok {
+		return nil, bpf.RelayReasonREASON_FIB_NO_NEIGH
+	}
+	if egress.Index != ingress && !egress.Attached {
+		return nil, bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED
+	}
+	return &nextHop{egress: egress, dmac: mac}, 0
+}
+
+func (m *Model) iface(index int) *Interface {
+	for i := range m.env.Interfaces {
+		if m.env.Interfaces[i].Index == index {
+			return &m.env.Interfaces[i]
+		}
+	}
+	return nil
+}
+
+// build serializes the relayed frame.
+func (m *Model) build(in datagram, out outPacket, hop *nextHop) []byte {
+	udpLen := 8 + len(out.payload)
+	totLen := 20 + udpLen
+	f := make([]byte, 14+totLen)
+	copy(f[0:6], hop.dmac[:])
+	copy(f[6:12], hop.egress.MAC[:])
+	binary.BigEndian.PutUint16(f[12:], 0x0800)
+
+	ip := f[14:]
+	ip[0] = 0x45
+	ip[1] = in.ip[1] // TOS: the client's or peer's DSCP/ECN travel on
+	binary.BigEndian.PutUint16(ip[2:], uint16(totLen))
+	copy(ip[4:8], in.ip[4:8]) // ID, flags (DF) and a zero fragment offset
+	ip[8] = RelayTTL
+	ip[9] = 17
+	src4, dst4 := out.src.Addr().As4(), out.dst.Addr().As4()
+	copy(ip[12:16], src4[:])
+	copy(ip[16:20], dst4[:])
+	binary.BigEndian.PutUint16(ip[10:], ^fold(sum(0, ip[:20])))
+
+	udp := ip[20:]
+	binary.BigEndian.PutUint16(udp[0:], out.src.Port())
+	binary.BigEndian.PutUint16(udp[2:], out.dst.Port())
+	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen))
+	copy(udp[8:], out.payload)
+	binary.BigEndian.PutUint16(udp[6:], udpChecksum(in, ip))
+	return f
+}
+
+// udpChecksum is the checksum of the relayed datagram in ip. An absent input
+// checksum stays absent (legal on IPv4, RFC 768). Otherwise the output's
+// checksum is off by exactly what the input's was: with E the ones' complement
+// sum of the input datagram, pseudo header and checksum field included (0xffff
+// when it verifies), the output's checksum c makes its sum E too.
+func udpChecksum(in datagram, ip []byte) uint16 {
+	if be16(in.udp[6:]) == 0 {
+		return 0
+	}
+	inSum := fold(sum(pseudo(in.ip), in.udp))
+	outSum := fold(sum(pseudo(ip), ip[20:])) // its checksum field is still zero
+	c := fold(uint32(inSum) + uint32(^outSum))
+	if c == 0 {
+		c = 0xffff // RFC 768: a computed zero is sent as all ones
+	}
+	return c
+}
+
+// pseudo is the unfolded sum of the UDP pseudo header of an IPv4 packet.
+func pseudo(ip []byte) uint32 {
+	s := sum(0, ip[12:20])
+	return s + 17 + uint32(len(ip)-20)
+}
+
+// sum adds b to s as big-endian 16-bit words (RFC 1071), an odd last byte
+// padded with zero.
+func sum(s uint32, b []byte) uint32 {
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(be16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	return s
+}
+
+// fold adds the carries back in (ones' complement addition).
+func fold(s uint32) uint16 {
+	for s > 0xffff {
+		s = s&0xffff + s>>16
+	}
+	return uint16(s)
+}
+
+func be16(b []byte) uint16 { return binary.BigEndian.Uint16(b) }
+
+func addr4(b []byte) netip.Addr { return netip.AddrFrom4([4]byte(b[:4])) }
+
+func unmapPort(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	a := p.Addr().As4()
+	host := uint32(1)<<(32-p.Bits()) - 1
+	v := binary.BigEndian.Uint32(a[:]) | host
+	binary.BigEndian.PutUint32(a[:], v)
+	return netip.AddrFrom4(a)
+}
