@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
@@ -28,6 +29,7 @@ const usageHead = `stunnerd-xdp: a TURN server (pion/turn) whose UDP ChannelData
 
 Usage:
   stunnerd-xdp [flags] turn://USER:PASS@ADDR:PORT
+  stunnerd-xdp [flags] -c stunnerd.conf [-w]
 
 pion/turn handles everything that needs judgement (Allocate, authentication,
 CreatePermission, ChannelBind, Refresh, STUN Binding) and mirrors each channel
@@ -49,6 +51,9 @@ type options struct {
 	forceReady                                           bool
 	gracePeriod                                          time.Duration
 	allowPeers, denyPeers                                prefixList
+	configFile                                           string
+	watch                                                bool
+	set                                                  map[string]bool // flags given on the command line
 }
 
 // prefixList is a repeatable flag of CIDR prefixes or addresses.
@@ -95,6 +100,8 @@ func run(args []string, stderr io.Writer) int {
 	fs.BoolVar(&o.forceReady, "force-ready-status", false, "keep /ready green while draining, for clusters that blackhole UDP to unready pods")
 	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist,\nand it also admits peers the defaults refuse (loopback, link-local, multicast, this node's addresses)")
 	fs.Var(&o.denyPeers, "deny-peer", "`CIDR` of peers clients may not relay to (repeatable); the most specific prefix wins")
+	fs.StringVar(&o.configFile, "c", "", "read STUNner's dataplane config `FILE` (version v1, YAML or JSON) instead of a URI:\nlisteners, auth (static or ephemeral), clusters as peer allowlists, admin log level and endpoints;\nflags given on the command line win over it")
+	fs.BoolVar(&o.watch, "w", false, "with -c: reload the config file when it changes, without dropping the sessions the change does not touch")
 	fs.DurationVar(&o.gracePeriod, "grace-period", time.Hour, "on SIGTERM or SIGINT, how long to drain: new allocations are refused,\nlive ones keep relaying until they end or this runs out; a second signal exits at once")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usageHead)
@@ -106,11 +113,28 @@ func run(args []string, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if fs.NArg() != 1 {
-		fmt.Fprintln(stderr, "stunnerd-xdp: need exactly one TURN URI, like turn://user:pass@10.0.0.1:3478 (see --help)")
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	if o.configFile == "" && fs.NArg() != 1 || o.configFile != "" && fs.NArg() != 0 {
+		fmt.Fprintln(stderr, "stunnerd-xdp: need exactly one of a TURN URI, like turn://user:pass@10.0.0.1:3478, or -c FILE (see --help)")
 		return 2
 	}
-	cfg, err := buildConfig(o, fs.Arg(0))
+	if o.watch && o.configFile == "" {
+		fmt.Fprintln(stderr, "stunnerd-xdp: -w needs -c FILE")
+		return 2
+	}
+	var (
+		cfg daemon.Config
+		err error
+	)
+	if o.configFile != "" {
+		var r *config.Resolved
+		if r, err = config.ReadFile(o.configFile); err == nil {
+			cfg, err = fromFile(o, r)
+		}
+	} else {
+		cfg, err = buildConfig(o, fs.Arg(0))
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
 		return 2
@@ -127,6 +151,11 @@ func run(args []string, stderr io.Writer) int {
 	if err != nil {
 		log.Error("cannot start", "error", err)
 		return 1
+	}
+	if o.watch {
+		stopWatch := make(chan struct{})
+		defer close(stopWatch)
+		go watchConfig(o, d, logger, cfg.XDPMode, stopWatch)
 	}
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -152,13 +181,23 @@ func run(args []string, stderr io.Writer) int {
 
 // buildConfig turns the flags and the URI into a daemon configuration.
 func buildConfig(o options, uri string) (daemon.Config, error) {
-	var cfg daemon.Config
 	listen, user, pass, err := parseURI(uri)
 	if err != nil {
-		return cfg, err
+		return daemon.Config{}, err
 	}
+	cfg, err := flagsConfig(o)
 	cfg.Listen = listen
 	cfg.Users = map[string]string{user: pass}
+	return cfg, err
+}
+
+// flagsConfig turns the flags into a daemon configuration without listeners
+// or credentials.
+func flagsConfig(o options) (daemon.Config, error) {
+	var (
+		cfg daemon.Config
+		err error
+	)
 	cfg.Realm = o.realm
 	if o.relayAddr != "" {
 		a, err := netip.ParseAddr(o.relayAddr)

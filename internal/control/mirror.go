@@ -138,7 +138,8 @@ func (m *Mirror) EventHandler() turn.EventHandler {
 }
 
 // key identifies an allocation by its 5-tuple; only UDP allocations are
-// offloaded (the kernel path is UDP only).
+// offloaded (the kernel path is UDP only). pion/turn v4 labels TCP allocations
+// "UDP" as well, so the daemon gives these hooks to UDP listeners only.
 func key(src, dst net.Addr, proto string) (allocKey, bool) {
 	if proto != "UDP" {
 		return allocKey{}, false

@@ -13,16 +13,18 @@ import (
 // pion/turn's permission handler, so a refused peer never gets a permission
 // or a channel and never reaches the XDP maps: neither path relays to it.
 //
-// The rules, first match wins:
-//  1. the most specific --deny-peer or --allow-peer prefix that contains the
-//     peer decides (on a tie, deny);
-//  2. else peers on loopback, link-local (169.254.0.0/16, fe80::/10, which
-//     hold cloud metadata services), multicast, unspecified addresses, and
-//     the node's own addresses are refused;
-//  3. else, when --allow-peer prefixes were given, the peer is refused (they
-//     are an allowlist, like STUNner's clusters); without them it is allowed.
+// The rules, in order:
+//  1. the most specific --deny-peer or allow prefix that contains the peer
+//     decides; on a tie, deny;
+//  2. peers on loopback, link-local (169.254.0.0/16, fe80::/10: cloud metadata
+//     lives there), multicast, unspecified or broadcast addresses, and the
+//     node's own addresses are refused unless an allow prefix INSIDE that range
+//     admits them (--allow-peer 169.254.169.254/32 does, 0.0.0.0/0 does not);
+//  3. with an allowlist (STUNner clusters, or --allow-peer), a peer no allow
+//     prefix contains is refused; without one it is allowed.
 type PeerPolicy struct {
 	allow, deny []netip.Prefix
+	allowlist   bool
 	log         *slog.Logger
 	// ownAddrs lists the node's addresses; refreshed at most every ownTTL.
 	ownAddrs func() ([]netip.Addr, error)
@@ -34,9 +36,28 @@ type PeerPolicy struct {
 
 const ownTTL = 5 * time.Second
 
-// NewPeerPolicy builds a policy from --allow-peer and --deny-peer prefixes.
-func NewPeerPolicy(allow, deny []netip.Prefix, log *slog.Logger) *PeerPolicy {
-	return &PeerPolicy{allow: allow, deny: deny, log: log, ownAddrs: interfaceAddrs}
+// NewPeerPolicy builds a policy from allow and deny prefixes. allowlist makes
+// the allow prefixes the only peers admitted (it is implied by a non-empty
+// allow); with allowlist and no allow prefixes every peer is refused, as
+// STUNner refuses peers on a listener without routes.
+func NewPeerPolicy(allow, deny []netip.Prefix, allowlist bool, log *slog.Logger) *PeerPolicy {
+	return &PeerPolicy{allow: allow, deny: deny, allowlist: allowlist || len(allow) > 0, log: log, ownAddrs: interfaceAddrs}
+}
+
+// refusedRanges are refused by default; see PeerPolicy.
+var refusedRanges = []struct {
+	prefix netip.Prefix
+	why    string
+}{
+	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
+	{netip.MustParsePrefix("::1/128"), "loopback"},
+	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
+	{netip.MustParsePrefix("fe80::/10"), "link-local"},
+	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
+	{netip.MustParsePrefix("ff00::/8"), "multicast"},
+	{netip.MustParsePrefix("0.0.0.0/8"), "unspecified"},
+	{netip.MustParsePrefix("::/128"), "unspecified"},
+	{netip.MustParsePrefix("255.255.255.255/32"), "broadcast"},
 }
 
 // ParsePrefix parses a CIDR or a bare address (a /32 or /128).
@@ -95,29 +116,32 @@ func (p *PeerPolicy) Allowed(peer netip.Addr) (bool, string) {
 			best, allowed = a.Bits(), true
 		}
 	}
-	if best >= 0 {
-		if allowed {
-			return true, ""
-		}
+	if best >= 0 && !allowed {
 		return false, "denied by --deny-peer"
 	}
-	switch {
-	case peer.IsLoopback():
-		return false, "loopback"
-	case peer.IsLinkLocalUnicast():
-		return false, "link-local"
-	case peer.IsMulticast() || peer.IsLinkLocalMulticast() || peer.IsInterfaceLocalMulticast():
-		return false, "multicast"
-	case peer.IsUnspecified():
-		return false, "unspecified"
-	case peer == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
-		return false, "broadcast"
-	case p.isOwn(peer):
+	for _, r := range refusedRanges {
+		if r.prefix.Contains(peer) && !p.admitsInside(peer, r.prefix) {
+			return false, r.why
+		}
+	}
+	if p.isOwn(peer) && !p.admitsInside(peer, netip.PrefixFrom(peer, peer.BitLen())) {
 		return false, "an address of this node"
-	case len(p.allow) > 0:
-		return false, "not in --allow-peer"
+	}
+	if !allowed && p.allowlist {
+		return false, "not in the allowed peers (clusters or --allow-peer)"
 	}
 	return true, ""
+}
+
+// admitsInside reports whether an allow prefix within the refused range r
+// contains peer: only such a narrow, deliberate allow overrides a default.
+func (p *PeerPolicy) admitsInside(peer netip.Addr, r netip.Prefix) bool {
+	for _, a := range p.allow {
+		if a.Contains(peer) && a.Bits() >= r.Bits() && r.Contains(a.Addr()) {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *PeerPolicy) isOwn(a netip.Addr) bool {

@@ -28,6 +28,7 @@ func TestPeerPolicy(t *testing.T) {
 	for _, c := range []struct {
 		name        string
 		allow, deny []string
+		allowlist   bool
 		peer        string
 		want        bool
 	}{
@@ -50,10 +51,15 @@ func TestPeerPolicy(t *testing.T) {
 		{name: "deny", deny: []string{"198.51.100.0/24"}, peer: "198.51.100.7", want: false},
 		{name: "more specific allow beats deny", allow: []string{"198.51.100.7"}, deny: []string{"198.51.100.0/24"}, peer: "198.51.100.7", want: true},
 		{name: "more specific deny beats allow", allow: []string{"10.0.0.0/8"}, deny: []string{"10.9.0.0/16"}, peer: "10.9.1.1", want: false},
+		{name: "allow-any does not open link-local", allow: []string{"0.0.0.0/0"}, peer: "169.254.169.254", want: false},
+		{name: "allow-any does not open loopback", allow: []string{"0.0.0.0/0"}, peer: "127.0.0.1", want: false},
+		{name: "a wide allow does not open the node", allow: []string{"10.0.0.0/8"}, peer: "10.0.0.5", want: false},
+		{name: "allow-any admits the rest", allow: []string{"0.0.0.0/0"}, peer: "198.51.100.7", want: true},
+		{name: "empty allowlist refuses all", allowlist: true, peer: "198.51.100.7", want: false},
 		{name: "tie goes to deny", allow: []string{"10.9.0.0/16"}, deny: []string{"10.9.0.0/16"}, peer: "10.9.1.1", want: false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			p := NewPeerPolicy(prefixes(t, c.allow...), prefixes(t, c.deny...), quiet)
+			p := NewPeerPolicy(prefixes(t, c.allow...), prefixes(t, c.deny...), c.allowlist, quiet)
 			p.ownAddrs = own
 			if got, why := p.Allowed(netip.MustParseAddr(c.peer)); got != c.want {
 				t.Fatalf("Allowed(%s) = %v (%s), want %v", c.peer, got, why, c.want)
@@ -63,7 +69,7 @@ func TestPeerPolicy(t *testing.T) {
 }
 
 func TestPeerPolicyKeepsOwnAddressesWhenListingFails(t *testing.T) {
-	p := NewPeerPolicy(nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p := NewPeerPolicy(nil, nil, false, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	calls := 0
 	p.ownAddrs = func() ([]netip.Addr, error) {
 		calls++

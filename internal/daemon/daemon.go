@@ -4,7 +4,7 @@
 package daemon
 
 import (
-	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,12 +17,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pion/turn/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
@@ -31,18 +30,23 @@ import (
 
 // Config is everything the daemon runs on.
 type Config struct {
-	// Listen is the UDP listener address; may be a wildcard.
+	// Listen is the shorthand for one UDP listener (the URI mode); it is
+	// used when Listeners is empty. May be a wildcard.
 	Listen netip.AddrPort
-	// Users are the long-term credentials (username -> password).
+	// Listeners are the TURN listeners (from a STUNner config).
+	Listeners []Listener
+	// Users are static long-term credentials (username -> password).
 	Users map[string]string
-	Realm string
+	// Secret, when set, switches to ephemeral TURN REST API credentials.
+	Secret string
+	Realm  string
 	// RelayAddress is the IP relay sockets bind to and packets to peers come from.
 	RelayAddress               netip.Addr
 	MinRelayPort, MaxRelayPort uint16
 
-	// AllowPeers and DenyPeers are the peer access control (see
-	// control.PeerPolicy); by default loopback, link-local, multicast and the
-	// node's own addresses are refused.
+	// AllowPeers and DenyPeers are the peer access control applied to every
+	// listener (see control.PeerPolicy); by default loopback, link-local,
+	// multicast and the node's own addresses are refused.
 	AllowPeers, DenyPeers []netip.Prefix
 
 	XDPMode     loader.Mode
@@ -57,10 +61,30 @@ type Config struct {
 	ChannelBindTimeout time.Duration
 	// ReconcileInterval is how often the maps are compared with pion's state.
 	ReconcileInterval time.Duration
-	// SocketBuffer is the receive and send buffer of the listener socket.
+	// SocketBuffer is the receive and send buffer of the listener sockets.
 	SocketBuffer int
 
 	Logger *logging.Factory
+}
+
+// Listener is one TURN listener. UDP listeners are relayed by XDP (up to 8);
+// TCP and TLS ones by pion/turn in userspace.
+type Listener struct {
+	Name     string
+	Protocol config.Protocol
+	Addr     netip.AddrPort
+	Cert     *tls.Certificate // TLS only
+	// AllowPeers admits peers (STUNner's clusters); with Allowlist, peers
+	// outside them are refused even when AllowPeers is empty.
+	AllowPeers []netip.Prefix
+	Allowlist  bool
+}
+
+func (l Listener) equalSocket(o Listener) bool {
+	if l.Name != o.Name || l.Protocol != o.Protocol || l.Addr != o.Addr || (l.Cert == nil) != (o.Cert == nil) {
+		return false
+	}
+	return l.Cert == nil || string(l.Cert.Certificate[0]) == string(o.Cert.Certificate[0])
 }
 
 // Defaults for the zero fields of Config.
@@ -74,23 +98,55 @@ const (
 )
 
 func (c *Config) validate() error {
-	if !c.Listen.IsValid() || c.Listen.Port() == 0 {
-		return fmt.Errorf("invalid listener address %v", c.Listen)
+	if len(c.Listeners) == 0 {
+		if !c.Listen.IsValid() || c.Listen.Port() == 0 {
+			return fmt.Errorf("invalid listener address %v", c.Listen)
+		}
+		c.Listeners = []Listener{{Name: "default", Protocol: config.UDP, Addr: c.Listen}}
 	}
-	if !c.Listen.Addr().Unmap().Is4() {
-		return fmt.Errorf("listener %v: only IPv4 listeners are supported", c.Listen)
+	names := map[string]bool{}
+	udp := 0
+	for i, l := range c.Listeners {
+		l.Addr = netip.AddrPortFrom(l.Addr.Addr().Unmap(), l.Addr.Port())
+		c.Listeners[i] = l
+		switch {
+		case l.Name == "":
+			return fmt.Errorf("listener %d has no name", i)
+		case names[l.Name]:
+			return fmt.Errorf("listener %q is defined twice", l.Name)
+		case !l.Addr.IsValid() || l.Addr.Port() == 0:
+			return fmt.Errorf("listener %q: invalid address %v", l.Name, l.Addr)
+		case !l.Addr.Addr().Is4():
+			return fmt.Errorf("listener %q: %v: only IPv4 listeners are supported", l.Name, l.Addr)
+		case l.Protocol == config.TLS && l.Cert == nil:
+			return fmt.Errorf("listener %q: TLS needs a certificate", l.Name)
+		case l.Protocol != config.UDP && l.Protocol != config.TCP && l.Protocol != config.TLS:
+			return fmt.Errorf("listener %q: protocol %q is not supported", l.Name, l.Protocol)
+		}
+		names[l.Name] = true
+		if l.Protocol == config.UDP {
+			udp++
+		}
 	}
-	if len(c.Users) == 0 {
-		return errors.New("no TURN credentials: give them in the URI as turn://USER:PASS@ADDR:PORT")
+	if udp > 8 {
+		return fmt.Errorf("%d UDP listeners: XDP serves at most 8", udp)
+	}
+	if len(c.Users) == 0 && c.Secret == "" {
+		return errors.New("no TURN credentials: give them in the URI as turn://USER:PASS@ADDR:PORT or in the config's auth")
 	}
 	if c.Realm == "" {
 		c.Realm = DefaultRealm
 	}
 	if !c.RelayAddress.IsValid() || c.RelayAddress.IsUnspecified() {
-		if c.Listen.Addr().IsUnspecified() {
-			return errors.New("the listener is a wildcard address: set --relay-address to the IP relayed traffic leaves from")
+		for _, l := range c.Listeners {
+			if !l.Addr.Addr().IsUnspecified() {
+				c.RelayAddress = l.Addr.Addr()
+				break
+			}
 		}
-		c.RelayAddress = c.Listen.Addr()
+		if !c.RelayAddress.IsValid() || c.RelayAddress.IsUnspecified() {
+			return errors.New("every listener is on a wildcard address: set --relay-address to the IP relayed traffic leaves from")
+		}
 	}
 	c.RelayAddress = c.RelayAddress.Unmap()
 	if !c.RelayAddress.Is4() {
@@ -105,8 +161,10 @@ func (c *Config) validate() error {
 	if c.MaxRelayPort < c.MinRelayPort {
 		return fmt.Errorf("relay port range %d-%d is empty", c.MinRelayPort, c.MaxRelayPort)
 	}
-	if p := c.Listen.Port(); p >= c.MinRelayPort && p <= c.MaxRelayPort {
-		return fmt.Errorf("listener port %d is inside the relay port range %d-%d", p, c.MinRelayPort, c.MaxRelayPort)
+	for _, l := range c.Listeners {
+		if p := l.Addr.Port(); p >= c.MinRelayPort && p <= c.MaxRelayPort {
+			return fmt.Errorf("listener %q port %d is inside the relay port range %d-%d", l.Name, p, c.MinRelayPort, c.MaxRelayPort)
+		}
 	}
 	if c.XDPMode == "" {
 		c.XDPMode = loader.ModeAuto
@@ -126,19 +184,34 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// udpPorts are the ports of the UDP listeners: the XDP program's listener ports.
+func (c *Config) udpPorts() []uint16 {
+	var ports []uint16
+	seen := map[uint16]bool{}
+	for _, l := range c.Listeners {
+		if l.Protocol == config.UDP && !seen[l.Addr.Port()] {
+			seen[l.Addr.Port()] = true
+			ports = append(ports, l.Addr.Port())
+		}
+	}
+	return ports
+}
+
 // Daemon is a running stunnerd-xdp.
 type Daemon struct {
-	cfg      Config
-	log      *slog.Logger
-	server   *turn.Server
-	listener net.PacketConn
-	mirror   *control.Mirror
-	sw       *fallback.Switch
-	counters *fallback.Counters
-	registry *prometheus.Registry
-	https    []*http.Server
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	cfg    Config
+	log    *slog.Logger
+	mirror *control.Mirror
+	auth   atomic.Pointer[authState]
+
+	lmu       sync.Mutex // guards listeners and cfg.Listeners
+	listeners map[string]*listenerServer
+	sw        *fallback.Switch
+	counters  *fallback.Counters
+	registry  *prometheus.Registry
+	https     []*http.Server
+	stop      chan struct{}
+	wg        sync.WaitGroup
 
 	draining atomic.Bool
 	drained  chan struct{} // closed by Drain when the last allocation is gone
@@ -167,75 +240,15 @@ func Start(cfg Config) (*Daemon, error) {
 		d.mirror.Close()
 		return nil, err
 	}
-
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) {
-			// Bigger buffers absorb bursts on the userspace path; FORCE works
-			// as root beyond net.core.rmem_max.
-			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, cfg.SocketBuffer)
-			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, cfg.SocketBuffer)
-		})
-		if err != nil {
-			return err
+	d.auth.Store(newAuthState(cfg, cfg.Logger))
+	d.listeners = map[string]*listenerServer{}
+	for _, l := range cfg.Listeners {
+		if err := d.startListener(l); err != nil {
+			d.closeListeners()
+			d.mirror.Close()
+			return nil, err
 		}
-		return serr
-	}}
-	conn, err := lc.ListenPacket(context.Background(), "udp4", cfg.Listen.String())
-	if err != nil {
-		d.mirror.Close()
-		return nil, fmt.Errorf("listen on %v: %w", cfg.Listen, err)
 	}
-	d.listener = conn
-
-	users := map[string][]byte{}
-	for u, p := range cfg.Users {
-		users[u] = turn.GenerateAuthKey(u, cfg.Realm, p)
-	}
-	authLog := cfg.Logger.Slog("auth")
-	d.server, err = turn.NewServer(turn.ServerConfig{
-		Realm:              cfg.Realm,
-		LoggerFactory:      cfg.Logger,
-		ChannelBindTimeout: cfg.ChannelBindTimeout,
-		AuthHandler: func(username, realm string, src net.Addr) ([]byte, bool) {
-			key, ok := users[username]
-			if !ok {
-				authLog.Info("unknown user", "user", username, "client", src.String())
-			}
-			return key, ok
-		},
-		// While draining, new allocations get 486 (Allocation Quota Reached);
-		// existing ones keep refreshing and relaying.
-		QuotaHandler: func(username, _ string, src net.Addr) bool {
-			if d.draining.Load() {
-				authLog.Info("allocation refused: draining", "user", username, "client", src.String())
-				return false
-			}
-			return true
-		},
-		EventHandler: d.mirror.EventHandler(),
-		PacketConnConfigs: []turn.PacketConnConfig{{
-			PacketConn:        &fallback.ListenerConn{PacketConn: conn, Counters: d.counters},
-			PermissionHandler: control.NewPeerPolicy(cfg.AllowPeers, cfg.DenyPeers, cfg.Logger.Slog("auth")).Handler,
-			RelayAddressGenerator: &fallback.RelayAddressGenerator{
-				RelayAddressGeneratorPortRange: turn.RelayAddressGeneratorPortRange{
-					RelayAddress: net.IP(cfg.RelayAddress.AsSlice()),
-					Address:      cfg.RelayAddress.String(),
-					MinPort:      cfg.MinRelayPort,
-					MaxPort:      cfg.MaxRelayPort,
-				},
-				Counters: d.counters,
-			},
-		}},
-	})
-	if err != nil {
-		conn.Close()
-		d.mirror.Close()
-		return nil, fmt.Errorf("start TURN server: %w", err)
-	}
-	d.log.Info("TURN server listening", "listener", cfg.Listen.String(), "realm", cfg.Realm,
-		"relay-address", cfg.RelayAddress.String(), "relay-ports", fmt.Sprintf("%d-%d", cfg.MinRelayPort, cfg.MaxRelayPort))
-
 	d.startXDP()
 
 	d.registry = prometheus.NewRegistry()
@@ -251,13 +264,19 @@ func (d *Daemon) startXDP() {
 	xlog := d.cfg.Logger.Slog("loader")
 	ifaces := d.cfg.Interfaces
 	if len(ifaces) == 0 {
+		addrs := []netip.Addr{d.cfg.RelayAddress}
+		for _, l := range d.cfg.Listeners {
+			if l.Protocol == config.UDP {
+				addrs = append(addrs, l.Addr.Addr())
+			}
+		}
 		var err error
-		if ifaces, err = loader.InterfacesFor(d.cfg.Listen.Addr(), d.cfg.RelayAddress); err != nil {
+		if ifaces, err = loader.InterfacesFor(addrs...); err != nil {
 			xlog.Warn("cannot tell which interfaces carry the listener and relay addresses; set --xdp-iface", "error", err)
 		}
 	}
 	d.sw = fallback.NewSwitch(xlog, d.mirror, loader.Config{
-		ListenerPorts: []uint16{d.cfg.Listen.Port()},
+		ListenerPorts: d.cfg.udpPorts(),
 		MinRelayPort:  d.cfg.MinRelayPort,
 		MaxRelayPort:  d.cfg.MaxRelayPort,
 		MaxBindings:   d.cfg.MaxBindings,
@@ -369,7 +388,15 @@ func (d *Daemon) Registry() *prometheus.Registry { return d.registry }
 func (d *Daemon) UserspaceCounters() *fallback.Counters { return d.counters }
 
 // AllocationCount returns pion's live allocations.
-func (d *Daemon) AllocationCount() int { return d.server.AllocationCount() }
+func (d *Daemon) AllocationCount() int {
+	d.lmu.Lock()
+	defer d.lmu.Unlock()
+	n := 0
+	for _, ls := range d.listeners {
+		n += ls.server.AllocationCount()
+	}
+	return n
+}
 
 // Close stops the TURN server, detaches XDP and frees the maps.
 func (d *Daemon) Close() error {
@@ -379,9 +406,7 @@ func (d *Daemon) Close() error {
 		for _, s := range d.https {
 			_ = s.Close()
 		}
-		if d.server != nil {
-			errs = append(errs, d.server.Close())
-		}
+		d.closeListeners()
 		d.wg.Wait()
 		if d.sw != nil {
 			errs = append(errs, d.sw.Close())
@@ -399,12 +424,12 @@ func (d *Daemon) Close() error {
 func (d *Daemon) Drain() <-chan struct{} {
 	if d.draining.CompareAndSwap(false, true) {
 		d.log.Info("draining: new allocations are refused, live ones keep relaying",
-			"allocations", d.server.AllocationCount())
+			"allocations", d.AllocationCount())
 		go func() {
 			t := time.NewTicker(100 * time.Millisecond)
 			defer t.Stop()
 			for {
-				if d.server.AllocationCount() == 0 {
+				if d.AllocationCount() == 0 {
 					close(d.drained)
 					return
 				}
@@ -434,7 +459,7 @@ type Status struct {
 
 // Status returns the daemon's state.
 func (d *Daemon) Status() Status {
-	st := Status{Status: "READY", Allocations: d.server.AllocationCount(), Attached: map[string]string{}}
+	st := Status{Status: "READY", Allocations: d.AllocationCount(), Attached: map[string]string{}}
 	if d.draining.Load() {
 		st.Status, st.Draining = "TERMINATING", true
 	}

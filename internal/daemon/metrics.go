@@ -68,7 +68,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.bytes, xdp.ClientToPeerBytes, "xdp", "client_to_peer")
 	counter(c.bytes, xdp.PeerToClientBytes, "xdp", "peer_to_client")
 
-	gauge(c.allocs, float64(c.d.server.AllocationCount()))
+	gauge(c.allocs, float64(c.d.AllocationCount()))
 	_, chans := c.d.mirror.Counts()
 	gauge(c.chans, float64(chans))
 

@@ -141,3 +141,16 @@ func (s *Switch) Maps() *channelmap.Maps {
 
 // Interfaces returns the interfaces the switch manages.
 func (s *Switch) Interfaces() []string { return append([]string(nil), s.ifaces...) }
+
+// Reconfigure changes the program's load-time configuration (UDP listener
+// ports). A loaded program is reloaded over its maps and swapped into its
+// links; otherwise the next Enable loads with the new configuration.
+func (s *Switch) Reconfigure(cfg loader.Config) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cfg = cfg
+	if s.prog == nil {
+		return nil
+	}
+	return s.prog.Reconfigure(cfg)
+}

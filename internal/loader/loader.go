@@ -64,22 +64,32 @@ type attachment struct {
 
 // Load loads the program and creates its maps.
 func Load(cfg Config, log *slog.Logger) (*Program, error) {
-	if len(cfg.ListenerPorts) == 0 || len(cfg.ListenerPorts) > int(maxListenerPorts()) {
-		return nil, fmt.Errorf("need 1 to %d listener ports, have %d", maxListenerPorts(), len(cfg.ListenerPorts))
-	}
-	if cfg.MinRelayPort == 0 || cfg.MaxRelayPort < cfg.MinRelayPort {
-		return nil, fmt.Errorf("invalid relay port range %d-%d", cfg.MinRelayPort, cfg.MaxRelayPort)
-	}
-	if cfg.MaxBindings == 0 {
-		return nil, errors.New("max bindings must be positive")
-	}
 	// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("remove memlock limit: %w", err)
 	}
+	p := &Program{log: log, links: make(map[string]attachment)}
+	if err := load(cfg, &p.objs, nil); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// load loads the program with cfg into objs, creating maps or reusing the
+// given ones.
+func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
+	if len(cfg.ListenerPorts) == 0 || len(cfg.ListenerPorts) > int(maxListenerPorts()) {
+		return fmt.Errorf("need 1 to %d UDP listener ports, have %d", maxListenerPorts(), len(cfg.ListenerPorts))
+	}
+	if cfg.MinRelayPort == 0 || cfg.MaxRelayPort < cfg.MinRelayPort {
+		return fmt.Errorf("invalid relay port range %d-%d", cfg.MinRelayPort, cfg.MaxRelayPort)
+	}
+	if cfg.MaxBindings == 0 {
+		return errors.New("max bindings must be positive")
+	}
 	spec, err := bpf.LoadRelay()
 	if err != nil {
-		return nil, fmt.Errorf("read program spec: %w", err)
+		return fmt.Errorf("read program spec: %w", err)
 	}
 	var c bpf.RelayConfig
 	for i, p := range cfg.ListenerPorts {
@@ -89,21 +99,57 @@ func Load(cfg Config, log *slog.Logger) (*Program, error) {
 	c.MinRelayPort = cfg.MinRelayPort
 	c.MaxRelayPort = cfg.MaxRelayPort
 	if err := spec.Variables[bpf.RelayVarCfg].Set(c); err != nil {
-		return nil, fmt.Errorf("set program config: %w", err)
+		return fmt.Errorf("set program config: %w", err)
 	}
 	for _, name := range []string{bpf.RelayMapC2pBindings, bpf.RelayMapP2cBindings, bpf.RelayMapBindingCounters} {
 		spec.Maps[name].MaxEntries = cfg.MaxBindings
 	}
-
-	p := &Program{log: log, links: make(map[string]attachment)}
-	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
+	var opts *ebpf.CollectionOptions
+	if reuse != nil {
+		opts = &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+			bpf.RelayMapC2pBindings:     reuse.C2pBindings,
+			bpf.RelayMapP2cBindings:     reuse.P2cBindings,
+			bpf.RelayMapBindingCounters: reuse.BindingCounters,
+			bpf.RelayMapVerdicts:        reuse.Verdicts,
+			bpf.RelayMapTxPorts:         reuse.TxPorts,
+		}}
+	}
+	if err := spec.LoadAndAssign(objs, opts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("load XDP program: %+v", ve)
+			return fmt.Errorf("load XDP program: %+v", ve)
 		}
-		return nil, fmt.Errorf("load XDP program: %w", err)
+		return fmt.Errorf("load XDP program: %w", err)
 	}
-	return p, nil
+	return nil
+}
+
+// Reconfigure loads the program again with a new configuration (listener
+// ports, relay range) over the same maps, and swaps it into every attachment
+// atomically through its bpf_link: bindings, counters and attachments carry
+// over, no packet sees a detached interface. MaxBindings cannot change.
+func (p *Program) Reconfigure(cfg Config) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cfg.MaxBindings != p.objs.C2pBindings.MaxEntries() {
+		return fmt.Errorf("max bindings cannot change while running (%d -> %d)", p.objs.C2pBindings.MaxEntries(), cfg.MaxBindings)
+	}
+	var next bpf.RelayObjects
+	if err := load(cfg, &next, &p.objs.RelayMaps); err != nil {
+		return err
+	}
+	for name, a := range p.links {
+		if err := a.link.Update(next.XdpTurnRelay); err != nil {
+			// Links already moved keep the new program; this one keeps the old.
+			next.RelayMaps.Close()
+			return fmt.Errorf("swap the program on %s: %w", name, err)
+		}
+	}
+	// The maps in next are clones of ours: close them, keep the new program.
+	_ = next.RelayMaps.Close()
+	old := p.objs.XdpTurnRelay
+	p.objs.XdpTurnRelay = next.XdpTurnRelay
+	return old.Close()
 }
 
 func maxListenerPorts() uint16 { return uint16(len(bpf.RelayConfig{}.ListenerPorts)) }

@@ -10,11 +10,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -258,4 +260,29 @@ func parseEcho(t *testing.T, out string) echoResult {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+func mustUDPAddr(s string) *net.UDPAddr {
+	a, err := net.ResolveUDPAddr("udp4", s)
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
+
+// metric reads one sample from /metrics inside the namespace.
+func metric(t *testing.T, ns *netns.NS, name string) float64 {
+	t.Helper()
+	_, body := httpGet(t, ns, "http://10.100.0.1:8080/metrics")
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, name+" ") {
+			v, err := strconv.ParseFloat(strings.TrimPrefix(line, name+" "), 64)
+			if err != nil {
+				t.Fatalf("metric %s: %v", line, err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }

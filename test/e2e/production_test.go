@@ -59,9 +59,24 @@ func TestLiveSwitch(t *testing.T) {
 // returns the error of the Allocate.
 func allocateFrom(t *testing.T, ns *netns.NS) (net.PacketConn, error) {
 	t.Helper()
+	return allocateWith(t, ns, listenAddr.String(), user, password, false)
+}
+
+// allocateWith allocates through the given server over UDP or TCP with the
+// given credentials. The socket is created inside the namespace; pion's
+// goroutines only use it.
+func allocateWith(t *testing.T, ns *netns.NS, server, username, pass string, tcp bool) (net.PacketConn, error) {
+	t.Helper()
 	var conn net.PacketConn
-	// The socket is created inside the namespace; pion's goroutines only use it.
 	if err := ns.Do(func() error {
+		if tcp {
+			c, err := net.DialTimeout("tcp4", server, 2*time.Second)
+			if err != nil {
+				return err
+			}
+			conn = turn.NewSTUNConn(c)
+			return nil
+		}
 		var err error
 		conn, err = net.ListenPacket("udp4", "10.100.0.2:0")
 		return err
@@ -70,8 +85,8 @@ func allocateFrom(t *testing.T, ns *netns.NS) (net.PacketConn, error) {
 	}
 	t.Cleanup(func() { conn.Close() })
 	c, err := turn.NewClient(&turn.ClientConfig{
-		TURNServerAddr: listenAddr.String(), STUNServerAddr: listenAddr.String(),
-		Username: user, Password: password, Realm: daemon.DefaultRealm, Conn: conn,
+		TURNServerAddr: server, STUNServerAddr: server,
+		Username: username, Password: pass, Realm: daemon.DefaultRealm, Conn: conn,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,182 @@
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/pion/turn/v4"
+	"golang.org/x/sys/unix"
+
+	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/internal/control"
+	"github.com/l7mp/stunnerd-xdp/internal/fallback"
+	"github.com/l7mp/stunnerd-xdp/internal/logging"
+)
+
+// authState is the authentication in force; swapped atomically on reload so
+// that live allocations are not touched.
+type authState struct {
+	realm string
+	keys  map[string][]byte // static users
+	rest  turn.AuthHandler  // ephemeral (TURN REST API) credentials
+}
+
+func newAuthState(cfg Config, lf *logging.Factory) *authState {
+	a := &authState{realm: cfg.Realm, keys: map[string][]byte{}}
+	for u, p := range cfg.Users {
+		a.keys[u] = turn.GenerateAuthKey(u, cfg.Realm, p)
+	}
+	if cfg.Secret != "" {
+		a.rest = turn.LongTermTURNRESTAuthHandler(cfg.Secret, lf.NewLogger("auth"))
+	}
+	return a
+}
+
+// listenerServer is one listener with its own pion/turn server, so that a
+// reload can start, stop or restart it without touching the others' sessions.
+type listenerServer struct {
+	l      Listener
+	server *turn.Server
+	policy atomic.Pointer[control.PeerPolicy]
+}
+
+func (d *Daemon) policyFor(l Listener) *control.PeerPolicy {
+	allow := append(append([]netip.Prefix(nil), l.AllowPeers...), d.cfg.AllowPeers...)
+	return control.NewPeerPolicy(allow, d.cfg.DenyPeers, l.Allowlist, d.cfg.Logger.Slog("auth"))
+}
+
+// startListener opens the listener's socket and starts its pion/turn server.
+// Called with lmu held or before the daemon runs.
+func (d *Daemon) startListener(l Listener) error {
+	ls := &listenerServer{l: l}
+	ls.policy.Store(d.policyFor(l))
+	permit := func(client net.Addr, peer net.IP) bool { return ls.policy.Load().Handler(client, peer) }
+	relay := &fallback.RelayAddressGenerator{
+		RelayAddressGeneratorPortRange: turn.RelayAddressGeneratorPortRange{
+			RelayAddress: net.IP(d.cfg.RelayAddress.AsSlice()),
+			Address:      d.cfg.RelayAddress.String(),
+			MinPort:      d.cfg.MinRelayPort,
+			MaxPort:      d.cfg.MaxRelayPort,
+		},
+		Counters: d.counters,
+	}
+	sc := turn.ServerConfig{
+		Realm:              d.cfg.Realm,
+		LoggerFactory:      d.cfg.Logger,
+		ChannelBindTimeout: d.cfg.ChannelBindTimeout,
+		AuthHandler:        d.authenticate,
+		// While draining, new allocations get 486 (Allocation Quota Reached);
+		// existing ones keep refreshing and relaying.
+		QuotaHandler: func(username, _ string, src net.Addr) bool {
+			if d.draining.Load() {
+				d.cfg.Logger.Slog("auth").Info("allocation refused: draining", "user", username, "client", src.String())
+				return false
+			}
+			return true
+		},
+	}
+	// Only UDP listeners are mirrored into the maps. pion/turn v4 reports every
+	// allocation as "UDP" (its five-tuples hard-code it), so a TCP client's
+	// channel would otherwise be offloaded, and the kernel would answer a
+	// TCP client with UDP datagrams it never reads.
+	if l.Protocol == config.UDP {
+		sc.EventHandler = d.mirror.EventHandler()
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) {
+			// Bigger buffers absorb bursts on the userspace path; FORCE works
+			// as root beyond net.core.rmem_max.
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, d.cfg.SocketBuffer)
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, d.cfg.SocketBuffer)
+		})
+	}}
+	addr := l.Addr.String()
+	switch l.Protocol {
+	case config.UDP:
+		conn, err := lc.ListenPacket(context.Background(), "udp4", addr)
+		if err != nil {
+			return fmt.Errorf("listener %q: listen on udp %v: %w", l.Name, addr, err)
+		}
+		sc.PacketConnConfigs = []turn.PacketConnConfig{{
+			PacketConn:            &fallback.ListenerConn{PacketConn: conn, Counters: d.counters},
+			PermissionHandler:     permit,
+			RelayAddressGenerator: relay,
+		}}
+	case config.TCP, config.TLS:
+		ln, err := lc.Listen(context.Background(), "tcp4", addr)
+		if err != nil {
+			return fmt.Errorf("listener %q: listen on tcp %v: %w", l.Name, addr, err)
+		}
+		if l.Protocol == config.TLS {
+			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*l.Cert}, MinVersion: tls.VersionTLS12})
+		}
+		sc.ListenerConfigs = []turn.ListenerConfig{{
+			Listener:              ln,
+			PermissionHandler:     permit,
+			RelayAddressGenerator: relay,
+		}}
+	default:
+		return fmt.Errorf("listener %q: protocol %q is not supported", l.Name, l.Protocol)
+	}
+	srv, err := turn.NewServer(sc)
+	if err != nil {
+		for _, c := range sc.PacketConnConfigs {
+			c.PacketConn.Close()
+		}
+		for _, c := range sc.ListenerConfigs {
+			c.Listener.Close()
+		}
+		return fmt.Errorf("listener %q: start TURN server: %w", l.Name, err)
+	}
+	ls.server = srv
+	d.listeners[l.Name] = ls
+	path := "userspace"
+	if l.Protocol == config.UDP {
+		path = "xdp+userspace"
+	}
+	d.log.Info("TURN listener up", "listener", l.Name, "protocol", string(l.Protocol), "addr", addr, "path", path,
+		"relay-address", d.cfg.RelayAddress.String(), "relay-ports", fmt.Sprintf("%d-%d", d.cfg.MinRelayPort, d.cfg.MaxRelayPort))
+	return nil
+}
+
+// stopListener closes one listener and its allocations (pion reports their
+// deletion, and the mirror removes their bindings).
+func (d *Daemon) stopListener(name string) error {
+	ls, ok := d.listeners[name]
+	if !ok {
+		return nil
+	}
+	delete(d.listeners, name)
+	err := ls.server.Close()
+	d.log.Info("TURN listener down", "listener", name)
+	return err
+}
+
+func (d *Daemon) closeListeners() {
+	d.lmu.Lock()
+	defer d.lmu.Unlock()
+	for name := range d.listeners {
+		if err := d.stopListener(name); err != nil && !errors.Is(err, net.ErrClosed) {
+			d.log.Warn("closing listener", "listener", name, "error", err)
+		}
+	}
+}
+
+// authenticate is the pion/turn AuthHandler over the current credentials.
+func (d *Daemon) authenticate(username, realm string, src net.Addr) ([]byte, bool) {
+	a := d.auth.Load()
+	if a.rest != nil {
+		return a.rest(username, realm, src)
+	}
+	key, ok := a.keys[username]
+	if !ok {
+		d.cfg.Logger.Slog("auth").Info("unknown user", "user", username, "client", src.String())
+	}
+	return key, ok
+}

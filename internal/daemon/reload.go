@@ -1,0 +1,94 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+)
+
+// Reconfigure applies a new configuration to the running daemon without
+// dropping the sessions the change does not touch:
+//   - credentials change in place (live allocations are not re-checked);
+//   - a listener whose socket is unchanged keeps running; its peer allowlist
+//     changes in place;
+//   - added listeners start, removed ones stop (closing their allocations),
+//     changed ones (address, port, protocol, certificate) restart;
+//   - the XDP program is reloaded over the same maps when the UDP listener
+//     ports change, and swapped into its links atomically;
+//   - a realm change restarts every listener (pion/turn keys on the realm).
+//
+// Settings that only a restart can change (relay address and ports, maximum
+// bindings, metrics and health addresses, interfaces) are kept, with an error
+// naming them; everything else is applied.
+func (d *Daemon) Reconfigure(next Config) error {
+	next.Logger = d.cfg.Logger
+	if err := next.validate(); err != nil {
+		return fmt.Errorf("new configuration: %w", err)
+	}
+	d.lmu.Lock()
+	defer d.lmu.Unlock()
+	cur := d.cfg
+	var kept []string
+	if next.RelayAddress != cur.RelayAddress {
+		kept = append(kept, "relay address")
+	}
+	if next.MinRelayPort != cur.MinRelayPort || next.MaxRelayPort != cur.MaxRelayPort {
+		kept = append(kept, "relay port range")
+	}
+	if next.MaxBindings != cur.MaxBindings {
+		kept = append(kept, "max bindings")
+	}
+	if next.MetricsAddr != cur.MetricsAddr || next.HealthAddr != cur.HealthAddr {
+		kept = append(kept, "metrics and health endpoints")
+	}
+	if len(next.Interfaces) > 0 && !slices.Equal(next.Interfaces, cur.Interfaces) {
+		kept = append(kept, "XDP interfaces")
+	}
+	// What the daemon keeps from the running configuration.
+	next.RelayAddress, next.MinRelayPort, next.MaxRelayPort = cur.RelayAddress, cur.MinRelayPort, cur.MaxRelayPort
+	next.MaxBindings, next.MetricsAddr, next.HealthAddr, next.Interfaces = cur.MaxBindings, cur.MetricsAddr, cur.HealthAddr, cur.Interfaces
+	next.SocketBuffer, next.ReconcileInterval, next.ChannelBindTimeout = cur.SocketBuffer, cur.ReconcileInterval, cur.ChannelBindTimeout
+
+	realmChanged := next.Realm != cur.Realm
+	d.cfg = next
+	d.auth.Store(newAuthState(next, next.Logger))
+
+	var errs []error
+	want := map[string]Listener{}
+	for _, l := range next.Listeners {
+		want[l.Name] = l
+	}
+	for name, ls := range d.listeners {
+		if l, ok := want[name]; !ok || realmChanged || !ls.l.equalSocket(l) {
+			errs = append(errs, d.stopListener(name))
+		}
+	}
+	// Reprogram XDP for the new UDP ports before new listeners take traffic.
+	if !slices.Equal(next.udpPorts(), cur.udpPorts()) {
+		if err := d.sw.Reconfigure(loader.Config{ListenerPorts: next.udpPorts(), MinRelayPort: next.MinRelayPort,
+			MaxRelayPort: next.MaxRelayPort, MaxBindings: next.MaxBindings}); err != nil {
+			errs = append(errs, fmt.Errorf("reprogram XDP for the new UDP listeners: %w", err))
+		}
+	}
+	for _, l := range next.Listeners {
+		if ls, ok := d.listeners[l.Name]; ok {
+			ls.l = l
+			ls.policy.Store(d.policyFor(l))
+			continue
+		}
+		if err := d.startListener(l); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(kept) > 0 {
+		errs = append(errs, fmt.Errorf("kept the running %v: changing them needs a restart", kept))
+	}
+	if err := errors.Join(errs...); err != nil {
+		d.log.Warn("configuration reloaded with problems", "error", err)
+		return err
+	}
+	d.log.Info("configuration reloaded", "listeners", len(next.Listeners))
+	return nil
+}
