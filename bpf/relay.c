@@ -45,6 +45,14 @@ static __always_inline void addr_set_v4(struct addr *a, __be32 v4)
 	*(__be32 *)&a->b[12] = v4;
 }
 
+/* Only a unicast destination can be the source of replies: a client packet
+ * sent to 0.0.0.0, a broadcast or a multicast group teaches nothing. */
+static __always_inline int is_unicast_v4(__be32 addr)
+{
+	__u32 a = bpf_ntohl(addr);
+	return a != 0 && a != 0xffffffff && (a >> 28) != 0xe;
+}
+
 static __always_inline int is_listener_port(__be16 port)
 {
 #pragma unroll
@@ -215,7 +223,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	back.peer_port = b->peer_port;
 	back.relay_port = b->relay_port;
 	struct p2c_val *bv = bpf_map_lookup_elem(&p2c_bindings, &back);
-	if (bv && addr_v4(&bv->listener_addr) != ip->daddr)
+	if (bv && addr_v4(&bv->listener_addr) != ip->daddr && is_unicast_v4(ip->daddr))
 		addr_set_v4(&bv->listener_addr, ip->daddr);
 
 	struct rewrite rw = {};

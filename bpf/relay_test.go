@@ -267,6 +267,17 @@ func TestLearnListenerAddress(t *testing.T) {
 	if got.verdict != xdpRedirect || !bytes.Equal(got.out, want) {
 		t.Fatalf("after moving: verdict %d\n got %x\nwant %x", got.verdict, got.out, want)
 	}
+	// A packet to no unicast address teaches nothing: the replies keep coming
+	// from the address learned last.
+	for _, dst := range []string{"0.0.0.0", "255.255.255.255", "224.0.0.1"} {
+		c = fromClient(b, dst, packet.ChannelData(b.Channel, data(20), nil))
+		if _, res := e.check(t, m, "a0", c.Marshal()); res.Learned != nil {
+			t.Fatalf("a client packet to %s was learned as the listener address", dst)
+		}
+		if got, _ = e.check(t, m, "b0", in.Marshal()); !bytes.Equal(got.out, want) {
+			t.Fatalf("after a client packet to %s the replies changed source", dst)
+		}
+	}
 	// Learning does not wait for a next hop: a bound client packet that passes
 	// (its peer has no neighbour entry yet) still shows where it was sent.
 	nb := bindings["noneigh"]

@@ -142,6 +142,9 @@ func validate(b Binding) error {
 	case b.Channel < 0x4000 || b.Channel > 0x7FFF:
 		return fmt.Errorf("invalid channel number %#x", b.Channel)
 	}
+	if l := b.ListenerAddr; l.IsValid() && !l.IsUnspecified() && !l.Unmap().Is4() {
+		return fmt.Errorf("listener address %v: only IPv4 is relayed in the kernel", l)
+	}
 	for _, a := range []netip.Addr{b.Client.Addr(), b.Peer.Addr(), b.Relay.Addr()} {
 		if !a.Unmap().Is4() {
 			return fmt.Errorf("address %v: only IPv4 is relayed in the kernel", a)

@@ -266,7 +266,8 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	res := Result{Verdict: Pass, Frame: frame}
 	// Learned before the next hop is known: the packet is bound either way, and
 	// a VIP in front of us is what it was sent to.
-	if b.ListenerAddr != in.dst.Addr() {
+	// Only a unicast destination can be the source of replies.
+	if d := in.dst.Addr(); b.ListenerAddr != d && !d.IsUnspecified() && !d.IsMulticast() && d != netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
 		b.ListenerAddr = in.dst.Addr()
 		res.Learned = &Learned{Binding: key, Addr: b.ListenerAddr}
 	}
