@@ -5,7 +5,13 @@ BIN     ?= bin
 # package at a time keeps their measurements honest.
 TESTFLAGS ?= -count=1 -p 1 -timeout 40m
 
-.PHONY: help generate check-generate build tools test test-short lint demo clean
+.PHONY: help generate check-generate build tools test test-short fuzz-ci lint demo clean
+
+# Differential fuzz targets (XDP program vs the Go reference model); CI runs
+# each for FUZZTIME as a regression check. Minimizing is kept short: every
+# input costs ~100 syscalls.
+FUZZ_TARGETS ?= FuzzRelayVsModel FuzzRelayBindingsVsModel
+FUZZTIME     ?= 30s
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -33,6 +39,12 @@ lint: ## go vet and gofmt
 
 test: lint tools ## run every test; as root the XDP and network-namespace tests run too
 	$(GO) test $(TESTFLAGS) ./...
+
+fuzz-ci: ## (root) run each differential fuzz target for FUZZTIME
+	@for f in $(FUZZ_TARGETS); do \
+		echo "fuzz $$f for $(FUZZTIME)"; \
+		$(GO) test ./bpf -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 3s || exit 1; \
+	done
 
 test-short: ## the unprivileged tests only
 	$(GO) test -short -count=1 ./...

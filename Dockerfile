@@ -1,0 +1,21 @@
+# stunnerd-xdp container image. The BPF object is generated and committed
+# (bpf/relay_bpfel.o, embedded by bpf2go's Go file), so the build needs no
+# clang: a static Go build is the whole image.
+#
+#   docker build -t ghcr.io/l7mp/stunnerd-xdp:latest .
+FROM golang:1.26 AS build
+ARG TARGETARCH
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+# deploy/daemonset/deploy_test.go runs this exact command and checks that the
+# binary is static: keep it on one line, without quotes.
+RUN CGO_ENABLED=0 GOOS=linux GOARCH=${TARGETARCH} go build -trimpath -o /out/stunnerd-xdp ./cmd/stunnerd-xdp
+
+# distroless/static runs as root by default: loading and attaching XDP needs
+# CAP_BPF and CAP_NET_ADMIN, which Kubernetes grants only to a root process
+# (the DaemonSet sets runAsUser: 0 and adds exactly those capabilities).
+FROM gcr.io/distroless/static-debian12 AS run
+COPY --from=build /out/stunnerd-xdp /usr/local/bin/stunnerd-xdp
+ENTRYPOINT ["/usr/local/bin/stunnerd-xdp"]
