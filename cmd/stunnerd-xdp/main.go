@@ -51,7 +51,7 @@ type options struct {
 	forceReady                                           bool
 	gracePeriod                                          time.Duration
 	allowPeers, denyPeers                                prefixList
-	configFile                                           string
+	configFile, nodeName, kubeconfig                     string
 	watch                                                bool
 	set                                                  map[string]bool // flags given on the command line
 }
@@ -101,6 +101,8 @@ func run(args []string, stderr io.Writer) int {
 	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist,\nand it also admits peers the defaults refuse (loopback, link-local, multicast, this node's addresses)")
 	fs.Var(&o.denyPeers, "deny-peer", "`CIDR` of peers clients may not relay to (repeatable); the most specific prefix wins")
 	fs.StringVar(&o.configFile, "c", "", "read STUNner's dataplane config `FILE` (version v1, YAML or JSON) instead of a URI:\nlisteners, auth (static or ephemeral), clusters as peer allowlists, admin log level and endpoints;\nflags given on the command line win over it")
+	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "`NODE` whose label stunner.l7mp.io/xdp-offload (enabled|disabled) attaches or detaches XDP live;\nempty: no label, --xdp-mode decides (default: $NODE_NAME, set by the downward API)")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig `FILE` for --node-name outside a cluster (default: in-cluster config)")
 	fs.BoolVar(&o.watch, "w", false, "with -c: reload the config file when it changes, without dropping the sessions the change does not touch")
 	fs.DurationVar(&o.gracePeriod, "grace-period", time.Hour, "on SIGTERM or SIGINT, how long to drain: new allocations are refused,\nlive ones keep relaying until they end or this runs out; a second signal exits at once")
 	fs.Usage = func() {
@@ -151,6 +153,13 @@ func run(args []string, stderr io.Writer) int {
 	if err != nil {
 		log.Error("cannot start", "error", err)
 		return 1
+	}
+	if o.nodeName != "" {
+		if err := watchNode(d, logger, o.nodeName, o.kubeconfig); err != nil {
+			log.Error("cannot follow the node label; unset --node-name (NODE_NAME) to run without it", "error", err)
+			_ = d.Close()
+			return 1
+		}
 	}
 	if o.watch {
 		stopWatch := make(chan struct{})

@@ -213,7 +213,8 @@ type Daemon struct {
 	stop      chan struct{}
 	wg        sync.WaitGroup
 
-	draining atomic.Bool
+	nodeWatcher atomic.Pointer[control.NodeWatcher]
+	draining    atomic.Bool
 	drained  chan struct{} // closed by Drain when the last allocation is gone
 
 	closeOnce sync.Once

@@ -5,6 +5,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 )
 
@@ -14,6 +15,7 @@ type collector struct {
 	d                                              *Daemon
 	packets, bytes, verdicts, allocs, chans, bound *prometheus.Desc
 	attached, mirrorEvents, mirrorErrors, drift    *prometheus.Desc
+	mode, label                                    *prometheus.Desc
 }
 
 func newCollector(d *Daemon) *collector {
@@ -29,11 +31,13 @@ func newCollector(d *Daemon) *collector {
 		mirrorEvents: prometheus.NewDesc("stunnerd_xdp_mirror_events_total", "pion/turn events received by the mirror.", nil, nil),
 		mirrorErrors: prometheus.NewDesc("stunnerd_xdp_mirror_errors_total", "Map writes that failed (the flows stayed in userspace).", nil, nil),
 		drift:        prometheus.NewDesc("stunnerd_xdp_reconcile_repairs_total", "Differences between pion/turn and the maps repaired by the reconcile.", nil, nil),
+		mode:         prometheus.NewDesc("stunnerd_xdp_mode", "1 for the path in use: native or generic (XDP attached somewhere in that mode) or off (userspace only).", []string{"mode"}, nil),
+		label:        prometheus.NewDesc("stunnerd_xdp_offload_label", "1 for the state of the node's stunner.l7mp.io/xdp-offload label (absent without --node-name).", []string{"state"}, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift} {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label} {
 		ch <- d
 	}
 }
@@ -73,6 +77,28 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.chans, float64(chans))
 
 	attached := c.d.sw.Attached()
+	inUse := map[loader.Mode]bool{}
+	for _, m := range attached {
+		inUse[m] = true
+	}
+	for _, m := range []loader.Mode{loader.ModeNative, loader.ModeGeneric, loader.ModeOff} {
+		v := 0.0
+		if inUse[m] || m == loader.ModeOff && len(attached) == 0 {
+			v = 1
+		}
+		gauge(c.mode, v, string(m))
+	}
+	state := control.LabelAbsent
+	if w := c.d.nodeWatcher.Load(); w != nil {
+		state = w.LabelState()
+	}
+	for _, s := range control.LabelStates {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		gauge(c.label, v, s.String())
+	}
 	for _, iface := range c.d.sw.Interfaces() {
 		for _, mode := range []loader.Mode{loader.ModeNative, loader.ModeGeneric} {
 			v := 0.0

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	"github.com/l7mp/stunnerd-xdp/internal/logging"
+)
+
+// watchNode connects to the Kubernetes API (in-cluster, or a kubeconfig) and
+// makes the daemon follow its node's offload label.
+func watchNode(d *daemon.Daemon, logger *logging.Factory, node, kubeconfig string) error {
+	// client-go logs through klog: keep those lines in our format and scope.
+	klog.SetSlogLogger(logger.Slog("k8s"))
+	var (
+		cfg *rest.Config
+		err error
+	)
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("Kubernetes client config: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("Kubernetes client: %w", err)
+	}
+	return d.WatchNode(client, node, 30*time.Second)
+}

@@ -1,0 +1,62 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/l7mp/stunnerd-xdp/internal/control"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+)
+
+// FollowNode applies the node label's wish: attach (in the configured mode,
+// auto when that is off), detach, or back to the configured --xdp-mode. It is
+// the NodeWatcher's callback; sessions move between paths without loss.
+func (d *Daemon) FollowNode(_ context.Context, want control.NodeOffload) error {
+	mode := d.cfg.XDPMode
+	switch want {
+	case control.NodeOffloadAttach:
+		if mode == loader.ModeOff {
+			mode = loader.ModeAuto
+		}
+	case control.NodeOffloadDetach:
+		mode = loader.ModeOff
+	}
+	d.log.Info("node label: switching path", "offload", want.String(), "mode", string(mode))
+	if err := d.SetMode(mode); err != nil {
+		return fmt.Errorf("node label %s: %w", want, err)
+	}
+	return nil
+}
+
+// WatchNode follows the node's stunner.l7mp.io/xdp-offload label until the
+// daemon closes. It returns once the node was first listed, or with an error
+// when that takes longer than timeout.
+func (d *Daemon) WatchNode(client kubernetes.Interface, node string, timeout time.Duration) error {
+	w := control.NewNodeWatcher(client, node, d.FollowNode, d.cfg.Logger.Slog("k8s"))
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan error, 1)
+	go func() { started <- w.Start(ctx) }()
+	select {
+	case err := <-started:
+		if err != nil {
+			cancel()
+			return fmt.Errorf("watch node %q: %w", node, err)
+		}
+	case <-time.After(timeout):
+		cancel()
+		w.Stop()
+		return fmt.Errorf("watch node %q: no answer from the Kubernetes API in %v", node, timeout)
+	}
+	d.nodeWatcher.Store(w)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		<-d.stop
+		w.Stop()
+		cancel()
+	}()
+	return nil
+}
