@@ -215,7 +215,7 @@ type Daemon struct {
 
 	nodeWatcher atomic.Pointer[control.NodeWatcher]
 	draining    atomic.Bool
-	drained  chan struct{} // closed by Drain when the last allocation is gone
+	drained     chan struct{} // closed by Drain when the last allocation is gone
 
 	closeOnce sync.Once
 }
