@@ -116,8 +116,6 @@ func (c *Config) validate() error {
 			return fmt.Errorf("listener %q is defined twice", l.Name)
 		case !l.Addr.IsValid() || l.Addr.Port() == 0:
 			return fmt.Errorf("listener %q: invalid address %v", l.Name, l.Addr)
-		case !l.Addr.Addr().Is4():
-			return fmt.Errorf("listener %q: %v: only IPv4 listeners are supported", l.Name, l.Addr)
 		case l.Protocol == config.TLS && l.Cert == nil:
 			return fmt.Errorf("listener %q: TLS needs a certificate", l.Name)
 		case l.Protocol != config.UDP && l.Protocol != config.TCP && l.Protocol != config.TLS:
@@ -139,18 +137,18 @@ func (c *Config) validate() error {
 	}
 	if !c.RelayAddress.IsValid() || c.RelayAddress.IsUnspecified() {
 		for _, l := range c.Listeners {
-			if !l.Addr.Addr().IsUnspecified() {
+			if a := l.Addr.Addr(); !a.IsUnspecified() && a.Is4() {
 				c.RelayAddress = l.Addr.Addr()
 				break
 			}
 		}
 		if !c.RelayAddress.IsValid() || c.RelayAddress.IsUnspecified() {
-			return errors.New("every listener is on a wildcard address: set --relay-address to the IP relayed traffic leaves from")
+			return errors.New("no listener is on a specific IPv4 address: set --relay-address to the IPv4 address relayed traffic leaves from")
 		}
 	}
 	c.RelayAddress = c.RelayAddress.Unmap()
 	if !c.RelayAddress.Is4() {
-		return fmt.Errorf("relay address %v: only IPv4 is supported", c.RelayAddress)
+		return fmt.Errorf("relay address %v: relays are IPv4 (clients may use IPv6)", c.RelayAddress)
 	}
 	if c.MinRelayPort == 0 {
 		c.MinRelayPort = DefaultMinRelayPort

@@ -97,9 +97,15 @@ func (d *Daemon) startListener(l Listener) error {
 		})
 	}}
 	addr := l.Addr.String()
+	// pion/turn relays over IPv4 whatever the client's family; the listener
+	// itself may be IPv6.
+	udp, tcp := "udp4", "tcp4"
+	if l.Addr.Addr().Is6() {
+		udp, tcp = "udp6", "tcp6"
+	}
 	switch l.Protocol {
 	case config.UDP:
-		conn, err := lc.ListenPacket(context.Background(), "udp4", addr)
+		conn, err := lc.ListenPacket(context.Background(), udp, addr)
 		if err != nil {
 			return fmt.Errorf("listener %q: listen on udp %v: %w", l.Name, addr, err)
 		}
@@ -109,7 +115,7 @@ func (d *Daemon) startListener(l Listener) error {
 			RelayAddressGenerator: relay,
 		}}
 	case config.TCP, config.TLS:
-		ln, err := lc.Listen(context.Background(), "tcp4", addr)
+		ln, err := lc.Listen(context.Background(), tcp, addr)
 		if err != nil {
 			return fmt.Errorf("listener %q: listen on tcp %v: %w", l.Name, addr, err)
 		}
