@@ -27,7 +27,12 @@
 
 #define ETH_ALEN 6
 #define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
 #define IPPROTO_UDP 17
+#define AF_INET6 10
+/* Relayed IPv4 packets made from IPv6 ones: don't fragment, as a Linux UDP
+ * socket with path MTU discovery sends them. */
+#define IP_DF 0x4000
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1FFF
 #define AF_INET 2
@@ -39,7 +44,7 @@ enum reason {
 	REASON_RELAY_C2P_REDIRECT,     /* client->peer, to another attached interface */
 	REASON_RELAY_P2C_TX,           /* peer->client, out the ingress interface */
 	REASON_RELAY_P2C_REDIRECT,     /* peer->client, to another attached interface */
-	REASON_NOT_IPV4,               /* not an IPv4 frame (incl. VLAN-tagged, IPv6) */
+	REASON_NOT_IP,                 /* neither IPv4 nor IPv6 (incl. VLAN-tagged) */
 	REASON_NOT_UDP,                /* IPv4 but not UDP */
 	REASON_NOT_OURS,               /* UDP to neither a listener nor a relay port */
 	REASON_MALFORMED_IP,           /* truncated, bad version/IHL, length lies */
@@ -58,6 +63,9 @@ enum reason {
 	REASON_FIB_NOT_FORWARDED,      /* local, blackhole, unreachable, ... */
 	REASON_EGRESS_NOT_ATTACHED,    /* egress interface not in the devmap */
 	REASON_ADJUST_FAILED,          /* bpf_xdp_adjust_head/tail refused */
+	REASON_IPV6_EXTENSION,         /* IPv6 with extension headers */
+	REASON_NO_CHECKSUM,            /* IPv4 peer datagram without UDP checksum to an
+	                                  IPv6 client: IPv6 needs one, pion/turn sums it */
 	REASON_MAX,
 };
 

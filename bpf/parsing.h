@@ -7,6 +7,7 @@
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/udp.h>
 #include <bpf_helpers.h>
 #include <bpf_endian.h>
@@ -17,13 +18,15 @@ struct cursor {
 	void *end;
 };
 
-static __always_inline int parse_eth(struct cursor *c, struct ethhdr **eth)
+/* parse_eth returns -1 and the ethertype for IPv4 and IPv6 frames. */
+static __always_inline int parse_eth(struct cursor *c, struct ethhdr **eth, __u16 *proto)
 {
 	struct ethhdr *h = c->pos;
 	if ((void *)(h + 1) > c->end)
-		return REASON_NOT_IPV4;
-	if (h->h_proto != bpf_htons(ETH_P_IP))
-		return REASON_NOT_IPV4;
+		return REASON_NOT_IP;
+	*proto = bpf_ntohs(h->h_proto);
+	if (*proto != ETH_P_IP && *proto != ETH_P_IPV6)
+		return REASON_NOT_IP;
 	c->pos = h + 1;
 	*eth = h;
 	return -1;
@@ -52,13 +55,52 @@ static __always_inline int parse_ipv4(struct cursor *c, struct iphdr **ip)
 	return -1;
 }
 
+static __always_inline int ipv6_extension(__u8 nexthdr)
+{
+	switch (nexthdr) {
+	case 0:   /* hop-by-hop options */
+	case 43:  /* routing */
+	case 44:  /* fragment */
+	case 50:  /* ESP */
+	case 51:  /* AH */
+	case 60:  /* destination options */
+	case 135: /* mobility */
+	case 139: /* HIP */
+	case 140: /* shim6 */
+	case 253: /* experiments */
+	case 254:
+		return 1;
+	}
+	return 0;
+}
+
+/* parse_ipv6 accepts IPv6 whose next header is UDP and whose payload fits in
+ * the frame (which may be longer: an Ethernet trailer). Extension headers are
+ * not walked: such packets are pion/turn's. */
+static __always_inline int parse_ipv6(struct cursor *c, struct ipv6hdr **ip6)
+{
+	struct ipv6hdr *h = c->pos;
+	if ((void *)(h + 1) > c->end)
+		return REASON_MALFORMED_IP;
+	if (h->version != 6)
+		return REASON_MALFORMED_IP;
+	if (h->nexthdr != IPPROTO_UDP)
+		return ipv6_extension(h->nexthdr) ? REASON_IPV6_EXTENSION : REASON_NOT_UDP;
+	__u16 plen = bpf_ntohs(h->payload_len);
+	if (plen < sizeof(struct udphdr) || (void *)(h + 1) + plen > c->end)
+		return REASON_MALFORMED_IP;
+	c->pos = h + 1;
+	*ip6 = h;
+	return -1;
+}
+
 /* parse_udp requires the UDP length to agree exactly with the IP total length. */
-static __always_inline int parse_udp(struct cursor *c, struct iphdr *ip, struct udphdr **udp)
+static __always_inline int parse_udp(struct cursor *c, __u16 ip_payload_len, struct udphdr **udp)
 {
 	struct udphdr *h = c->pos;
 	if ((void *)(h + 1) > c->end)
 		return REASON_MALFORMED_UDP;
-	if (bpf_ntohs(h->len) != bpf_ntohs(ip->tot_len) - sizeof(*ip))
+	if (bpf_ntohs(h->len) != ip_payload_len)
 		return REASON_MALFORMED_UDP;
 	c->pos = h + 1;
 	*udp = h;

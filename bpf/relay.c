@@ -1,8 +1,9 @@
 //go:build ignore
 
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* XDP fast path of stunnerd-xdp: relays TURN ChannelData over UDP/IPv4 for the
- * channel bindings pion/turn mirrors into the maps.
+/* XDP fast path of stunnerd-xdp: relays TURN ChannelData over UDP for the
+ * channel bindings pion/turn mirrors into the maps. Clients use IPv4 or IPv6;
+ * relays and peers are IPv4.
  *
  *   client->peer: ChannelData to a listener port from a bound (client, channel):
  *                 strip the 4-byte header and any padding, send relay -> peer.
@@ -15,6 +16,7 @@
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/udp.h>
 #include <bpf_helpers.h>
 #include <bpf_endian.h>
@@ -29,7 +31,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 /* Set by the loader through spec.Variables before the program is loaded. */
 volatile const struct config cfg = {};
 
-/* Force the types into BTF for bpf2go. */
+/* Force the enum into BTF for bpf2go. */
 const enum reason *_unused_reason __attribute__((unused));
 
 static __always_inline __be32 addr_v4(const struct addr *a)
@@ -45,12 +47,36 @@ static __always_inline void addr_set_v4(struct addr *a, __be32 v4)
 	*(__be32 *)&a->b[12] = v4;
 }
 
+/* addr_is_v4 tells an IPv4-mapped address (::ffff:a.b.c.d) from an IPv6 one. */
+static __always_inline int addr_is_v4(const struct addr *a)
+{
+	const __u32 *w = (const __u32 *)a->b;
+	return w[0] == 0 && w[1] == 0 && w[2] == bpf_htonl(0xffff);
+}
+
+static __always_inline int addr_is_zero(const struct addr *a)
+{
+	const __u32 *w = (const __u32 *)a->b;
+	return (w[0] | w[1] | w[2] | w[3]) == 0;
+}
+
+static __always_inline int addr_eq(const struct addr *a, const struct addr *b)
+{
+	const __u32 *x = (const __u32 *)a->b, *y = (const __u32 *)b->b;
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
+}
+
 /* Only a unicast destination can be the source of replies: a client packet
  * sent to 0.0.0.0, a broadcast or a multicast group teaches nothing. */
 static __always_inline int is_unicast_v4(__be32 addr)
 {
 	__u32 a = bpf_ntohl(addr);
 	return a != 0 && a != 0xffffffff && (a >> 28) != 0xe;
+}
+
+static __always_inline int is_unicast_v6(const struct addr *a)
+{
+	return !addr_is_zero(a) && a->b[0] != 0xff;
 }
 
 static __always_inline int is_listener_port(__be16 port)
@@ -72,31 +98,40 @@ static __always_inline int is_relay_port(__be16 port)
 /* A rewrite computed before the packet is touched: if forwarding fails we still
  * hold the original packet and can pass it. */
 struct rewrite {
+	struct addr saddr; /* IPv4-mapped for an IPv4 output */
+	struct addr daddr;
 	unsigned char dmac[ETH_ALEN];
 	unsigned char smac[ETH_ALEN];
-	__be32 saddr;
-	__be32 daddr;
 	__be16 sport;
 	__be16 dport;
-	__u16 tot_len;  /* new IP total length, host order */
-	__u16 udp_csum; /* new UDP checksum, network order as stored */
+	__u16 len;      /* output packet length from the IP header on, host order */
+	__u16 udp_csum; /* new UDP checksum, as stored */
 	__u32 egress_ifindex;
+	__u8 family;    /* of the output: AF_INET or AF_INET6 */
+	__u8 tos;       /* IPv4 TOS, or IPv6 traffic class */
 };
 
 /* next_hop resolves the rewritten packet's next hop and fills in the MACs. It
  * returns -1 when it can be forwarded, else the PASS reason. */
-static __always_inline int next_hop(struct xdp_md *ctx, struct iphdr *ip, struct rewrite *rw)
+static __always_inline int next_hop(struct xdp_md *ctx, struct rewrite *rw)
 {
 	struct bpf_fib_lookup fib = {};
-	fib.family = AF_INET;
+	fib.family = rw->family;
 	fib.l4_protocol = IPPROTO_UDP;
 	fib.sport = rw->sport;
 	fib.dport = rw->dport;
-	fib.tot_len = rw->tot_len;
-	fib.tos = ip->tos;
+	/* The whole packet against the MTU: for IPv6, stricter than payload-only. */
+	fib.tot_len = rw->len;
 	fib.ifindex = ctx->ingress_ifindex;
-	fib.ipv4_src = rw->saddr;
-	fib.ipv4_dst = rw->daddr;
+	if (rw->family == AF_INET) {
+		fib.tos = rw->tos;
+		fib.ipv4_src = addr_v4(&rw->saddr);
+		fib.ipv4_dst = addr_v4(&rw->daddr);
+	} else {
+		fib.flowinfo = bpf_htonl((__u32)rw->tos << 20);
+		__builtin_memcpy(fib.ipv6_src, rw->saddr.b, 16);
+		__builtin_memcpy(fib.ipv6_dst, rw->daddr.b, 16);
+	}
 
 	long rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
 	switch (rc) {
@@ -108,7 +143,8 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct iphdr *ip, struct
 	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
 		return REASON_FIB_FRAG_NEEDED;
 	case BPF_FIB_LKUP_RET_FWD_DISABLED:
-		/* bpf_fib_lookup needs forwarding on for the ingress device. */
+		/* bpf_fib_lookup needs forwarding on for the ingress device (for the
+		 * output's family). */
 		return REASON_FIB_FWD_DISABLED;
 	default:
 		/* Local (hairpin), blackhole, unreachable, prohibited, LWT, errors. */
@@ -125,39 +161,69 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct iphdr *ip, struct
 	return -1;
 }
 
-/* emit writes the new Ethernet, IPv4 and UDP headers at the (moved) start of the
- * packet and returns the XDP action with its reason. */
-static __always_inline int emit(struct xdp_md *ctx, struct iphdr *old_ip, struct rewrite *rw,
+/* emit writes the new Ethernet, IP and UDP headers (and for peer->client the
+ * ChannelData header) at the start of the resized packet and returns the XDP
+ * action with its reason. ip4 is the IPv4 header to write for an IPv4 output
+ * (its check is computed here); an IPv6 output is built from rw. */
+static __always_inline int emit(struct xdp_md *ctx, struct iphdr *ip4, struct rewrite *rw,
 				__be16 channel, __u16 data_len, int c2p, __u32 *reason)
 {
-	struct iphdr ip = *old_ip;
-	ip.tot_len = bpf_htons(rw->tot_len);
-	ip.ttl = RELAY_TTL;
-	ip.saddr = rw->saddr;
-	ip.daddr = rw->daddr;
-	ip.check = 0;
-	ip.check = ipv4_csum(&ip);
-
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	struct iphdr *nip = (void *)(eth + 1);
-	struct udphdr *udp = (void *)(nip + 1);
-	__u8 *cd = (void *)(udp + 1);
-	/* Cannot fail, sizes were checked before; the verifier needs to see it. */
-	if ((void *)cd > data_end || (!c2p && (void *)(cd + CHANNEL_DATA_HDR_LEN) > data_end)) {
+	struct udphdr *udp;
+	__u32 l3_len = rw->family == AF_INET ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+
+	if ((void *)(eth + 1) > data_end) {
 		*reason = REASON_ADJUST_FAILED;
-		return XDP_ABORTED;
+		return XDP_ABORTED; /* cannot happen: sizes were checked before */
+	}
+	if (rw->family == AF_INET) {
+		struct iphdr *nip = (void *)(eth + 1);
+		if ((void *)(nip + 1) > data_end) {
+			*reason = REASON_ADJUST_FAILED;
+			return XDP_ABORTED;
+		}
+		ip4->check = 0;
+		ip4->check = ipv4_csum(ip4);
+		*nip = *ip4;
+		eth->h_proto = bpf_htons(ETH_P_IP);
+		udp = (void *)(nip + 1);
+	} else {
+		struct ipv6hdr *nip6 = (void *)(eth + 1);
+		if ((void *)(nip6 + 1) > data_end) {
+			*reason = REASON_ADJUST_FAILED;
+			return XDP_ABORTED;
+		}
+		__builtin_memset(nip6, 0, sizeof(*nip6));
+		nip6->version = 6;
+		nip6->priority = rw->tos >> 4;
+		nip6->flow_lbl[0] = (rw->tos & 0xf) << 4;
+		nip6->payload_len = bpf_htons(rw->len - sizeof(struct ipv6hdr));
+		nip6->nexthdr = IPPROTO_UDP;
+		nip6->hop_limit = RELAY_TTL;
+		__builtin_memcpy(&nip6->saddr, rw->saddr.b, 16);
+		__builtin_memcpy(&nip6->daddr, rw->daddr.b, 16);
+		eth->h_proto = bpf_htons(ETH_P_IPV6);
+		udp = (void *)(nip6 + 1);
 	}
 	__builtin_memcpy(eth->h_dest, rw->dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, rw->smac, ETH_ALEN);
-	eth->h_proto = bpf_htons(ETH_P_IP);
-	*nip = ip;
+
+	__u8 *cd = (void *)(udp + 1);
+	if ((void *)cd > data_end) {
+		*reason = REASON_ADJUST_FAILED;
+		return XDP_ABORTED;
+	}
 	udp->source = rw->sport;
 	udp->dest = rw->dport;
-	udp->len = bpf_htons(rw->tot_len - sizeof(struct iphdr));
+	udp->len = bpf_htons(rw->len - l3_len);
 	udp->check = rw->udp_csum;
-	if (!c2p && (void *)(cd + CHANNEL_DATA_HDR_LEN) <= data_end) {
+	if (!c2p) {
+		if ((void *)(cd + CHANNEL_DATA_HDR_LEN) > data_end) {
+			*reason = REASON_ADJUST_FAILED;
+			return XDP_ABORTED;
+		}
 		*(__be16 *)cd = channel;
 		*(__be16 *)(cd + 2) = bpf_htons(data_len);
 	}
@@ -184,15 +250,39 @@ static __always_inline void count_binding(__u32 id, int c2p, __u16 data_len)
 	}
 }
 
-/* trim drops `len` bytes from the end of the frame (padding, Ethernet trailer). */
-static __always_inline int trim(struct xdp_md *ctx, __u32 len)
+/* resize drops `tail` bytes from the end of the frame (padding, Ethernet
+ * trailer) and moves its start by `head` bytes (positive: shrink). */
+static __always_inline int resize(struct xdp_md *ctx, __u32 tail, int head)
 {
-	if (len == 0)
-		return 0;
-	return bpf_xdp_adjust_tail(ctx, -(int)(len & 0xfff));
+	if (tail && bpf_xdp_adjust_tail(ctx, -(int)(tail & 0xfff)))
+		return -1;
+	return bpf_xdp_adjust_head(ctx, head);
 }
 
-static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, struct iphdr *ip,
+/* The input, whichever its family. */
+struct input {
+	struct addr saddr, daddr; /* IPv4-mapped for IPv4 */
+	__u32 l3_len;             /* IP header length: 20 or 40 */
+	__u32 l3_total;           /* IP header plus payload */
+	__u8 family;
+	__u8 tos;                 /* TOS or traffic class */
+};
+
+/* pseudo_sum adds an address pair of the input or output to a csum_diff word
+ * array: 2 words for IPv4, 8 for IPv6. Returns the words written. */
+static __always_inline int pseudo_words(__be32 *w, const struct addr *s, const struct addr *d, int v4)
+{
+	if (v4) {
+		w[0] = addr_v4(s);
+		w[1] = addr_v4(d);
+		return 2;
+	}
+	__builtin_memcpy(w, s->b, 16);
+	__builtin_memcpy(w + 4, d->b, 16);
+	return 8;
+}
+
+static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, struct input *in,
 					  struct udphdr *udp, __u32 *reason)
 {
 	__u16 payload_len = bpf_ntohs(udp->len) - sizeof(*udp);
@@ -205,7 +295,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	}
 
 	struct c2p_key key = {};
-	addr_set_v4(&key.client_addr, ip->saddr);
+	key.client_addr = in->saddr;
 	key.client_port = udp->source;
 	key.listener_port = udp->dest;
 	key.channel = channel;
@@ -223,16 +313,19 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	back.peer_port = b->peer_port;
 	back.relay_port = b->relay_port;
 	struct p2c_val *bv = bpf_map_lookup_elem(&p2c_bindings, &back);
-	if (bv && addr_v4(&bv->listener_addr) != ip->daddr && is_unicast_v4(ip->daddr))
-		addr_set_v4(&bv->listener_addr, ip->daddr);
+	int unicast = in->family == AF_INET ? is_unicast_v4(addr_v4(&in->daddr)) : is_unicast_v6(&in->daddr);
+	if (bv && unicast && !addr_eq(&bv->listener_addr, &in->daddr))
+		bv->listener_addr = in->daddr;
 
 	struct rewrite rw = {};
-	rw.saddr = addr_v4(&b->relay_addr);
-	rw.daddr = addr_v4(&b->peer_addr);
+	rw.family = AF_INET; /* relays and peers are IPv4 */
+	rw.tos = in->tos;
+	rw.saddr = b->relay_addr;
+	rw.daddr = b->peer_addr;
 	rw.sport = b->relay_port;
 	rw.dport = b->peer_port;
-	rw.tot_len = sizeof(struct iphdr) + sizeof(struct udphdr) + data_len;
-	r = next_hop(ctx, ip, &rw);
+	rw.len = sizeof(struct iphdr) + sizeof(struct udphdr) + data_len;
+	r = next_hop(ctx, &rw);
 	if (r >= 0) {
 		*reason = r;
 		return XDP_PASS;
@@ -254,37 +347,72 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 			pad_sum += ((data_len + i) & 1) ? v << 8 : v;
 		}
 	}
+	/* Out: the input's pseudo-header addresses, ports, lengths (pseudo header
+	 * and header) and the ChannelData header. In: the output's. The protocol
+	 * number is in both pseudo headers and cancels. */
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + data_len);
-	__be32 from[5] = {ip->saddr, ip->daddr, 0, 0, 0};
-	__be32 to[5] = {rw.saddr, rw.daddr, 0, 0, 0};
-	__builtin_memcpy(&from[2], &udp->source, 4);  /* sport, dport */
-	__builtin_memcpy(&from[3], &udp->len, 2);     /* length in the pseudo header */
-	__builtin_memcpy((__u8 *)&from[3] + 2, &udp->len, 2); /* and in the header */
-	__builtin_memcpy(&from[4], (__u8 *)(udp + 1), 4);     /* ChannelData header */
+	__be32 from[12] = {}, to[5] = {};
+	int n = pseudo_words(from, &in->saddr, &in->daddr, in->family == AF_INET);
+	__builtin_memcpy(&from[n], &udp->source, 4);
+	__builtin_memcpy(&from[n + 1], &udp->len, 2);
+	__builtin_memcpy((__u8 *)&from[n + 1] + 2, &udp->len, 2);
+	__builtin_memcpy(&from[n + 2], (__u8 *)(udp + 1), 4);
+	to[0] = addr_v4(&rw.saddr);
+	to[1] = addr_v4(&rw.daddr);
 	__builtin_memcpy(&to[2], &rw.sport, 2);
 	__builtin_memcpy((__u8 *)&to[2] + 2, &rw.dport, 2);
 	__builtin_memcpy(&to[3], &new_udp_len, 2);
 	__builtin_memcpy((__u8 *)&to[3] + 2, &new_udp_len, 2);
-	rw.udp_csum = udp_csum_update(udp->check, from, sizeof(from), to, sizeof(to), pad_sum);
+	__u32 from_size = in->family == AF_INET ? 5 * 4 : 11 * 4;
+	rw.udp_csum = udp_csum_update(udp->check, from, from_size, to, 4 * 4, pad_sum);
+
+	struct iphdr ip4 = {};
+	if (in->family == AF_INET) {
+		/* Keep what the client set (ID, DF, TOS). */
+		struct iphdr *old = (void *)udp - sizeof(struct iphdr);
+		if ((void *)(old + 1) > c->end) {
+			*reason = REASON_MALFORMED_IP;
+			return XDP_PASS;
+		}
+		ip4 = *old;
+	} else {
+		ip4.version = 4;
+		ip4.ihl = 5;
+		ip4.tos = in->tos;
+		ip4.frag_off = bpf_htons(IP_DF);
+		ip4.protocol = IPPROTO_UDP;
+	}
+	ip4.tot_len = bpf_htons(rw.len);
+	ip4.ttl = RELAY_TTL;
+	ip4.saddr = to[0];
+	ip4.daddr = to[1];
 
 	__u32 binding_id = b->binding_id;
-	struct iphdr old_ip = *ip;
-	__u32 tail = (void *)c->end - ((void *)ip + bpf_ntohs(ip->tot_len)) + pad;
-	if (trim(ctx, tail) || bpf_xdp_adjust_head(ctx, CHANNEL_DATA_HDR_LEN)) {
+	/* Tail: Ethernet trailer and padding. Head: the ChannelData header and,
+	 * from IPv6, the 20 bytes IPv4's header is shorter. */
+	void *l3 = (void *)udp - in->l3_len;
+	__u32 tail = (__u32)((void *)c->end - l3) - in->l3_total + pad;
+	int head = CHANNEL_DATA_HDR_LEN + (int)in->l3_len - (int)sizeof(struct iphdr);
+	if (resize(ctx, tail, head)) {
 		*reason = REASON_ADJUST_FAILED;
 		return XDP_PASS;
 	}
-	int action = emit(ctx, &old_ip, &rw, channel, data_len, 1, reason);
+	int action = emit(ctx, &ip4, &rw, channel, data_len, 1, reason);
 	count_binding(binding_id, 1, data_len);
 	return action;
 }
 
-static __always_inline int peer_to_client(struct xdp_md *ctx, struct iphdr *ip, struct udphdr *udp,
-					  __u32 *reason)
+static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, struct input *in,
+					  struct udphdr *udp, __u32 *reason)
 {
+	if (in->family != AF_INET) {
+		/* Relays are IPv4: no binding can match an IPv6 peer. */
+		*reason = REASON_NO_PEER_BINDING;
+		return XDP_PASS;
+	}
 	struct p2c_key key = {};
-	addr_set_v4(&key.peer_addr, ip->saddr);
-	addr_set_v4(&key.relay_addr, ip->daddr);
+	key.peer_addr = in->saddr;
+	key.relay_addr = in->daddr;
 	key.peer_port = udp->source;
 	key.relay_port = udp->dest;
 	struct p2c_val *b = bpf_map_lookup_elem(&p2c_bindings, &key);
@@ -292,9 +420,13 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct iphdr *ip, 
 		*reason = REASON_NO_PEER_BINDING;
 		return XDP_PASS;
 	}
-	__be32 listener = addr_v4(&b->listener_addr);
-	if (listener == 0) {
+	int to_v4 = addr_is_v4(&b->client_addr);
+	if (to_v4 ? addr_v4(&b->listener_addr) == 0 : addr_is_zero(&b->listener_addr)) {
 		*reason = REASON_CLIENT_ADDR_UNKNOWN;
+		return XDP_PASS;
+	}
+	if (!to_v4 && udp->check == 0) {
+		*reason = REASON_NO_CHECKSUM;
 		return XDP_PASS;
 	}
 	__u16 data_len = bpf_ntohs(udp->len) - sizeof(*udp);
@@ -304,12 +436,15 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct iphdr *ip, 
 	}
 
 	struct rewrite rw = {};
-	rw.saddr = listener;
-	rw.daddr = addr_v4(&b->client_addr);
+	rw.family = to_v4 ? AF_INET : AF_INET6;
+	rw.tos = in->tos;
+	rw.saddr = b->listener_addr;
+	rw.daddr = b->client_addr;
 	rw.sport = b->listener_port;
 	rw.dport = b->client_port;
-	rw.tot_len = sizeof(struct iphdr) + sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len;
-	int r = next_hop(ctx, ip, &rw);
+	__u32 out_l3 = to_v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+	rw.len = out_l3 + sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len;
+	int r = next_hop(ctx, &rw);
 	if (r >= 0) {
 		*reason = r;
 		return XDP_PASS;
@@ -318,28 +453,42 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct iphdr *ip, 
 	__be16 channel = b->channel;
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len);
 	__be16 cd_len = bpf_htons(data_len);
-	__be32 from[5] = {ip->saddr, ip->daddr, 0, 0, 0};
-	__be32 to[5] = {rw.saddr, rw.daddr, 0, 0, 0};
+	__be32 from[4] = {}, to[12] = {};
+	from[0] = addr_v4(&in->saddr);
+	from[1] = addr_v4(&in->daddr);
 	__builtin_memcpy(&from[2], &udp->source, 4);
 	__builtin_memcpy(&from[3], &udp->len, 2);
 	__builtin_memcpy((__u8 *)&from[3] + 2, &udp->len, 2);
-	__builtin_memcpy(&to[2], &rw.sport, 2);
-	__builtin_memcpy((__u8 *)&to[2] + 2, &rw.dport, 2);
-	__builtin_memcpy(&to[3], &new_udp_len, 2);
-	__builtin_memcpy((__u8 *)&to[3] + 2, &new_udp_len, 2);
-	__builtin_memcpy(&to[4], &channel, 2);
-	__builtin_memcpy((__u8 *)&to[4] + 2, &cd_len, 2);
-	rw.udp_csum = udp_csum_update(udp->check, from, sizeof(from), to, sizeof(to), 0);
+	int n = pseudo_words(to, &rw.saddr, &rw.daddr, to_v4);
+	__builtin_memcpy(&to[n], &rw.sport, 2);
+	__builtin_memcpy((__u8 *)&to[n] + 2, &rw.dport, 2);
+	__builtin_memcpy(&to[n + 1], &new_udp_len, 2);
+	__builtin_memcpy((__u8 *)&to[n + 1] + 2, &new_udp_len, 2);
+	__builtin_memcpy(&to[n + 2], &channel, 2);
+	__builtin_memcpy((__u8 *)&to[n + 2] + 2, &cd_len, 2);
+	__u32 to_size = to_v4 ? 5 * 4 : 11 * 4;
+	rw.udp_csum = udp_csum_update(udp->check, from, sizeof(from), to, to_size, 0);
+
+	struct iphdr ip4 = {};
+	struct iphdr *old = (void *)udp - sizeof(struct iphdr);
+	if ((void *)(old + 1) > c->end) {
+		*reason = REASON_MALFORMED_IP;
+		return XDP_PASS;
+	}
+	ip4 = *old;
+	ip4.tot_len = bpf_htons(rw.len);
+	ip4.ttl = RELAY_TTL;
+	ip4.saddr = addr_v4(&rw.saddr);
+	ip4.daddr = addr_v4(&rw.daddr);
 
 	__u32 binding_id = b->binding_id;
-	struct iphdr old_ip = *ip;
-	void *data_end = (void *)(long)ctx->data_end;
-	__u32 tail = data_end - ((void *)ip + bpf_ntohs(ip->tot_len));
-	if (trim(ctx, tail) || bpf_xdp_adjust_head(ctx, -CHANNEL_DATA_HDR_LEN)) {
+	__u32 tail = (__u32)((void *)c->end - (void *)old) - in->l3_total;
+	int head = -(int)CHANNEL_DATA_HDR_LEN - ((int)out_l3 - (int)sizeof(struct iphdr));
+	if (resize(ctx, tail, head)) {
 		*reason = REASON_ADJUST_FAILED;
 		return XDP_PASS;
 	}
-	int action = emit(ctx, &old_ip, &rw, channel, data_len, 0, reason);
+	int action = emit(ctx, &ip4, &rw, channel, data_len, 0, reason);
 	count_binding(binding_id, 0, data_len);
 	return action;
 }
@@ -351,19 +500,46 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 		.end = (void *)(long)ctx->data_end,
 	};
 	struct ethhdr *eth;
-	struct iphdr *ip;
 	struct udphdr *udp;
+	struct input in = {};
+	__u16 proto;
 	int r;
 
-	if ((r = parse_eth(&c, &eth)) >= 0 || (r = parse_ipv4(&c, &ip)) >= 0 ||
-	    (r = parse_udp(&c, ip, &udp)) >= 0) {
+	if ((r = parse_eth(&c, &eth, &proto)) >= 0) {
 		*reason = r;
 		return XDP_PASS;
 	}
+	if (proto == ETH_P_IP) {
+		struct iphdr *ip;
+		if ((r = parse_ipv4(&c, &ip)) >= 0 ||
+		    (r = parse_udp(&c, bpf_ntohs(ip->tot_len) - sizeof(*ip), &udp)) >= 0) {
+			*reason = r;
+			return XDP_PASS;
+		}
+		in.family = AF_INET;
+		in.tos = ip->tos;
+		in.l3_len = sizeof(*ip);
+		in.l3_total = bpf_ntohs(ip->tot_len);
+		addr_set_v4(&in.saddr, ip->saddr);
+		addr_set_v4(&in.daddr, ip->daddr);
+	} else {
+		struct ipv6hdr *ip6;
+		if ((r = parse_ipv6(&c, &ip6)) >= 0 ||
+		    (r = parse_udp(&c, bpf_ntohs(ip6->payload_len), &udp)) >= 0) {
+			*reason = r;
+			return XDP_PASS;
+		}
+		in.family = AF_INET6;
+		in.tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
+		in.l3_len = sizeof(*ip6);
+		in.l3_total = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+		__builtin_memcpy(in.saddr.b, &ip6->saddr, 16);
+		__builtin_memcpy(in.daddr.b, &ip6->daddr, 16);
+	}
 	if (is_listener_port(udp->dest))
-		return client_to_peer(ctx, &c, ip, udp, reason);
+		return client_to_peer(ctx, &c, &in, udp, reason);
 	if (is_relay_port(udp->dest))
-		return peer_to_client(ctx, ip, udp, reason);
+		return peer_to_client(ctx, &c, &in, udp, reason);
 	*reason = REASON_NOT_OURS;
 	return XDP_PASS;
 }

@@ -95,7 +95,7 @@ const (
 	RelayReasonREASON_RELAY_C2P_REDIRECT     RelayReason = 1
 	RelayReasonREASON_RELAY_P2C_TX           RelayReason = 2
 	RelayReasonREASON_RELAY_P2C_REDIRECT     RelayReason = 3
-	RelayReasonREASON_NOT_IPV4               RelayReason = 4
+	RelayReasonREASON_NOT_IP                 RelayReason = 4
 	RelayReasonREASON_NOT_UDP                RelayReason = 5
 	RelayReasonREASON_NOT_OURS               RelayReason = 6
 	RelayReasonREASON_MALFORMED_IP           RelayReason = 7
@@ -114,7 +114,9 @@ const (
 	RelayReasonREASON_FIB_NOT_FORWARDED      RelayReason = 20
 	RelayReasonREASON_EGRESS_NOT_ATTACHED    RelayReason = 21
 	RelayReasonREASON_ADJUST_FAILED          RelayReason = 22
-	RelayReasonREASON_MAX                    RelayReason = 23
+	RelayReasonREASON_IPV6EXTENSION          RelayReason = 23
+	RelayReasonREASON_NO_CHECKSUM            RelayReason = 24
+	RelayReasonREASON_MAX                    RelayReason = 25
 )
 
 // Names of all BPF objects in the ELF.

@@ -94,14 +94,10 @@ func New(m *bpf.RelayMaps) *Maps {
 
 func htons(v uint16) uint16 { return bits.ReverseBytes16(v) }
 
+// addr16 is the maps' address form: IPv4 as ::ffff:a.b.c.d, IPv6 as is, and
+// all zero for an invalid or unspecified address ("unknown").
 func addr16(a netip.Addr) [16]uint8 {
-	if !a.IsValid() {
-		return [16]uint8{}
-	}
-	if a.Is4() && !a.IsUnspecified() {
-		return a.As16()
-	}
-	if a.IsUnspecified() {
+	if !a.IsValid() || a.IsUnspecified() {
 		return [16]uint8{}
 	}
 	return a.As16()
@@ -142,12 +138,15 @@ func validate(b Binding) error {
 	case b.Channel < 0x4000 || b.Channel > 0x7FFF:
 		return fmt.Errorf("invalid channel number %#x", b.Channel)
 	}
-	if l := b.ListenerAddr; l.IsValid() && !l.IsUnspecified() && !l.Unmap().Is4() {
-		return fmt.Errorf("listener address %v: only IPv4 is relayed in the kernel", l)
+	// Clients may be IPv4 or IPv6, and the source of their replies with them;
+	// relays and peers are IPv4.
+	client6 := !b.Client.Addr().Unmap().Is4()
+	if l := b.ListenerAddr; l.IsValid() && !l.IsUnspecified() && l.Unmap().Is4() == client6 {
+		return fmt.Errorf("listener address %v is not of the client's family (%v)", l, b.Client)
 	}
-	for _, a := range []netip.Addr{b.Client.Addr(), b.Peer.Addr(), b.Relay.Addr()} {
+	for _, a := range []netip.Addr{b.Peer.Addr(), b.Relay.Addr()} {
 		if !a.Unmap().Is4() {
-			return fmt.Errorf("address %v: only IPv4 is relayed in the kernel", a)
+			return fmt.Errorf("address %v: relays and peers are IPv4 in the kernel", a)
 		}
 	}
 	return nil

@@ -9,7 +9,7 @@ var ReasonNames = map[bpf.RelayReason]string{
 	bpf.RelayReasonREASON_RELAY_C2P_REDIRECT:     "relay_client_to_peer_redirect",
 	bpf.RelayReasonREASON_RELAY_P2C_TX:           "relay_peer_to_client_tx",
 	bpf.RelayReasonREASON_RELAY_P2C_REDIRECT:     "relay_peer_to_client_redirect",
-	bpf.RelayReasonREASON_NOT_IPV4:               "pass_not_ipv4",
+	bpf.RelayReasonREASON_NOT_IP:                 "pass_not_ip",
 	bpf.RelayReasonREASON_NOT_UDP:                "pass_not_udp",
 	bpf.RelayReasonREASON_NOT_OURS:               "pass_not_ours",
 	bpf.RelayReasonREASON_MALFORMED_IP:           "pass_malformed_ip",
@@ -28,4 +28,6 @@ var ReasonNames = map[bpf.RelayReason]string{
 	bpf.RelayReasonREASON_FIB_NOT_FORWARDED:      "pass_fib_not_forwarded",
 	bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED:    "pass_egress_not_attached",
 	bpf.RelayReasonREASON_ADJUST_FAILED:          "pass_adjust_failed",
+	bpf.RelayReasonREASON_IPV6EXTENSION:          "pass_ipv6_extension",
+	bpf.RelayReasonREASON_NO_CHECKSUM:            "pass_no_checksum",
 }
