@@ -182,6 +182,16 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// ipv6Listeners reports whether a UDP listener may take IPv6 clients.
+func (c *Config) ipv6Listeners() bool {
+	for _, l := range c.Listeners {
+		if l.Protocol == config.UDP && l.Addr.Addr().Is6() {
+			return true
+		}
+	}
+	return false
+}
+
 // udpPorts are the ports of the UDP listeners: the XDP program's listener ports.
 func (c *Config) udpPorts() []uint16 {
 	var ports []uint16
@@ -276,6 +286,7 @@ func (d *Daemon) startXDP() {
 	}
 	d.sw = fallback.NewSwitch(xlog, d.mirror, loader.Config{
 		ListenerPorts: d.cfg.udpPorts(),
+		IPv6Clients:   d.cfg.ipv6Listeners(),
 		MinRelayPort:  d.cfg.MinRelayPort,
 		MaxRelayPort:  d.cfg.MaxRelayPort,
 		MaxBindings:   d.cfg.MaxBindings,

@@ -45,12 +45,16 @@ type Config struct {
 	MaxRelayPort  uint16
 	// MaxBindings sizes the binding maps and counters.
 	MaxBindings uint32
+	// IPv6Clients says a listener takes IPv6: replies to those clients need
+	// IPv6 forwarding on the peer-facing interfaces too (it is only checked).
+	IPv6Clients bool
 }
 
 // Program is the loaded relay program and its maps.
 type Program struct {
-	objs bpf.RelayObjects
-	log  *slog.Logger
+	objs        bpf.RelayObjects
+	log         *slog.Logger
+	ipv6Clients bool
 
 	mu    sync.Mutex
 	links map[string]attachment
@@ -68,7 +72,7 @@ func Load(cfg Config, log *slog.Logger) (*Program, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("remove memlock limit: %w", err)
 	}
-	p := &Program{log: log, links: make(map[string]attachment)}
+	p := &Program{log: log, links: make(map[string]attachment), ipv6Clients: cfg.IPv6Clients}
 	if err := load(cfg, &p.objs, nil); err != nil {
 		return nil, err
 	}
@@ -201,8 +205,12 @@ func (p *Program) Attach(iface string, mode Mode) (Mode, error) {
 			return ModeOff, fmt.Errorf("add %s to the redirect map: %w", iface, err)
 		}
 		p.links[iface] = attachment{link: l, mode: m, ifindex: ifc.Index}
-		if !forwardingOn(iface) {
+		if !forwardingOn("ipv4", iface) {
 			p.log.Warn("IPv4 forwarding is off on the interface: bpf_fib_lookup answers FWD_DISABLED and every packet goes to userspace; set net.ipv4.conf."+iface+".forwarding=1",
+				"iface", iface)
+		}
+		if p.ipv6Clients && !forwardingOn("ipv6", iface) {
+			p.log.Warn("IPv6 forwarding is off on the interface: replies to IPv6 clients that arrive here go to userspace; set net.ipv6.conf."+iface+".forwarding=1",
 				"iface", iface)
 		}
 		return m, nil
@@ -256,7 +264,7 @@ func (p *Program) Close() error {
 	return errors.Join(errs...)
 }
 
-func forwardingOn(iface string) bool {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + iface + "/forwarding")
+func forwardingOn(family, iface string) bool {
+	b, err := os.ReadFile("/proc/sys/net/" + family + "/conf/" + iface + "/forwarding")
 	return err == nil && strings.TrimSpace(string(b)) == "1"
 }
