@@ -16,6 +16,7 @@ func TestParseURI(t *testing.T) {
 		{uri: "turn://user1:passwd1@10.0.0.1:3478", listen: "10.0.0.1:3478", user: "user1", pass: "passwd1"},
 		{uri: "turn://u:p@0.0.0.0:3479?transport=udp", listen: "0.0.0.0:3479", user: "u", pass: "p"},
 		{uri: "turn://u:p@10.0.0.1", listen: "10.0.0.1:3478", user: "u", pass: "p"},
+		{uri: "turn://u:p@[fd00::1]:3478", listen: "[fd00::1]:3478", user: "u", pass: "p"},
 		{uri: "turn://u:p%40x@10.0.0.1:3478", listen: "10.0.0.1:3478", user: "u", pass: "p@x"},
 		{uri: "turns://u:p@10.0.0.1:5349", err: "scheme must be turn"},
 		{uri: "turn://u:p@10.0.0.1:3478?transport=tcp", err: "transport"},
