@@ -181,6 +181,46 @@ func (n *NS) Snmp(t testing.TB) map[string]int64 {
 	return counters
 }
 
+// Snmp6 returns the IPv6 counters of /proc/net/snmp6 inside the namespace, keyed as the file
+// names them, for example "Udp6InDatagrams", "Udp6RcvbufErrors", "Icmp6OutMsgs" or
+// "Ip6OutMcastPkts". In a namespace where IPv6 is disabled they stay 0.
+func (n *NS) Snmp6(t testing.TB) map[string]int64 {
+	t.Helper()
+	var counters map[string]int64
+	err := n.Do(func() error {
+		b, err := os.ReadFile("/proc/thread-self/net/snmp6")
+		if err != nil {
+			return err
+		}
+		counters, err = parseSnmp6(string(b))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("netns %s: reading /proc/net/snmp6: %v", n.Name, err)
+	}
+	return counters
+}
+
+// parseSnmp6 parses the /proc/net/snmp6 format: one "Name value" pair per line.
+func parseSnmp6(s string) (map[string]int64, error) {
+	counters := map[string]int64{}
+	for _, line := range strings.Split(s, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if len(f) != 2 {
+			return nil, fmt.Errorf("snmp6: bad line %q", line)
+		}
+		v, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("snmp6: %s: %w", f[0], err)
+		}
+		counters[f[0]] = v
+	}
+	return counters, nil
+}
+
 // parseSnmp parses the /proc/net/snmp format: per protocol a line of counter names followed by a
 // line of values, both prefixed with "Proto:".
 func parseSnmp(f *os.File) (map[string]int64, error) {

@@ -13,16 +13,18 @@ import (
 
 // Iface is one interface of a rig, named inside its namespace.
 type Iface struct {
-	Name string
-	Addr netip.Addr // IPv4, on a /24
-	MAC  net.HardwareAddr
+	Name  string
+	Addr  netip.Addr // IPv4, on a /24
+	Addr6 netip.Addr // IPv6, on a /64: set on the client side of a rig built WithIPv6, else invalid
+	MAC   net.HardwareAddr
 }
 
 // Rig is a client, a relay server and a peer in three namespaces. The client has no route to the
 // peer subnet, nor the peer to the client subnet: only a relay on the server connects them.
 //
 // Common to both rigs:
-//   - IPv6 is disabled everywhere (no router solicitations, DAD or MLD noise in counters).
+//   - IPv6 is disabled everywhere (no router solicitations, DAD or MLD noise in counters), except
+//     on the client side of a rig built WithIPv6 (see there).
 //   - IPv4 forwarding is off globally (net.ipv4.ip_forward=0, also if the host forwards) and on
 //     for each server interface (net.ipv4.conf.IF.forwarding=1): bpf_fib_lookup returns
 //     BPF_FIB_LKUP_RET_FWD_DISABLED without it. Per-device forwarding also lets the kernel
@@ -42,8 +44,8 @@ type Rig struct {
 	Client, Server, Peer *NS
 	Bridge               *NS // NewBridged only: holds the bridge "br0"
 
-	ClientIf       Iface // "cl0" 10.100.0.2 in Client
-	ServerClientIf Iface // "srv0" 10.100.0.1 in Server, facing the client
+	ClientIf       Iface // "cl0" 10.100.0.2 (WithIPv6: also fd00:100::2) in Client
+	ServerClientIf Iface // "srv0" 10.100.0.1 (WithIPv6: also fd00:100::1) in Server, facing the client
 	ServerPeerIf   Iface // "srv1" 10.200.0.1 in Server, facing the peer; "srv0" in NewBridged
 	PeerIf         Iface // "peer0" 10.200.0.2 in Peer
 
@@ -56,7 +58,38 @@ var (
 	serverClientAddr = netip.MustParseAddr("10.100.0.1")
 	serverPeerAddr   = netip.MustParseAddr("10.200.0.1")
 	peerAddr         = netip.MustParseAddr("10.200.0.2")
+
+	clientAddr6       = netip.MustParseAddr("fd00:100::2")
+	serverClientAddr6 = netip.MustParseAddr("fd00:100::1")
 )
+
+// Option changes how NewRoutedWith and NewBridgedWith build a rig.
+type Option func(*options)
+
+type options struct {
+	ipv6 bool
+}
+
+// WithIPv6 gives the client side of the rig IPv6 as well (dual stack), for relaying IPv6 clients
+// to IPv4 peers: the client's cl0 gets fd00:100::2/64, the server's srv0 fd00:100::1/64. The peer
+// side stays IPv4-only. In detail:
+//   - IPv6 is enabled (disable_ipv6=0) on cl0 and srv0 only; lo, srv1, peer0 and the bridge keep
+//     it disabled, and net.ipv6.conf.all.disable_ipv6 stays 1.
+//   - No DAD (the addresses are added with nodad and accept_dad=0), so they are usable at once;
+//     no link-local addresses (addr_gen_mode=1), no router solicitations, no RA processing.
+//     MLD cannot be turned off: each side sends a few MLDv2 reports (from ::) in the first
+//     seconds after its address appears (about 2 per interface, more on srv0, which joins the
+//     all-routers groups). They carry a hop-by-hop header (router alert), so an XDP program on
+//     srv0 counts the client's as IPv6 extension headers, not as ICMPv6.
+//   - Permanent IPv6 neighbour entries both ways between cl0 and srv0: no neighbour discovery.
+//   - net.ipv6.conf.IF.forwarding=1 on every server interface (srv0 and srv1; srv0 alone when
+//     bridged): bpf_fib_lookup with AF_INET6 returns BPF_FIB_LKUP_RET_FWD_DISABLED unless the
+//     *ingress* device forwards IPv6, and a peer->client packet arrives on srv1. The per-device
+//     knob is enough for bpf_fib_lookup even on srv1, where IPv6 itself stays disabled;
+//     net.ipv6.conf.all.forwarding stays 0, so the kernel itself forwards no IPv6.
+func WithIPv6() Option {
+	return func(o *options) { o.ipv6 = true }
+}
 
 // NewRouted builds cl --veth-- srv --veth-- peer:
 //
@@ -65,7 +98,13 @@ var (
 // XDP_PASS runs on cl0 and peer0, so the server may XDP_REDIRECT between srv0 and srv1.
 func NewRouted(t testing.TB) *Rig {
 	t.Helper()
-	r := newRig(t)
+	return NewRoutedWith(t)
+}
+
+// NewRoutedWith is NewRouted with options, for example NewRoutedWith(t, WithIPv6()).
+func NewRoutedWith(t testing.TB, opts ...Option) *Rig {
+	t.Helper()
+	r := newRig(t, opts)
 	r.ServerPeerIf = Iface{Name: "srv1", Addr: serverPeerAddr, MAC: macFor(serverPeerAddr)}
 
 	veth(t, r.Client, r.ClientIf, r.Server, r.ServerClientIf)
@@ -87,7 +126,14 @@ func NewRouted(t testing.TB) *Rig {
 // floods their unicast frames to the wrong port.
 func NewBridged(t testing.TB) *Rig {
 	t.Helper()
-	r := newRig(t)
+	return NewBridgedWith(t)
+}
+
+// NewBridgedWith is NewBridged with options, for example NewBridgedWith(t, WithIPv6()). IPv6
+// frames cross the bridge at layer 2; the bridge namespace itself keeps IPv6 disabled.
+func NewBridgedWith(t testing.TB, opts ...Option) *Rig {
+	t.Helper()
+	r := newRig(t, opts)
 	r.ServerPeerIf = Iface{Name: "srv0", Addr: serverPeerAddr, MAC: r.ServerClientIf.MAC}
 	r.Bridge = newNS(t, r.id+"-br")
 	disableIPv6(t, r.Bridge)
@@ -122,8 +168,12 @@ func (r *Rig) ServerIfaces() []string {
 }
 
 // newRig creates the client, server and peer namespaces and fills in the interfaces both rigs share.
-func newRig(t testing.TB) *Rig {
+func newRig(t testing.TB, opts []Option) *Rig {
 	t.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	id := uniqueTag()
 	r := &Rig{
 		id:             id,
@@ -138,6 +188,10 @@ func newRig(t testing.TB) *Rig {
 		disableIPv6(t, n)
 		// New namespaces inherit IPv4 settings from the host's, which may forward.
 		n.Run(t, "sysctl", "-q", "-w", "net.ipv4.ip_forward=0")
+	}
+	if o.ipv6 {
+		r.ClientIf.Addr6 = clientAddr6
+		r.ServerClientIf.Addr6 = serverClientAddr6
 	}
 	return r
 }
@@ -163,6 +217,43 @@ func (r *Rig) configure(t testing.TB) {
 
 	r.Client.Run(t, "ethtool", "-K", r.ClientIf.Name, "tx", "off")
 	r.Peer.Run(t, "ethtool", "-K", r.PeerIf.Name, "tx", "off")
+
+	if r.ClientIf.Addr6.IsValid() {
+		r.configureIPv6(t)
+	}
+}
+
+// configureIPv6 turns IPv6 on between cl0 and srv0 (see WithIPv6).
+func (r *Rig) configureIPv6(t testing.TB) {
+	t.Helper()
+	server := enableIPv6Args(r.ServerClientIf.Name)
+	for _, name := range r.ServerIfaces() {
+		server = append(server, fmt.Sprintf("net.ipv6.conf.%s.forwarding=1", name))
+	}
+	r.Client.Run(t, "sysctl", enableIPv6Args(r.ClientIf.Name)...)
+	r.Server.Run(t, "sysctl", server...)
+
+	r.Client.IP(t, "addr", "add", r.ClientIf.Addr6.String()+"/64", "dev", r.ClientIf.Name, "nodad")
+	r.Server.IP(t, "addr", "add", r.ServerClientIf.Addr6.String()+"/64", "dev", r.ServerClientIf.Name, "nodad")
+	neigh6(t, r.Server, r.ServerClientIf.Name, r.ClientIf)
+	neigh6(t, r.Client, r.ClientIf.Name, r.ServerClientIf)
+}
+
+// enableIPv6Args are the sysctl arguments that enable IPv6 on one interface without DAD, link-local
+// addresses or router discovery. The order matters: disable_ipv6=0 comes last, when the interface
+// no longer generates a link-local address nor solicits routers.
+func enableIPv6Args(dev string) []string {
+	args := []string{"-q", "-w"}
+	for _, kv := range []string{"addr_gen_mode=1", "accept_ra=0", "router_solicitations=0", "accept_dad=0", "disable_ipv6=0"} {
+		args = append(args, "net.ipv6.conf."+dev+"."+kv)
+	}
+	return args
+}
+
+// neigh6 installs a permanent IPv6 neighbour entry for to.Addr6 on dev in n.
+func neigh6(t testing.TB, n *NS, dev string, to Iface) {
+	t.Helper()
+	n.IP(t, "-6", "neigh", "replace", to.Addr6.String(), "lladdr", to.MAC.String(), "dev", dev, "nud", "permanent")
 }
 
 // veth creates a veth pair a (in nsA) <-> b (in nsB) and sets both ends up. Interfaces without a
