@@ -5,7 +5,7 @@ BIN     ?= bin
 # package at a time keeps their measurements honest.
 TESTFLAGS ?= -count=1 -p 1 -timeout 40m
 
-.PHONY: help generate check-generate build tools test test-short fuzz-ci lint demo clean
+.PHONY: help generate check-generate build tools test test-short fuzz-ci lint demo bench bench-smoke clean
 
 # Differential fuzz targets (XDP program vs the Go reference model); CI runs
 # each for FUZZTIME as a regression check. Minimizing is kept short: every
@@ -48,6 +48,12 @@ fuzz-ci: ## (root) run each differential fuzz target for FUZZTIME
 
 test-short: ## the unprivileged tests only
 	$(GO) test -short -count=1 ./...
+
+bench: tools $(BIN)/stunnerd ## (root) stunnerd-xdp vs its userspace path, STUNner stunnerd and coturn (~8 min); writes bench/out/report.md
+	BENCH=full $(GO) test ./bench -run '^TestBench$$' -v -count=1 -timeout 20m
+
+bench-smoke: tools $(BIN)/stunnerd ## (root) a tiny run of every benchmark stage (~1 min); fails if a report row is missing
+	BENCH=smoke $(GO) test ./bench -run '^TestBench$$' -v -count=1 -timeout 5m
 
 demo: build tools ## (root) relay iperf through turncat and stunnerd-xdp with XDP in network namespaces
 	$(GO) run ./test/demo --daemon $(BIN)/stunnerd-xdp --turncat $(BIN)/turncat

@@ -1,0 +1,322 @@
+package bench
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/l7mp/stunnerd-xdp/test/netns"
+)
+
+// config sizes a run. The full run must fit in 15 minutes on a 2-core VM,
+// the smoke run (CI) in 2 minutes; the smoke run has every row of the full one.
+type config struct {
+	mode string
+
+	progRuns int // BPF_PROG_RUN syscalls per program/frame row
+
+	ladder100, ladder1200 []float64 // offered packets/s per rung; 0 = as fast as the generator goes
+	point                 time.Duration
+	maxWorkers            int // generator threads on the "max" rung
+
+	latencyRate float64
+	latencyDur  time.Duration
+
+	iperfRate, iperfSeconds int
+
+	controlBindings int
+
+	scalingChannels []int
+	scalingRate     float64 // the fixed-rate rung of each scaling point (plus a max rung)
+	scalingPoint    time.Duration
+
+	lo, hi float64 // reference rates of the summary (must be rungs of ladder100)
+}
+
+var configs = map[string]config{
+	"full": {
+		mode:     "full",
+		progRuns: 200000,
+		// 5 s per rung: 5 servers + kernel forwarding × 8 rungs ≈ 5 minutes.
+		ladder100: []float64{20000, 50000, 100000, 200000, 0}, ladder1200: []float64{20000, 100000, 0},
+		point: 5 * time.Second, maxWorkers: 2,
+		latencyRate: 5000, latencyDur: 3 * time.Second,
+		iperfRate: 20000, iperfSeconds: 10,
+		controlBindings: 100000,
+		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 5 * time.Second,
+		lo: 20000, hi: 100000,
+	},
+	"smoke": {
+		mode:      "smoke",
+		progRuns:  5000,
+		ladder100: []float64{20000, 100000, 0}, ladder1200: []float64{20000},
+		point: 500 * time.Millisecond, maxWorkers: 2,
+		latencyRate: 2000, latencyDur: 500 * time.Millisecond,
+		iperfRate: 20000, iperfSeconds: 1,
+		controlBindings: 20000,
+		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 500 * time.Millisecond,
+		lo: 20000, hi: 100000,
+	},
+}
+
+// TestBench runs every stage and writes out/report.{md,json} and the plots.
+// It runs only with BENCH=full or BENCH=smoke, as root; with CI=true a missing
+// privilege or tool fails it instead of skipping.
+func TestBench(t *testing.T) {
+	mode := os.Getenv("BENCH")
+	if mode == "" {
+		t.Skip("set BENCH=full or BENCH=smoke to run the benchmark (as root)")
+	}
+	if mode == "replot" {
+		replot(t)
+		return
+	}
+	cfg, ok := configs[mode]
+	if !ok {
+		t.Fatalf("BENCH=%q: want full or smoke", mode)
+	}
+	netns.RequirePrivileged(t, "iperf", "gnuplot", "turnserver", "go")
+	for _, p := range []string{stunnerdPath(), turncatPath()} {
+		requireFile(t, p)
+	}
+	if w, err := strconv.Atoi(os.Getenv("BENCH_MAX_WORKERS")); err == nil && w > 0 {
+		cfg.maxWorkers = w
+	}
+	started := time.Now()
+	outDir := filepath.Join(repoRoot(), "bench", "out")
+	if err := os.MkdirAll(filepath.Join(outDir, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	h := &harness{cfg: cfg, rep: &Report{}}
+	h.rep.Meta = meta(cfg, started)
+	h.rep.Expected = ExpectedRows{
+		ProgRun:        progRunNames,
+		RelayServers:   []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerStunnerd, ServerCoturn, ServerKernelFwd, ServerDeliveryFloor},
+		RelayPoints:    len(cfg.ladder100) + len(cfg.ladder1200),
+		LatencyServers: []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerStunnerd, ServerCoturn, ServerKernelFwd},
+		IperfServers:   []string{ServerXDPNative, ServerXDPOff, ServerStunnerd, ServerCoturn},
+		ScalingPoints:  2 * len(cfg.scalingChannels),
+	}
+	h.daemonBin = buildDaemon(t)
+	h.rep.Meta.Daemon = h.daemonBin
+	if os.Getenv("STUNNERD_XDP") == "" {
+		h.rep.Meta.Daemon = "built from this tree by the harness (go build ./cmd/stunnerd-xdp)"
+	}
+	h.rep.Meta.LoadAvg = []string{loadavg()}
+	h.rig = netns.NewRouted(t)
+	h.startPeers(t)
+	h.command("BENCH=%s go test ./bench -run '^TestBench$' -v -count=1 (as root, from the repository root)", mode)
+
+	only := os.Getenv("BENCH_ONLY") // debugging: run only the named stages (comma-separated); the report is then incomplete
+	stage := func(name string, fn func(t *testing.T)) {
+		if only != "" && !strings.Contains(","+only+",", ","+name+",") {
+			return
+		}
+		begin := time.Now()
+		t.Run(name, fn)
+		h.rep.Stages = append(h.rep.Stages, StageDuration{Stage: name, Seconds: time.Since(begin).Seconds()})
+		t.Logf("stage %s: %.1f s", name, time.Since(begin).Seconds())
+	}
+	stage("progrun", h.stageProgRun)
+	stage("control", h.stageControl)
+	stage("scaling", h.stageScaling)
+	stage("relay", h.stageRelay)
+	stage("iperf", h.stageIperf)
+
+	h.rep.Targets, h.rep.Notes = h.targets()
+	h.rep.Meta.Duration = time.Since(started).Round(time.Second).String()
+	h.rep.Meta.LoadAvg = append(h.rep.Meta.LoadAvg, loadavg())
+	plots, err := h.rep.Plot(outDir)
+	if err != nil {
+		t.Error(err)
+	}
+	if err := h.rep.WriteJSON(outDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.rep.WriteMarkdown(outDir, cfg.lo, cfg.hi, plots); err != nil {
+		t.Fatal(err)
+	}
+	summary := h.rep.SummaryTable(cfg.lo, cfg.hi)
+	fmt.Printf("\nstunnerd-xdp benchmark (%s), %s; report in %s/report.md\n\n%s\n", mode, h.rep.Meta.Duration, outDir, summary)
+	for _, tr := range h.rep.Targets {
+		fmt.Printf("target: %s: %s (%s)\n", tr.Target, tr.Measured, tr.Met)
+	}
+	if err := h.rep.Validate(); err != nil {
+		t.Errorf("the report is incomplete:\n%v", err)
+	}
+}
+
+// harness is the state the stages share: one rig for the whole run.
+type harness struct {
+	cfg       config
+	rep       *Report
+	rig       *netns.Rig
+	daemonBin string
+	peers     *peers
+}
+
+// command records a command line for the report.
+func (h *harness) command(format string, args ...any) {
+	h.rep.Meta.Commands = append(h.rep.Meta.Commands, fmt.Sprintf(format, args...))
+}
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..")
+}
+
+// stunnerdPath and turncatPath are STUNner v1.1.0 as `make tools` builds them.
+func stunnerdPath() string { return envOr("STUNNERD", filepath.Join(repoRoot(), "bin", "stunnerd")) }
+func turncatPath() string  { return envOr("TURNCAT", filepath.Join(repoRoot(), "bin", "turncat")) }
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func requireFile(t *testing.T, path string) {
+	t.Helper()
+	if _, err := os.Stat(path); err == nil {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s is missing (run `make tools`); CI=true forbids skipping", path)
+	}
+	t.Skipf("%s is missing: run `make tools`", path)
+}
+
+// buildDaemon builds the daemon from this tree, so the benchmark measures the
+// code it sits next to rather than a stale bin/.
+func buildDaemon(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("STUNNERD_XDP"); p != "" {
+		return p // a prebuilt daemon, e.g. bin/stunnerd-xdp
+	}
+	bin := filepath.Join(t.TempDir(), "stunnerd-xdp")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/stunnerd-xdp")
+	cmd.Dir = repoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/stunnerd-xdp: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// meta describes the machine and the software versions.
+func meta(cfg config, started time.Time) Meta {
+	m := Meta{Mode: cfg.mode, Started: started, CPUs: runtime.NumCPU(), Go: runtime.Version(), ClockTick: clockTick}
+	if out, err := exec.Command("uname", "-r").Output(); err == nil {
+		m.Kernel = strings.TrimSpace(string(out))
+	}
+	m.CPU = firstField("/proc/cpuinfo", "model name")
+	if kb, err := strconv.ParseFloat(strings.Fields(firstField("/proc/meminfo", "MemTotal") + " 0")[0], 64); err == nil {
+		m.MemTotal = fmt.Sprintf("%.0f GiB", kb/(1<<20))
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			switch d.Path {
+			case "github.com/pion/turn/v4", "github.com/cilium/ebpf":
+				m.Versions = append(m.Versions, d.Path+" "+d.Version)
+			}
+		}
+	}
+	m.Versions = append(m.Versions, "stunnerd-xdp at "+gitDescribe(),
+		"STUNner stunnerd and turncat v1.1.0 (test/tools/build.sh)",
+		"coturn "+firstLine("turnserver", "--version"), firstLine("iperf", "-v"), firstLine("gnuplot", "--version"))
+	return m
+}
+
+func gitDescribe() string {
+	out, err := exec.Command("git", "-C", repoRoot(), "describe", "--always", "--dirty").Output()
+	if err != nil {
+		return "unknown commit"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func firstLine(name string, args ...string) string {
+	out, _ := exec.Command(name, args...).CombinedOutput()
+	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return line
+}
+
+// firstField returns the value of the first "key: value" line of a /proc file.
+func firstField(path, key string) string {
+	fh, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer fh.Close()
+	sc := bufio.NewScanner(fh)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// Addresses of the rig (test/netns.NewRouted) and the ports the bench uses.
+var (
+	clientIP   = net.IPv4(10, 100, 0, 2).To4()
+	listenIP   = net.IPv4(10, 100, 0, 1).To4()
+	relayIP    = net.IPv4(10, 200, 0, 1).To4()
+	peerIP     = net.IPv4(10, 200, 0, 2).To4()
+	listenPort = 3478
+	sinkPort   = 5001 // never read: counts what arrives
+	echoPort   = 5002 // echoes every datagram
+	iperfPort  = 5010
+	// Scaling stage: one sink per channel index of an allocation.
+	scalingPeerBase = 10000
+)
+
+const (
+	user      = "user1"
+	password  = "passwd1"
+	sinkChan  = 0x4000 // the channel a session binds to the sink first
+	echoChan  = 0x4001 // and then to the echo
+	chansPerA = 1000   // channels per synthetic allocation in the scaling stage
+)
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// replot renders report.md and the plots again from out/report.json
+// (BENCH=replot), e.g. after a change to the report's layout; it measures nothing.
+func replot(t *testing.T) {
+	outDir := filepath.Join(repoRoot(), "bench", "out")
+	rep, err := ReadJSON(filepath.Join(outDir, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := configs[rep.Meta.Mode]
+	plots, err := rep.Plot(outDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.WriteMarkdown(outDir, cfg.lo, cfg.hi, plots); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println(rep.SummaryTable(cfg.lo, cfg.hi))
+	if err := rep.Validate(); err != nil {
+		t.Errorf("the report is incomplete:\n%v", err)
+	}
+}

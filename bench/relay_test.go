@@ -1,0 +1,436 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/l7mp/stunnerd-xdp/test/netns"
+)
+
+// serverSpec is one relay under test, run as its own process in the server
+// namespace so that its CPU time can be read from /proc/PID/stat.
+type serverSpec struct {
+	name    string
+	xdpMode string // stunnerd-xdp's --xdp-mode; "" for the other servers
+	direct  bool   // no server: kernel forwarding between client and peer
+	// fromServer sends from the server namespace straight to the peer: what
+	// delivering the packets costs without any relay (subtracted as a floor).
+	fromServer bool
+	argv       func(h *harness, dir string) []string
+}
+
+var (
+	listenAddr = &net.UDPAddr{IP: listenIP, Port: listenPort}
+	turnURI    = fmt.Sprintf("turn://%s:%s@%s:%d", user, password, listenIP, listenPort)
+)
+
+func daemonSpec(name, mode string) serverSpec {
+	return serverSpec{name: name, xdpMode: mode, argv: func(h *harness, _ string) []string {
+		return []string{h.daemonBin, "--log=all:WARN", "--xdp-mode=" + mode, "--relay-address=" + relayIP.String(),
+			"--metrics-addr=127.0.0.1:8080", "--health-addr=", turnURI}
+	}}
+}
+
+var (
+	specXDPNative  = daemonSpec(ServerXDPNative, "native")
+	specXDPGeneric = daemonSpec(ServerXDPGeneric, "generic")
+	specXDPOff     = daemonSpec(ServerXDPOff, "off")
+	specStunnerd   = serverSpec{name: ServerStunnerd, argv: func(*harness, string) []string {
+		// URI mode: plaintext auth, an allow-any cluster, one UDP read loop (-u 0).
+		return []string{stunnerdPath(), "-l", "all:WARN", turnURI}
+	}}
+	specCoturn = serverSpec{name: ServerCoturn, argv: func(_ *harness, dir string) []string {
+		// As in BASELINES.md: by hand, never as a service.
+		return []string{"turnserver", "-n", "--listening-ip=" + listenIP.String(), "--listening-port=" + strconv.Itoa(listenPort),
+			"--relay-ip=" + relayIP.String(), "--lt-cred-mech", "--user=" + user + ":" + password, "--realm=bench.local",
+			"--no-tls", "--no-dtls", "--no-cli", "--allowed-peer-ip=" + peerIP.String(),
+			"--log-file=" + filepath.Join(dir, "turnserver.log"), "--simple-log", "--no-stdout-log",
+			"--pidfile=" + filepath.Join(dir, "turnserver.pid")}
+	}}
+	specKernelFwd = serverSpec{name: ServerKernelFwd, direct: true}
+	specFloor     = serverSpec{name: ServerDeliveryFloor, direct: true, fromServer: true}
+)
+
+// runningServer is a started server process.
+type runningServer struct {
+	spec serverSpec
+	proc *netns.Proc
+}
+
+// stopGrace is how long a server gets after SIGTERM. stunnerd v1.1.0 waits for
+// live allocations on SIGTERM and keeps serving meanwhile (BASELINES.md), so
+// it gets SIGKILL after this.
+const stopGrace = 2 * time.Second
+
+// startServer starts a server, refusing while the listener port is still bound
+// (a lingering server would take the traffic through SO_REUSEPORT), and waits
+// until it listens; stunnerd-xdp must also have XDP attached in the asked mode.
+func (h *harness) startServer(t *testing.T, spec serverSpec) *runningServer {
+	t.Helper()
+	if h.udpPortBound(t, listenPort) {
+		t.Fatalf("UDP port %d is still bound in the server namespace: refusing to start %s", listenPort, spec.name)
+	}
+	argv := spec.argv(h, t.TempDir())
+	h.command("ip netns exec SERVER_NS %s", strings.Join(argv, " "))
+	rs := &runningServer{spec: spec, proc: h.rig.Server.Start(t, argv[0], argv[1:]...)}
+	for deadline := time.Now().Add(10 * time.Second); !h.udpPortBound(t, listenPort); time.Sleep(50 * time.Millisecond) {
+		if rs.proc.Exited() || time.Now().After(deadline) {
+			t.Fatalf("%s is not listening on %d:\nstdout: %s\nstderr: %s", spec.name, listenPort, rs.proc.Stdout(), rs.proc.Stderr())
+		}
+	}
+	if spec.xdpMode != "" && spec.xdpMode != "off" {
+		var metrics string
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if m, err := h.scrape(); err == nil {
+				metrics = m
+				break
+			} else if time.Now().After(deadline) {
+				t.Fatalf("%s metrics: %v", spec.name, err)
+			}
+		}
+		for _, iface := range h.rig.ServerIfaces() {
+			if v := metric(metrics, "stunnerd_xdp_attached", `iface="`+iface+`"`, `mode="`+spec.xdpMode+`"`); v != 1 {
+				t.Fatalf("%s: XDP not attached to %s in %s mode (stunnerd_xdp_attached=%v):\n%s", spec.name, iface, spec.xdpMode, v, rs.proc.Stderr())
+			}
+		}
+	}
+	return rs
+}
+
+// stopServer sends SIGTERM, then SIGKILL after stopGrace, and waits until the
+// listener port is free again.
+func (h *harness) stopServer(t *testing.T, rs *runningServer) {
+	t.Helper()
+	if !rs.proc.Exited() {
+		_ = syscall.Kill(-rs.proc.PID(), syscall.SIGTERM)
+		_ = rs.proc.Wait(stopGrace)
+		if !rs.proc.Exited() {
+			t.Logf("%s ignored SIGTERM for %v: SIGKILL", rs.spec.name, stopGrace)
+			_ = rs.proc.Kill()
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); h.udpPortBound(t, listenPort); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s stopped but UDP port %d is still bound", rs.spec.name, listenPort)
+		}
+	}
+}
+
+// udpPortBound reports whether any UDP socket in the server namespace is bound to port.
+func (h *harness) udpPortBound(t *testing.T, port int) bool {
+	t.Helper()
+	var bound bool
+	err := h.rig.Server.Do(func() error {
+		// udp6 too: Go servers listening on a wildcard get a dual-stack socket.
+		for _, file := range []string{"/proc/thread-self/net/udp", "/proc/thread-self/net/udp6"} {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return err
+			}
+			want := fmt.Sprintf(":%04X", port)
+			for _, line := range strings.Split(string(b), "\n") {
+				f := strings.Fields(line)
+				if len(f) > 1 && strings.HasSuffix(f[1], want) {
+					bound = true
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bound
+}
+
+// scrape fetches stunnerd-xdp's /metrics from inside the server namespace. The
+// socket is made on the namespace-locked thread, so it lives there.
+func (h *harness) scrape() (string, error) {
+	var body string
+	err := h.rig.Server.Do(func() error {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:8080", 2*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+			return err
+		}
+		b, err := io.ReadAll(c)
+		body = string(b)
+		return err
+	})
+	if err == nil && !strings.HasPrefix(body, "HTTP/1.0 200") && !strings.HasPrefix(body, "HTTP/1.1 200") {
+		err = fmt.Errorf("metrics: %.80q", body)
+	}
+	return body, err
+}
+
+// metric sums the samples of name whose labels contain every given label.
+func metric(body, name string, labels ...string) float64 {
+	var sum float64
+	found := false
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(line, l)
+		}
+		if !ok {
+			continue
+		}
+		f := strings.Fields(line)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			sum += v
+			found = true
+		}
+	}
+	if !found {
+		return math.NaN()
+	}
+	return sum
+}
+
+// xdpPackets returns the client->peer packets relayed by XDP and by userspace.
+func xdpPackets(body string) (xdp, user float64) {
+	return metric(body, "stunnerd_xdp_packets_total", `path="xdp"`, `direction="client_to_peer"`),
+		metric(body, "stunnerd_xdp_packets_total", `path="userspace"`, `direction="client_to_peer"`)
+}
+
+// ---- stage 2: end to end ----
+
+func (h *harness) stageRelay(t *testing.T) {
+	for _, spec := range []serverSpec{specFloor, specKernelFwd, specXDPNative, specXDPGeneric, specXDPOff, specStunnerd, specCoturn} {
+		t.Run(spec.name, func(t *testing.T) { h.relayOne(t, spec) })
+	}
+	// Added latency: each percentile minus the direct path's.
+	var direct *LatencyRow
+	for i := range h.rep.Latency {
+		if h.rep.Latency[i].Server == ServerKernelFwd {
+			direct = &h.rep.Latency[i]
+		}
+	}
+	for i := range h.rep.Latency {
+		l := &h.rep.Latency[i]
+		if direct == nil {
+			l.AddedP50Us, l.AddedP99Us, l.AddedP999Us = math.NaN(), math.NaN(), math.NaN()
+			continue
+		}
+		l.AddedP50Us, l.AddedP99Us, l.AddedP999Us = l.P50Us-direct.P50Us, l.P99Us-direct.P99Us, l.P999Us-direct.P999Us
+	}
+}
+
+// directRoutes lets client and peer reach each other through the server's
+// kernel forwarding (per-interface forwarding is on in the rig) until cleanup.
+func (h *harness) directRoutes(t *testing.T) func() {
+	t.Helper()
+	h.rig.Client.IP(t, "route", "add", "10.200.0.0/24", "via", listenIP.String(), "dev", h.rig.ClientIf.Name)
+	h.rig.Peer.IP(t, "route", "add", "10.100.0.0/24", "via", relayIP.String(), "dev", h.rig.PeerIf.Name)
+	h.command("ip -n CLIENT_NS route add 10.200.0.0/24 via %s; ip -n PEER_NS route add 10.100.0.0/24 via %s (kernel forwarding rows)", listenIP, relayIP)
+	return func() {
+		h.rig.Client.IP(t, "route", "del", "10.200.0.0/24")
+		h.rig.Peer.IP(t, "route", "del", "10.100.0.0/24")
+	}
+}
+
+func (h *harness) relayOne(t *testing.T, spec serverSpec) {
+	var pids []int
+	var sess *session
+	if spec.fromServer {
+		sess = newSessionIn(t, h, h.rig.Server, relayIP, nil)
+	} else if spec.direct {
+		defer h.directRoutes(t)()
+		sess = newSession(t, h, nil)
+	} else {
+		rs := h.startServer(t, spec)
+		defer h.stopServer(t, rs)
+		pids = []int{rs.proc.PID()}
+		sess = newSession(t, h, listenAddr)
+	}
+	defer sess.close()
+	for _, rung := range h.ladder() {
+		p := h.measure(t, spec, []*stream{sess.stream(rung.size)}, rung.rate, pids)
+		p.Payload = rung.size
+		h.rep.Relay = append(h.rep.Relay, p)
+		t.Logf("%s %d B target %s: offered %.0f delivered %.0f pps, loss %.2f %%, server %.2f µs/pkt (process %.2f + softirq %.2f), xdp share %.3f",
+			spec.name, rung.size, rateLabel(rung.rate), p.OfferedPPS, p.DeliveredPPS, p.LossPercent, p.TotalUsPerPkt, p.ProcUsPerPkt, p.SoftUsPerPkt, p.XDPShare)
+	}
+	if spec.fromServer {
+		return // no relay in the path: no latency row
+	}
+	lat := sess.latency(t, spec.name, h.cfg.latencyRate, h.cfg.latencyDur, 100)
+	t.Logf("%s latency: %d/%d echoed, p50 %.1f p99 %.1f p99.9 %.1f µs", spec.name, lat.Received, lat.Sent, lat.P50Us, lat.P99Us, lat.P999Us)
+	h.rep.Latency = append(h.rep.Latency, lat)
+}
+
+type rung struct {
+	size int
+	rate float64
+}
+
+func (h *harness) ladder() []rung {
+	var out []rung
+	for _, r := range h.cfg.ladder100 {
+		out = append(out, rung{100, r})
+	}
+	for _, r := range h.cfg.ladder1200 {
+		out = append(out, rung{1200, r})
+	}
+	return out
+}
+
+// measure offers one rung of load and reads what arrived and what it cost.
+func (h *harness) measure(t *testing.T, spec serverSpec, streams []*stream, rate float64, pids []int) RelayPoint {
+	t.Helper()
+	workers := 1
+	if rate == 0 {
+		workers = h.cfg.maxWorkers
+	}
+	xdp := spec.xdpMode != ""
+	time.Sleep(300 * time.Millisecond) // what the previous rung queued drains
+	peerBefore, srvBefore := h.rig.Peer.Snmp(t), h.rig.Server.Snmp(t)
+	var mBefore string
+	if xdp {
+		var err error
+		if mBefore, err = h.scrape(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cpuBefore, err := takeCPU(pids...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := generate(streams, rate, h.cfg.point, workers)
+	time.Sleep(300 * time.Millisecond) // the relays empty their socket buffers
+	cpuAfter, err := takeCPU(pids...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerAfter, srvAfter := h.rig.Peer.Snmp(t), h.rig.Server.Snmp(t)
+	p := RelayPoint{Server: spec.name, TargetPPS: rate, Workers: workers, Seconds: g.elapsed.Seconds(), Sent: g.sent,
+		SendErrors: g.retries, XDPShare: -1}
+	got := delivered(peerAfter) - delivered(peerBefore)
+	if got < 0 {
+		got = 0
+	}
+	p.Delivered = uint64(got)
+	p.OfferedPPS = float64(g.sent) / g.elapsed.Seconds()
+	p.DeliveredPPS = float64(got) / g.elapsed.Seconds()
+	p.LossPercent = 100 * (1 - float64(got)/float64(g.sent))
+	p.ProcUsPerPkt = usPer(cpuAfter.proc-cpuBefore.proc, float64(got))
+	if spec.direct {
+		p.ProcUsPerPkt = 0
+	}
+	p.SoftUsPerPkt = usPer(cpuAfter.soft-cpuBefore.soft, float64(got))
+	p.TotalUsPerPkt = p.ProcUsPerPkt + p.SoftUsPerPkt
+	p.BusyUsPerPkt = usPer(cpuAfter.busy-cpuBefore.busy, float64(got))
+	p.ServerRcvbuf = srvAfter["Udp.RcvbufErrors"] - srvBefore["Udp.RcvbufErrors"]
+	if xdp {
+		mAfter, err := h.scrape()
+		if err != nil {
+			t.Fatal(err)
+		}
+		x0, u0 := xdpPackets(mBefore)
+		x1, u1 := xdpPackets(mAfter)
+		if dx, du := x1-x0, u1-u0; dx+du > 0 {
+			p.XDPShare = dx / (dx + du)
+		} else {
+			p.XDPShare = 0
+		}
+	}
+	return p
+}
+
+// ---- stage 3: iperf2 through turncat ----
+
+func (h *harness) stageIperf(t *testing.T) {
+	// As test/e2e: turncat has no socket-buffer flag, and with the default
+	// 208 KiB its loopback socket overflows during scheduling stalls. The
+	// sysctl is global: restored when the stage ends.
+	const knob = "/proc/sys/net/core/rmem_default"
+	old, err := os.ReadFile(knob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(knob, []byte("4194304"), 0); err != nil {
+		t.Fatal(err)
+	}
+	defer os.WriteFile(knob, old, 0)
+	h.command("sysctl -w net.core.rmem_default=4194304 during the iperf stage (restored to %s after)", strings.TrimSpace(string(old)))
+	for _, spec := range []serverSpec{specXDPNative, specXDPOff, specStunnerd, specCoturn} {
+		t.Run(spec.name, func(t *testing.T) { h.iperfOne(t, spec) })
+	}
+}
+
+func (h *harness) iperfOne(t *testing.T, spec serverSpec) {
+	rs := h.startServer(t, spec)
+	defer h.stopServer(t, rs)
+	rate, secs, size := h.cfg.iperfRate, h.cfg.iperfSeconds, 100
+	serverArgs := []string{"-s", "-u", "-p", strconv.Itoa(iperfPort), "-e", "-w", "4M"}
+	server := h.rig.Peer.Start(t, "iperf", serverArgs...)
+	defer server.Stop()
+	if !server.WaitOutput("Server listening", 5*time.Second) {
+		t.Fatalf("iperf server not ready: %s%s", server.Stdout(), server.Stderr())
+	}
+	tcArgs := []string{"--log=all:WARN", "udp://127.0.0.1:5000", turnURI, fmt.Sprintf("udp://%s:%d", peerIP, iperfPort)}
+	tc := h.rig.Client.Start(t, turncatPath(), tcArgs...)
+	defer func() {
+		_ = syscall.Kill(-tc.PID(), syscall.SIGTERM)
+		if tc.Wait(stopGrace) != nil && !tc.Exited() {
+			_ = tc.Kill()
+		}
+	}()
+	time.Sleep(500 * time.Millisecond) // turncat listens at once; it allocates on the first datagram
+	if tc.Exited() {
+		t.Fatalf("turncat exited: %s", tc.Stderr())
+	}
+	clientArgs := []string{"-c", "127.0.0.1", "-p", "5000", "-u", "-l", strconv.Itoa(size), "-b", fmt.Sprintf("%dpps", rate), "-t", strconv.Itoa(secs), "-e"}
+	if spec.name == ServerXDPNative {
+		h.command("ip netns exec PEER_NS iperf %s", strings.Join(serverArgs, " "))
+		h.command("ip netns exec CLIENT_NS %s %s", turncatPath(), strings.Join(tcArgs, " "))
+		h.command("ip netns exec CLIENT_NS iperf %s", strings.Join(clientArgs, " "))
+	}
+	before, err := takeCPU(rs.proc.PID(), tc.PID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvBefore, _ := procTicks(rs.proc.PID())
+	tcBefore, _ := procTicks(tc.PID())
+	out := h.rig.Client.Run(t, "iperf", clientArgs...)
+	var res netns.IperfResult
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if res, err = netns.ParseIperfServer(server.Stdout()); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no iperf server report: %v\nclient: %s\nserver: %s", err, out, server.Stdout())
+		}
+	}
+	after, err := takeCPU(rs.proc.PID(), tc.PID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvAfter, _ := procTicks(rs.proc.PID())
+	tcAfter, _ := procTicks(tc.PID())
+	pk := float64(res.Received)
+	row := IperfRow{Server: spec.name, RatePPS: rate, Payload: size, Seconds: secs, Sent: res.Total, Received: res.Received,
+		LossPercent: res.LossPercent, ProcUsPerPkt: usPer(srvAfter-srvBefore, pk), TurncatUs: usPer(tcAfter-tcBefore, pk)}
+	row.TotalUsPerPkt = row.ProcUsPerPkt + usPer(after.soft-before.soft, pk)
+	if math.IsNaN(row.LossPercent) && res.Total > 0 {
+		row.LossPercent = 100 * float64(res.Lost) / float64(res.Total)
+	}
+	t.Logf("%s iperf: %+v", spec.name, row)
+	h.rep.Iperf = append(h.rep.Iperf, row)
+}
