@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -44,41 +45,52 @@ var (
 	smallMAC  = [6]byte{0x02, 0, 0, 0, 0x21, 0x02}
 	offMAC    = [6]byte{0x02, 0, 0, 0, 0x22, 0x02}
 	otherMAC  = [6]byte{0x02, 0, 0, 0, 0x23, 0x02}
+	f0MAC     = [6]byte{0x02, 0, 0, 0, 0x24, 0x02}
 )
 
 // iface is one server-side interface of the environment.
 type iface struct {
 	name    string
 	addr    string // server address, /24
+	addr6   string // server IPv6 address, /64 (optional; needs an MTU of 1280 or more)
 	mtu     int
-	fwd     bool
+	fwd     bool // net.ipv4.conf.<name>.forwarding
+	fwd6    bool // net.ipv6.conf.<name>.forwarding
 	devmap  bool
 	index   int
 	mac     [6]byte
-	neigh   map[string][6]byte
-	unreach string // a route of type unreachable added with this interface
+	neigh   map[string][6]byte // IPv4 and IPv6
+	unreach string             // a route of type unreachable added with this interface
+	// unreach6 is an IPv6 route of type unreachable added with this interface.
+	unreach6 string
 }
 
 // ifaceNames is the fixed order in which fuzz inputs choose an ingress.
-var ifaceNames = []string{"a0", "b0", "c0", "d0", "e0"}
+var ifaceNames = []string{"a0", "b0", "c0", "d0", "e0", "f0"}
 
 func ifaceTable() []*iface {
 	return []*iface{
-		// Client and a second peer.
-		{name: "a0", addr: "10.100.0.1", mtu: 1500, fwd: true, devmap: true,
-			neigh: map[string][6]byte{"10.100.0.2": clientMAC, "10.100.0.3": peer2MAC}},
-		// Peer; behind it an unreachable subnet.
-		{name: "b0", addr: "10.200.0.1", mtu: 1500, fwd: true, devmap: true,
-			neigh: map[string][6]byte{"10.200.0.2": peerMAC}, unreach: "10.250.0.0/24"},
-		// MTU 100: results above it need fragmentation.
+		// Client (IPv4 and IPv6) and a second peer.
+		{name: "a0", addr: "10.100.0.1", addr6: "fd00:100::1", mtu: 1500, fwd: true, fwd6: true, devmap: true,
+			neigh: map[string][6]byte{"10.100.0.2": clientMAC, "10.100.0.3": peer2MAC, "fd00:100::2": clientMAC, "fd00:100::3": peer2MAC}},
+		// Peer; behind it an unreachable subnet, and an unreachable IPv6 prefix.
+		// IPv6 forwarding on (peer->client lookups for IPv6 clients start here),
+		// no IPv6 address.
+		{name: "b0", addr: "10.200.0.1", mtu: 1500, fwd: true, fwd6: true, devmap: true,
+			neigh: map[string][6]byte{"10.200.0.2": peerMAC}, unreach: "10.250.0.0/24", unreach6: "fd00:250::/64"},
+		// MTU 100: results above it need fragmentation. No IPv6 (below 1280).
 		{name: "c0", addr: "10.201.0.1", mtu: 100, fwd: true, devmap: true,
 			neigh: map[string][6]byte{"10.201.0.2": smallMAC}},
-		// Forwarding off.
-		{name: "d0", addr: "10.202.0.1", mtu: 1500, fwd: false, devmap: true,
-			neigh: map[string][6]byte{"10.202.0.2": offMAC}},
-		// Not in the devmap: the program is not attached there.
-		{name: "e0", addr: "10.203.0.1", mtu: 1500, fwd: true, devmap: false,
-			neigh: map[string][6]byte{"10.203.0.2": otherMAC}},
+		// IPv4 forwarding off, IPv6 forwarding on.
+		{name: "d0", addr: "10.202.0.1", addr6: "fd00:202::1", mtu: 1500, fwd: false, fwd6: true, devmap: true,
+			neigh: map[string][6]byte{"10.202.0.2": offMAC, "fd00:202::2": offMAC}},
+		// Not in the devmap: the program is not attached there. IPv6 forwarding off.
+		{name: "e0", addr: "10.203.0.1", addr6: "fd00:203::1", mtu: 1500, fwd: true, fwd6: false, devmap: false,
+			neigh: map[string][6]byte{"10.203.0.2": otherMAC, "fd00:203::2": otherMAC}},
+		// IPv6's minimum MTU: an IPv6 reply is 24 bytes longer than the IPv4
+		// datagram it carries.
+		{name: "f0", addr: "10.204.0.1", addr6: "fd00:204::1", mtu: 1280, fwd: true, fwd6: true, devmap: true,
+			neigh: map[string][6]byte{"10.204.0.2": f0MAC, "fd00:204::2": f0MAC}},
 	}
 }
 
@@ -118,6 +130,11 @@ func (e *env) setup() error {
 	if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("0"), 0); err != nil {
 		return err
 	}
+	for _, f := range []string{"all", "default"} {
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", []byte("0"), 0); err != nil {
+			return err
+		}
+	}
 	for _, i := range e.ifaces {
 		la := netlink.NewLinkAttrs()
 		la.Name = i.name
@@ -142,12 +159,22 @@ func (e *env) setup() error {
 				return err
 			}
 		}
-		fwd := "0"
-		if i.fwd {
-			fwd = "1"
+		if i.addr6 != "" {
+			addr6, _ := netlink.ParseAddr(i.addr6 + "/64")
+			addr6.Flags = 0x02 // IFA_F_NODAD: usable at once
+			if err := netlink.AddrAdd(l, addr6); err != nil {
+				return fmt.Errorf("add IPv6 address to %s: %w", i.name, err)
+			}
 		}
-		if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+i.name+"/forwarding", []byte(fwd), 0); err != nil {
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+i.name+"/forwarding", []byte(bit(i.fwd)), 0); err != nil {
 			return err
+		}
+		if i.mtu >= 1280 { // below it the interface has no IPv6 (and no such file)
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+i.name+"/forwarding", []byte(bit(i.fwd6)), 0); err != nil {
+				return err
+			}
+		} else if i.fwd6 || i.addr6 != "" {
+			return fmt.Errorf("%s: IPv6 needs an MTU of 1280", i.name)
 		}
 		for ip, mac := range i.neigh {
 			if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, State: netlink.NUD_PERMANENT,
@@ -155,10 +182,13 @@ func (e *env) setup() error {
 				return fmt.Errorf("add neighbour %s: %w", ip, err)
 			}
 		}
-		if i.unreach != "" {
-			_, dst, _ := net.ParseCIDR(i.unreach)
+		for _, u := range []string{i.unreach, i.unreach6} {
+			if u == "" {
+				continue
+			}
+			_, dst, _ := net.ParseCIDR(u)
 			if err := netlink.RouteAdd(&netlink.Route{Dst: dst, Type: 7 /* RTN_UNREACHABLE */}); err != nil {
-				return fmt.Errorf("add unreachable route: %w", err)
+				return fmt.Errorf("add unreachable route %s: %w", u, err)
 			}
 		}
 		i.index = l.Attrs().Index
@@ -167,6 +197,35 @@ func (e *env) setup() error {
 			if err := e.prog.Maps().TxPorts.Put(uint32(i.index), uint32(i.index)); err != nil {
 				return fmt.Errorf("devmap %s: %w", i.name, err)
 			}
+		}
+	}
+	return waitLocal6(e.ifaces)
+}
+
+func bit(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// waitLocal6 waits until every IPv6 address is a local route: even without
+// DAD, addrconf completes an address from a workqueue.
+func waitLocal6(ifaces map[string]*iface) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for _, i := range ifaces {
+		if i.addr6 == "" {
+			continue
+		}
+		for {
+			rs, err := netlink.RouteGet(net.ParseIP(i.addr6))
+			if err == nil && len(rs) > 0 && rs[0].Type == 2 /* RTN_LOCAL */ {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s: IPv6 address %s never became local (%v %v)", i.name, i.addr6, rs, err)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	return nil
@@ -182,14 +241,19 @@ func (e *env) modelEnv() model.Env {
 	}
 	for _, name := range ifaceNames {
 		i := e.ifaces[name]
-		mi := model.Interface{Name: i.name, Index: i.index, MAC: i.mac, MTU: i.mtu, Forwarding: i.fwd,
+		mi := model.Interface{Name: i.name, Index: i.index, MAC: i.mac, MTU: i.mtu, Forwarding: i.fwd, Forwarding6: i.fwd6,
 			Attached: i.devmap, Addr: netip.MustParsePrefix(i.addr + "/24"), Neighbours: map[netip.Addr][6]byte{}}
+		if i.addr6 != "" {
+			mi.Addr6 = netip.MustParsePrefix(i.addr6 + "/64")
+		}
 		for ip, mac := range i.neigh {
 			mi.Neighbours[netip.MustParseAddr(ip)] = mac
 		}
 		me.Interfaces = append(me.Interfaces, mi)
-		if i.unreach != "" {
-			me.Unreachable = append(me.Unreachable, netip.MustParsePrefix(i.unreach))
+		for _, u := range []string{i.unreach, i.unreach6} {
+			if u != "" {
+				me.Unreachable = append(me.Unreachable, netip.MustParsePrefix(u))
+			}
 		}
 	}
 	return me
@@ -257,7 +321,9 @@ func (e *env) totals(t testing.TB) channelmap.Stats {
 }
 
 // listeners reads every binding's listener address as the kernel has it;
-// "not known" is 0.0.0.0, as in the model.
+// "not known" is 0.0.0.0, as in the model, and an IPv4-mapped one (an IPv6
+// client that sent to ::ffff:a.b.c.d) is read back unmapped by the channelmap:
+// check compares the model's the same way.
 func (e *env) listeners(t testing.TB) map[channelmap.Key]netip.Addr {
 	t.Helper()
 	d, err := e.maps.Dump()
@@ -343,7 +409,7 @@ func (e *env) check(t testing.TB, m *model.Model, ingress string, frame []byte) 
 	}
 	kernel := e.listeners(t)
 	for _, b := range m.Bindings() {
-		if k, ok := kernel[b.Key()]; !ok || k != b.ListenerAddr {
+		if k, ok := kernel[b.Key()]; !ok || k != knownOrZero(b.ListenerAddr) {
 			t.Errorf("binding %v: listener address %v in the kernel, %v in the model", b.Key(), k, b.ListenerAddr)
 		}
 	}

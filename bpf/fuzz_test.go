@@ -95,9 +95,34 @@ func FuzzRelayBindingsVsModel(f *testing.F) {
 		{[]byte{0, 0, 0, 0xa0, 0x10, 1}, 0, 0, 1, data(10)},                    // broadcast peer
 		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0, 1, 0, 0x21, 0x11, 0}, 2, 0, 1, nil}, // two clients' ports
 		{[]byte{0, 0, 4, 0x20, 0x10, 1}, 0, 0, 1 | 3<<1, data(5)},              // channel 0x7fff, padding 3
+		// IPv6 clients (client host byte 0x80 and up: the IPv6 pool).
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1}, 0, 0, 1, data(100)},                       // v6 redirect c2p
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, data(100)},                       // v6 redirect p2c
+		{[]byte{0x81, 0, 1, 0x10, 0x00, 1}, 0, 0, 1 | 2<<1, data(10)},                 // v6 XDP_TX c2p, padding 2
+		{[]byte{0x81, 0, 1, 0x10, 0x00, 1}, 1, 0, 0, data(10)},                        // v6 XDP_TX p2c
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 0}, 1, 0, 0, data(10)},                        // v6 listener unknown
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 0}, 0, 1, 1, data(10)},                        // v6 learn a VIP
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 0}, 0, 5, 1, data(10)},                        // v6 learn ::ffff:10.100.0.1
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 0}, 0, 4, 1, data(10)},                        // v6 to ff02::1: not learned
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1}, 1, 0, 8, data(10)},                        // v6 p2c without checksum
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1}, 0, 0, 1 | 8, data(10)},                    // v6 c2p without checksum
+		{[]byte{0x83, 0, 0, 0x20, 0x10, 3}, 1, 0, 0, data(1229)},                      // v6 client behind MTU 1280
+		{[]byte{0x83, 0, 0, 0x20, 0x10, 3}, 1, 0, 0, data(1228)},                      // just fits
+		{[]byte{0x82, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, data(10)},                        // v6 no neighbour
+		{[]byte{0x84, 0, 0, 0x20, 0x10, 4}, 0, 2, 1, data(10)},                        // v6 client on d0: IPv4 forwarding off
+		{[]byte{0x84, 0, 0, 0x20, 0x10, 4}, 1, 0, 0, data(10)},                        // its replies: IPv6 forwarding on
+		{[]byte{0x80, 0, 0, 0x70, 0x40, 1}, 0x41, 4, 0, data(10)},                     // peer on e0: IPv6 forwarding off
+		{[]byte{0x85, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, data(10)},                        // v6 client behind e0, not attached
+		{[]byte{0x86, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, data(10)},                        // v6 unreachable
+		{[]byte{0x88, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, data(10)},                        // v6 no route
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1, 0, 0, 0, 0x21, 0x11, 1}, 2, 0, 1, data(3)}, // v4 and v6 twins of one port
 	}
 	for _, s := range seeds {
-		f.Add(s.spec, uint8(0), s.pick, s.dst, s.flags, s.payload)
+		ingress := uint8(0)
+		if s.pick&0x40 != 0 { // the peer on e0
+			ingress = ingressIndex("e0")
+		}
+		f.Add(s.spec, ingress, s.pick, s.dst, s.flags, s.payload)
 	}
 	for _, msg := range pionChannelData(f) {
 		f.Add([]byte{0, 0, 0, 0x20, 0x10, 1}, uint8(0), uint8(0), uint8(0), uint8(0), msg)
@@ -121,7 +146,13 @@ func FuzzRelayBindingsVsModel(f *testing.F) {
 // address and one without a route.
 var (
 	fuzzHosts = []string{"10.100.0.2", "10.100.0.3", "10.200.0.2", "10.200.0.9", "10.201.0.2", "10.201.0.9",
-		"10.202.0.2", "10.203.0.2", "10.250.0.2", "10.100.0.1", "10.100.0.255", "10.100.0.0", "192.0.2.1"}
+		"10.202.0.2", "10.203.0.2", "10.250.0.2", "10.100.0.1", "10.100.0.255", "10.100.0.0", "192.0.2.1", "10.204.0.2"}
+	// IPv6 clients (a client host byte of 0x80 and up): neighbours on a0, one
+	// without a neighbour entry, behind f0 (MTU 1280), d0 (IPv4 forwarding
+	// off), e0 (not attached), the unreachable prefix, the server's own
+	// address, no route, multicast.
+	fuzzHosts6 = []string{"fd00:100::2", "fd00:100::3", "fd00:100::9", "fd00:204::2", "fd00:202::2", "fd00:203::2",
+		"fd00:250::2", "fd00:100::1", "2001:db8::1", "ff02::1", "fe80::2", "::1"}
 	fuzzClientPorts = []uint16{40000, 40001, listenerPort, 50000}
 	fuzzPeerPorts   = []uint16{5001, 5002, 49152, listenerPort}
 	fuzzRelayAddrs  = []string{"10.100.0.1", "10.200.0.1", "10.201.0.1", "10.202.0.1", "10.203.0.1", "10.200.0.99"}
@@ -129,29 +160,38 @@ var (
 	fuzzChannels    = []uint16{0x4000, 0x4001, 0x4FFF, 0x5000, 0x7FFF}
 	// Listener addresses: not known (learned from packets), the interfaces', a
 	// VIP in front of the node, unspecified.
-	fuzzListeners = []string{"", "10.100.0.1", "10.100.0.100", "10.201.0.1", "10.202.0.1", "0.0.0.0"}
-	// Where a client's packet may be addressed: as fuzzListeners, and broadcast.
-	fuzzDsts = []string{"10.100.0.1", "10.100.0.100", "10.202.0.1", "10.201.0.1", "0.0.0.0", "255.255.255.255"}
+	fuzzListeners  = []string{"", "10.100.0.1", "10.100.0.100", "10.201.0.1", "10.202.0.1", "0.0.0.0"}
+	fuzzListeners6 = []string{"", "fd00:100::1", "fd00:100::100", "fd00:204::1", "fd00:202::1", "::"}
+	// Where a client's packet may be addressed: as fuzzListeners, and broadcast
+	// (IPv6: multicast and an IPv4-mapped address).
+	fuzzDsts  = []string{"10.100.0.1", "10.100.0.100", "10.202.0.1", "10.201.0.1", "0.0.0.0", "255.255.255.255"}
+	fuzzDsts6 = []string{"fd00:100::1", "fd00:100::100", "fd00:202::1", "::", "ff02::1", "::ffff:10.100.0.1", "fe80::1", "::1"}
 )
 
 func pick[T any](pool []T, b byte) T { return pool[int(b)%len(pool)] }
 
 // decodeBindings turns spec into a consistent binding set, as pion/turn would
-// hold: a client key or a peer-and-relay pair already taken is skipped.
+// hold: a client key or a peer-and-relay pair already taken is skipped. A client
+// host byte of 0x80 or more picks an IPv6 client (and its listener address from
+// the IPv6 pool); relays and peers are IPv4.
 func decodeBindings(spec []byte) []channelmap.Binding {
 	var out []channelmap.Binding
 	clients := map[channelmap.Key]bool{}
 	peers := map[[2]netip.AddrPort]bool{}
 	for i := 0; i+6 <= len(spec) && len(out) < 8; i += 6 {
 		s := spec[i : i+6]
+		clientPool, listenerPool := fuzzHosts, fuzzListeners
+		if s[0]&0x80 != 0 {
+			clientPool, listenerPool = fuzzHosts6, fuzzListeners6
+		}
 		b := channelmap.Binding{
-			Client:       netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzHosts, s[0])), pick(fuzzClientPorts, s[1])),
+			Client:       netip.AddrPortFrom(netip.MustParseAddr(pick(clientPool, s[0]&0x7f)), pick(fuzzClientPorts, s[1])),
 			ListenerPort: listenerPort,
 			Channel:      pick(fuzzChannels, s[2]),
 			Peer:         netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzHosts, s[3]>>4)), pick(fuzzPeerPorts, s[3]&0xf)),
 			Relay:        netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzRelayAddrs, s[4]>>4)), pick(fuzzRelayPorts, s[4]&0xf)),
 		}
-		if l := pick(fuzzListeners, s[5]); l != "" {
+		if l := pick(listenerPool, s[5]); l != "" {
 			b.ListenerAddr = netip.MustParseAddr(l)
 		}
 		pk := [2]netip.AddrPort{b.Peer, b.Relay}
@@ -167,8 +207,9 @@ func decodeBindings(spec []byte) []channelmap.Binding {
 // fuzzFrame builds the frame of a fuzz input. pick's low bit is the direction
 // (client->peer or peer->client), the rest the binding; flags: bit 0 wraps the
 // payload as ChannelData on the binding's channel with (flags>>1)&3 bytes of
-// padding, bit 3 sends no UDP checksum, bits 4-5 choose the TTL, bit 6 sets DF,
-// bit 7 sends from a port one above the bound one.
+// padding, bit 3 sends no UDP checksum, bits 4-5 choose the TTL (hop limit),
+// bit 6 sets DF (IPv6: a flow label), bit 7 sends from a port one above the
+// bound one. An IPv6 client's frames are IPv6, to fuzzDsts6.
 func fuzzFrame(bs []channelmap.Binding, pickB, dst, flags uint8, payload []byte) []byte {
 	b := bindings["redirect"] // with no bindings, still a frame to refuse
 	if len(bs) > 0 {
@@ -176,7 +217,11 @@ func fuzzFrame(bs []channelmap.Binding, pickB, dst, flags uint8, payload []byte)
 	}
 	var f packet.Frame
 	if pickB&1 == 0 {
-		f = fromClient(b, pick(fuzzDsts, dst), payload)
+		dsts := fuzzDsts
+		if b.Client.Addr().Is6() {
+			dsts = fuzzDsts6
+		}
+		f = fromClient(b, pick(dsts, dst), payload)
 		if flags&1 != 0 {
 			f.Payload = packet.ChannelData(b.Channel, payload, bytes.Repeat([]byte{0xEE}, int(flags>>1&3)))
 		}
@@ -185,9 +230,9 @@ func fuzzFrame(bs []channelmap.Binding, pickB, dst, flags uint8, payload []byte)
 	}
 	f.NoUDPChecksum = flags&8 != 0
 	f.TTL = []uint8{64, 1, 0, 255}[flags>>4&3]
-	f.FragOff = 0
+	f.FragOff, f.FlowLabel = 0, 0
 	if flags&0x40 != 0 {
-		f.FragOff = 0x4000
+		f.FragOff, f.FlowLabel = 0x4000, 0x54321
 	}
 	if flags&0x80 != 0 {
 		f.Src = netip.AddrPortFrom(f.Src.Addr(), f.Src.Port()+1)

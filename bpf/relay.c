@@ -294,6 +294,13 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		return XDP_PASS;
 	}
 
+	/* An IPv6 source of the form ::ffff:a.b.c.d would find an IPv4 client's
+	 * binding (the maps store IPv4 that way) and hijack its replies. The kernel
+	 * drops such packets anyway (RFC 4291 2.5.5.2): no channel is theirs. */
+	if (in->family == AF_INET6 && addr_is_v4(&in->saddr)) {
+		*reason = REASON_NO_CHANNEL;
+		return XDP_PASS;
+	}
 	struct c2p_key key = {};
 	key.client_addr = in->saddr;
 	key.client_port = udp->source;

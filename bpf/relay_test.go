@@ -43,6 +43,51 @@ var bindings = map[string]channelmap.Binding{
 	// client behind c0 (MTU 100): the 4 added bytes can push a reply over it.
 	"clientsmallmtu": {Client: ap("10.201.0.2:40000"), ListenerPort: listenerPort, Channel: 0x4000,
 		Peer: ap("10.200.0.2:5004"), Relay: ap("10.200.0.1:50008"), ListenerAddr: netip.MustParseAddr("10.201.0.1")},
+
+	// IPv6 clients; relays and peers are IPv4.
+	// client on a0, peer on b0: redirect both ways, v6->v4 and v4->v6.
+	"v6redirect": {Client: ap("[fd00:100::2]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5010"), Relay: ap("10.200.0.1:50010"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	// client and peer both behind a0: XDP_TX both ways.
+	"v6tx": {Client: ap("[fd00:100::2]:40000"), ListenerPort: listenerPort, Channel: 0x4001,
+		Peer: ap("10.100.0.3:6010"), Relay: ap("10.100.0.1:50011"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	// wildcard listener: learned from the client's IPv6 packets.
+	"v6learn": {Client: ap("[fd00:100::2]:40001"), ListenerPort: listenerPort, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5011"), Relay: ap("10.200.0.1:50012")},
+	// IPv6 client without a neighbour entry.
+	"v6noneigh": {Client: ap("[fd00:100::9]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5012"), Relay: ap("10.200.0.1:50013"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	// IPv6 client behind f0 (MTU 1280): the reply is 24 bytes longer than the
+	// peer's datagram.
+	"v6clientsmallmtu": {Client: ap("[fd00:204::2]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5013"), Relay: ap("10.200.0.1:50014"), ListenerAddr: netip.MustParseAddr("fd00:204::1")},
+	// IPv6 client, peer behind c0 (MTU 100): the IPv4 result is 24 bytes
+	// shorter than the IPv6 ChannelData.
+	"v6smallmtu": {Client: ap("[fd00:100::2]:40002"), ListenerPort: listenerPort, Channel: 0x4000,
+		Peer: ap("10.201.0.2:5014"), Relay: ap("10.201.0.1:50015"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	// IPv6 client behind d0: IPv4 forwarding off there (client->peer passes),
+	// IPv6 forwarding on (its replies are relayed).
+	"v6fwdoff": {Client: ap("[fd00:202::2]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5015"), Relay: ap("10.200.0.1:50016"), ListenerAddr: netip.MustParseAddr("fd00:202::1")},
+	// peer behind e0: IPv6 forwarding off there (replies to the IPv6 client
+	// pass), and e0 is not attached (client->peer passes).
+	"v6fwdoff6": {Client: ap("[fd00:100::2]:40003"), ListenerPort: listenerPort, Channel: 0x4000,
+		Peer: ap("10.203.0.2:5016"), Relay: ap("10.203.0.1:50017"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	// IPv6 client behind e0, which is not attached.
+	"v6notattached": {Client: ap("[fd00:203::2]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5017"), Relay: ap("10.200.0.1:50018"), ListenerAddr: netip.MustParseAddr("fd00:203::1")},
+	// An IPv6 "client" at the server's own address: a local route.
+	"v6local": {Client: ap("[fd00:100::1]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5019"), Relay: ap("10.200.0.1:50020"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	// A multicast "client", its peer behind e0 (IPv6 forwarding off).
+	"v6multicast": {Client: ap("[ff02::1]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
+		Peer: ap("10.203.0.2:5020"), Relay: ap("10.203.0.1:50021"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	// A link-local listener address.
+	"v6linklocal": {Client: ap("[fd00:100::2]:40004"), ListenerPort: listenerPort, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5021"), Relay: ap("10.200.0.1:50022"), ListenerAddr: netip.MustParseAddr("fe80::1")},
+	// IPv6 client behind an unreachable route.
+	"v6unreachable": {Client: ap("[fd00:250::2]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5018"), Relay: ap("10.200.0.1:50019"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
 }
 
 // install puts the golden bindings into the maps and returns the model of the
@@ -55,10 +100,15 @@ func (e *env) install(t testing.TB) *model.Model {
 }
 
 // fromClient is a frame the client sends to the listener; fromPeer one the peer
-// sends to the relay address.
+// sends to the relay address. An IPv6 client's frame is IPv6, with a flow
+// label (which the relay does not carry over).
 func fromClient(b channelmap.Binding, listener string, payload []byte) packet.Frame {
-	return packet.Frame{DstMAC: [6]byte{0x02, 0xaa}, SrcMAC: clientMAC, TTL: 63, ID: 0x1234, FragOff: 0x4000,
+	f := packet.Frame{DstMAC: [6]byte{0x02, 0xaa}, SrcMAC: clientMAC, TTL: 63, ID: 0x1234, FragOff: 0x4000,
 		TOS: 0xb8, Src: b.Client, Dst: netip.AddrPortFrom(netip.MustParseAddr(listener), b.ListenerPort), Payload: payload}
+	if f.Is6() {
+		f.FlowLabel = 0xabcde
+	}
+	return f
 }
 
 func fromPeer(b channelmap.Binding, payload []byte) packet.Frame {
@@ -74,13 +124,20 @@ func data(n int) []byte {
 	return d
 }
 
-// toPeer is what the relay must send to the peer for a client frame.
+// toPeer is what the relay must send to the peer for a client frame. From an
+// IPv6 client: TOS = the traffic class, ID 0, DF.
 func toPeer(in packet.Frame, b channelmap.Binding, srcMAC, dstMAC [6]byte, d []byte) packet.Frame {
-	return packet.Frame{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: 64, ID: in.ID, FragOff: in.FragOff, TOS: in.TOS,
+	id, frag := in.ID, in.FragOff
+	if in.Is6() {
+		id, frag = 0, 0x4000
+	}
+	return packet.Frame{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: 64, ID: id, FragOff: frag, TOS: in.TOS,
 		Src: b.Relay, Dst: b.Peer, Payload: d, NoUDPChecksum: in.NoUDPChecksum}
 }
 
-// toClient is what the relay must send to the client for a peer frame.
+// toClient is what the relay must send to the client for a peer frame. To an
+// IPv6 client (an IPv6 listener address): IPv6, traffic class = the TOS, flow
+// label 0, hop limit 64.
 func toClient(in packet.Frame, b channelmap.Binding, listener netip.Addr, srcMAC, dstMAC [6]byte, d []byte) packet.Frame {
 	return packet.Frame{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: 64, ID: in.ID, FragOff: in.FragOff, TOS: in.TOS,
 		Src: netip.AddrPortFrom(listener, b.ListenerPort), Dst: b.Client,
@@ -201,6 +258,132 @@ func goldenCases(e *env) []golden {
 	b = bindings["notattached"]
 	pass("egress-not-attached", "a0", fromClient(b, "10.100.0.1", cd(b, 10)).Marshal(), bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED)
 
+	return append(cases, goldenCases6(e)...)
+}
+
+// goldenCases6 are the IPv6 client's relayed rows and next-hop rows.
+func goldenCases6(e *env) []golden {
+	a0, b0, c0, d0 := e.ifaces["a0"], e.ifaces["b0"], e.ifaces["c0"], e.ifaces["d0"]
+	redirect, tx := bindings["v6redirect"], bindings["v6tx"]
+	const listener = "fd00:100::1"
+
+	var cases []golden
+	add := func(name, ingress string, in []byte, verdict uint32, reason bpf.RelayReason, out []byte) {
+		cases = append(cases, golden{name: "v6/" + name, ingress: ingress, in: in, verdict: verdict, reason: reason, out: out})
+	}
+	// client->peer, IPv6 in, IPv4 out.
+	for _, n := range []int{0, 1, 2, 3, 4, 5, 99, 100, 1199, 1200} {
+		for pad := 0; pad <= 3; pad++ {
+			d := data(n)
+			padding := bytes.Repeat([]byte{0xA5 + byte(pad)}, pad)
+			in := fromClient(redirect, listener, packet.ChannelData(redirect.Channel, d, padding))
+			add(fmt.Sprintf("c2p/redirect/len=%d/pad=%d", n, pad), "a0", in.Marshal(), xdpRedirect,
+				bpf.RelayReasonREASON_RELAY_C2P_REDIRECT, toPeer(in, redirect, b0.mac, peerMAC, d).Marshal())
+		}
+	}
+	for _, tc := range []uint8{0x00, 0x01, 0x10, 0xff} {
+		in := fromClient(redirect, listener, packet.ChannelData(redirect.Channel, data(7), nil))
+		in.TOS = tc
+		add(fmt.Sprintf("c2p/redirect/traffic-class=%#02x", tc), "a0", in.Marshal(), xdpRedirect,
+			bpf.RelayReasonREASON_RELAY_C2P_REDIRECT, toPeer(in, redirect, b0.mac, peerMAC, data(7)).Marshal())
+	}
+	for _, hl := range []uint8{0, 1, 255} {
+		in := fromClient(redirect, listener, packet.ChannelData(redirect.Channel, data(7), nil))
+		in.TTL = hl
+		add(fmt.Sprintf("c2p/redirect/hop-limit=%d", hl), "a0", in.Marshal(), xdpRedirect,
+			bpf.RelayReasonREASON_RELAY_C2P_REDIRECT, toPeer(in, redirect, b0.mac, peerMAC, data(7)).Marshal())
+	}
+	{
+		// Illegal on IPv6 but possible: relayed with no checksum, legal on IPv4.
+		in := fromClient(redirect, listener, packet.ChannelData(redirect.Channel, data(100), []byte{1}))
+		in.NoUDPChecksum = true
+		add("c2p/redirect/zero-udp-checksum", "a0", in.Marshal(), xdpRedirect,
+			bpf.RelayReasonREASON_RELAY_C2P_REDIRECT, toPeer(in, redirect, b0.mac, peerMAC, data(100)).Marshal())
+		// An IPv6 frame is never below Ethernet's minimum; a trailer anyway.
+		in = fromClient(redirect, listener, packet.ChannelData(redirect.Channel, data(5), []byte{0xa, 0xb, 0xc}))
+		in.Trailer = []byte{0xee, 0xee, 0xee, 0xee, 0xee}
+		add("c2p/redirect/ethernet-trailer", "a0", in.Marshal(), xdpRedirect,
+			bpf.RelayReasonREASON_RELAY_C2P_REDIRECT, toPeer(in, redirect, b0.mac, peerMAC, data(5)).Marshal())
+	}
+	for _, n := range []int{1, 100, 1200} {
+		in := fromClient(tx, listener, packet.ChannelData(tx.Channel, data(n), []byte{0x5a}))
+		add(fmt.Sprintf("c2p/tx/len=%d", n), "a0", in.Marshal(), xdpTX,
+			bpf.RelayReasonREASON_RELAY_C2P_TX, toPeer(in, tx, a0.mac, peer2MAC, data(n)).Marshal())
+	}
+	// peer->client, IPv4 in, IPv6 out.
+	for _, n := range []int{0, 1, 2, 3, 100, 1199, 1200} {
+		in := fromPeer(redirect, data(n))
+		in.TOS = 0x2d
+		add(fmt.Sprintf("p2c/redirect/len=%d", n), "b0", in.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+			toClient(in, redirect, redirect.ListenerAddr, a0.mac, clientMAC, data(n)).Marshal())
+	}
+	for _, tos := range []uint8{0x00, 0x01, 0xb8, 0xff} {
+		in := fromPeer(redirect, data(9))
+		in.TOS = tos
+		add(fmt.Sprintf("p2c/redirect/tos=%#02x", tos), "b0", in.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+			toClient(in, redirect, redirect.ListenerAddr, a0.mac, clientMAC, data(9)).Marshal())
+	}
+	{
+		in := fromPeer(redirect, data(3))
+		in.Trailer = make([]byte, 60-(packet.EthLen+packet.IPv4Len+packet.UDPLen+3))
+		add("p2c/redirect/ethernet-trailer", "b0", in.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+			toClient(in, redirect, redirect.ListenerAddr, a0.mac, clientMAC, data(3)).Marshal())
+		// IPv6 needs a checksum and the program does not sum payloads.
+		in = fromPeer(redirect, data(33))
+		in.NoUDPChecksum = true
+		add("p2c/no-udp-checksum", "b0", in.Marshal(), xdpPass, bpf.RelayReasonREASON_NO_CHECKSUM, nil)
+	}
+	for _, n := range []int{1, 1200} {
+		in := fromPeer(tx, data(n))
+		in.SrcMAC = peer2MAC
+		add(fmt.Sprintf("p2c/tx/len=%d", n), "a0", in.Marshal(), xdpTX, bpf.RelayReasonREASON_RELAY_P2C_TX,
+			toClient(in, tx, tx.ListenerAddr, a0.mac, clientMAC, data(n)).Marshal())
+	}
+	// IPv4 forwarding is off on d0, IPv6 forwarding on: replies to the client
+	// behind it are relayed (its ChannelData is not: see below).
+	{
+		b := bindings["v6fwdoff"]
+		in := fromPeer(b, data(10))
+		add("p2c/redirect/to-ipv4-forwarding-off", "b0", in.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+			toClient(in, b, b.ListenerAddr, d0.mac, offMAC, data(10)).Marshal())
+	}
+	// MTUs: an IPv4 result of 28+72 fits c0's 100; the whole IPv6 reply,
+	// 40+8+4+1228, fits f0's 1280.
+	{
+		b := bindings["v6smallmtu"]
+		in := fromClient(b, listener, packet.ChannelData(b.Channel, data(72), []byte{1, 2}))
+		add("c2p/redirect/fits-small-mtu", "a0", in.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
+			toPeer(in, b, c0.mac, smallMAC, data(72)).Marshal())
+		add("pass/fib/frag-needed/c2p", "a0", fromClient(b, listener, packet.ChannelData(b.Channel, data(73), nil)).Marshal(),
+			xdpPass, bpf.RelayReasonREASON_FIB_FRAG_NEEDED, nil)
+		b = bindings["v6clientsmallmtu"]
+		in = fromPeer(b, data(1228))
+		add("p2c/redirect/fits-1280", "b0", in.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+			toClient(in, b, b.ListenerAddr, e.ifaces["f0"].mac, f0MAC, data(1228)).Marshal())
+		// 1 byte over; and 1240, which an IPv4 reply (32+n) or the IPv6
+		// payload alone (12+n) would fit.
+		for _, n := range []int{1229, 1240} {
+			add(fmt.Sprintf("pass/fib/frag-needed/p2c-plus-24/len=%d", n), "b0", fromPeer(b, data(n)).Marshal(),
+				xdpPass, bpf.RelayReasonREASON_FIB_FRAG_NEEDED, nil)
+		}
+	}
+	pass := func(name, ingress string, in []byte, reason bpf.RelayReason) {
+		add("pass/"+name, ingress, in, xdpPass, reason, nil)
+	}
+	cd := func(b channelmap.Binding, n int) []byte { return packet.ChannelData(b.Channel, data(n), nil) }
+	pass("fib/no-neigh/p2c", "b0", fromPeer(bindings["v6noneigh"], data(10)).Marshal(), bpf.RelayReasonREASON_FIB_NO_NEIGH)
+	b := bindings["v6fwdoff"]
+	pass("fib/forwarding-disabled/c2p-ipv4-off", "d0", fromClient(b, "fd00:202::1", cd(b, 10)).Marshal(), bpf.RelayReasonREASON_FIB_FWD_DISABLED)
+	b = bindings["v6fwdoff6"]
+	pass("fib/forwarding-disabled/p2c-ipv6-off", "e0", fromPeer(b, data(10)).Marshal(), bpf.RelayReasonREASON_FIB_FWD_DISABLED)
+	pass("egress-not-attached/c2p", "a0", fromClient(b, listener, cd(b, 10)).Marshal(), bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED)
+	pass("egress-not-attached/p2c", "b0", fromPeer(bindings["v6notattached"], data(10)).Marshal(), bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED)
+	pass("fib/unreachable/p2c", "b0", fromPeer(bindings["v6unreachable"], data(10)).Marshal(), bpf.RelayReasonREASON_FIB_NOT_FORWARDED)
+	pass("fib/local/p2c", "b0", fromPeer(bindings["v6local"], data(10)).Marshal(), bpf.RelayReasonREASON_FIB_NOT_FORWARDED)
+	// bpf_ipv6_fib_lookup refuses multicast, link-local and loopback sources
+	// and destinations before it looks at forwarding (e0 has it off).
+	pass("fib/multicast-client/p2c-ipv6-forwarding-off", "e0", fromPeer(bindings["v6multicast"], data(10)).Marshal(), bpf.RelayReasonREASON_FIB_NOT_FORWARDED)
+	pass("fib/link-local-listener/p2c", "b0", fromPeer(bindings["v6linklocal"], data(10)).Marshal(), bpf.RelayReasonREASON_FIB_NOT_FORWARDED)
 	return cases
 }
 
@@ -324,5 +507,54 @@ func TestBindingCounters(t *testing.T) {
 	}
 	if ret, _ := e.run(t, "b0", fromPeer(b, data(50)).Marshal()); ret != xdpPass {
 		t.Fatalf("after delete: peer verdict %d, want PASS", ret)
+	}
+}
+
+// TestLearnListenerAddressIPv6: an IPv6 client's replies wait until its
+// packets show the IPv6 address they arrive at; :: and multicast teach nothing.
+func TestLearnListenerAddressIPv6(t *testing.T) {
+	e := newEnv(t)
+	m := e.install(t)
+	b := bindings["v6learn"]
+	a0 := e.ifaces["a0"]
+
+	in := fromPeer(b, data(20))
+	if got, _ := e.check(t, m, "b0", in.Marshal()); got.verdict != xdpPass || got.reason != bpf.RelayReasonREASON_CLIENT_ADDR_UNKNOWN {
+		t.Fatalf("before learning: verdict %d %s, want PASS client_addr_unknown", got.verdict, reasonName(got.reason))
+	}
+	// Packets to no unicast address teach nothing, before or after learning.
+	noLearn := func(stage string) {
+		for _, dst := range []string{"::", "ff02::1", "ff0e::1:3"} {
+			c := fromClient(b, dst, packet.ChannelData(b.Channel, data(20), nil))
+			if _, res := e.check(t, m, "a0", c.Marshal()); res.Learned != nil {
+				t.Fatalf("%s: a client packet to %s was learned as the listener address", stage, dst)
+			}
+		}
+	}
+	noLearn("before")
+	if got, _ := e.check(t, m, "b0", in.Marshal()); got.reason != bpf.RelayReasonREASON_CLIENT_ADDR_UNKNOWN {
+		t.Fatalf("after packets to :: and multicast: %s, want client_addr_unknown", reasonName(got.reason))
+	}
+	for _, listener := range []string{"fd00:100::1", "fd00:100::100", "::ffff:10.100.0.1"} {
+		c := fromClient(b, listener, packet.ChannelData(b.Channel, data(20), nil))
+		if got, res := e.check(t, m, "a0", c.Marshal()); got.verdict != xdpRedirect || res.Learned == nil {
+			t.Fatalf("client packet to %s: verdict %d, learned %v, want REDIRECT and a learned address", listener, got.verdict, res.Learned)
+		}
+		got, _ := e.check(t, m, "b0", in.Marshal())
+		want := toClient(in, b, netip.MustParseAddr(listener), a0.mac, clientMAC, data(20))
+		want.IPv6 = true // an IPv4-mapped listener address stays IPv6
+		if got.verdict != xdpRedirect || !bytes.Equal(got.out, want.Marshal()) {
+			t.Fatalf("after learning %s: verdict %d\n got %x\nwant %x", listener, got.verdict, got.out, want.Marshal())
+		}
+		noLearn("after " + listener)
+	}
+	// Learning does not wait for a next hop.
+	nb := bindings["v6noneigh"]
+	c := fromClient(nb, "fd00:100::77", packet.ChannelData(nb.Channel, data(20), nil))
+	if _, res := e.check(t, m, "a0", c.Marshal()); res.Learned == nil || res.Learned.Addr != netip.MustParseAddr("fd00:100::77") {
+		t.Fatalf("learned %v, want fd00:100::77", res.Learned)
+	}
+	if got, _ := e.check(t, m, "b0", fromPeer(nb, data(3)).Marshal()); got.reason != bpf.RelayReasonREASON_FIB_NO_NEIGH {
+		t.Fatalf("reply to a client without a neighbour: %s", reasonName(got.reason))
 	}
 }

@@ -9,8 +9,10 @@
 // What the model says, in order:
 //
 //  1. Only untagged, option-less, unfragmented IPv4/UDP whose IP total length fits
-//     the frame and whose UDP length agrees with it is looked at; bytes after the
-//     IP packet are an Ethernet trailer. Everything else passes untouched.
+//     the frame, and untagged IPv6/UDP without extension headers whose payload
+//     length fits the frame, and whose UDP length agrees with it, is looked at;
+//     bytes after the IP packet are an Ethernet trailer. Everything else passes
+//     untouched.
 //  2. UDP to a listener port must be ChannelData (first two bits 01) of a bound
 //     (client address:port, listener port, channel), with its length inside the
 //     payload and at most 3 bytes of padding after it. Such a packet shows the
@@ -25,6 +27,13 @@
 //     DF kept), and a UDP checksum that is absent when the input's was and
 //     otherwise carries the input's checksum error over, so that a datagram
 //     damaged before the relay still fails at the receiver.
+//  6. Clients may be IPv6; relays and peers are IPv4. An IPv6 client's ChannelData
+//     leaves as IPv4 (TOS = traffic class, ID 0, DF, TTL 64) and the replies to
+//     it as IPv6 (traffic class = TOS, flow label 0, hop limit 64), found by an
+//     IPv6 FIB lookup. IPv6 requires a UDP checksum: a peer datagram without one
+//     for an IPv6 client passes (the program does not sum payloads); an IPv6
+//     client datagram without one (illegal, but possible) leaves without one,
+//     which IPv4 allows.
 package model
 
 import (
@@ -81,13 +90,23 @@ type Interface struct {
 	// local, the subnet's last address is its broadcast; anything else in the
 	// subnet is a unicast next hop on this interface.
 	Addr netip.Prefix
-	MTU  int
+	// Addr6 is the interface's IPv6 address and connected prefix (invalid:
+	// none). The address is local; anything else in the prefix is a unicast
+	// next hop on this interface.
+	Addr6 netip.Prefix
+	// MTU is the interface's MTU, for IPv4 and IPv6 alike.
+	MTU int
 	// Forwarding is net.ipv4.conf.<iface>.forwarding: bpf_fib_lookup forwards
-	// only what arrived on an interface with forwarding on.
+	// only what arrived on an interface with forwarding on, for the family of
+	// the lookup.
 	Forwarding bool
+	// Forwarding6 is net.ipv6.conf.<iface>.forwarding (false also when the
+	// interface has no IPv6, e.g. an MTU below 1280).
+	Forwarding6 bool
 	// Attached means in the program's redirect devmap.
 	Attached bool
-	// Neighbours are the resolved (valid) neighbour entries of the interface.
+	// Neighbours are the resolved (valid) neighbour entries of the interface,
+	// IPv4 and IPv6.
 	Neighbours map[netip.Addr][6]byte
 }
 
@@ -97,14 +116,15 @@ type Env struct {
 	ListenerPorts              []uint16
 	MinRelayPort, MaxRelayPort uint16 // inclusive
 	Interfaces                 []Interface
-	// Unreachable are routes of type unreachable (or blackhole, prohibit): the
-	// FIB refuses to forward to them.
+	// Unreachable are routes of type unreachable (or blackhole, prohibit), IPv4
+	// or IPv6: the FIB refuses to forward to them.
 	Unreachable []netip.Prefix
 }
 
 // Learned is a side effect of a client packet: the address it was sent to
 // becomes the source of the binding's replies. The unspecified address means
-// "not known": replies wait in userspace.
+// "not known": replies wait in userspace. An IPv6 client's listener address is
+// IPv6 (an IPv4-mapped one when the client sent to ::ffff:a.b.c.d).
 type Learned struct {
 	Binding channelmap.Key
 	Addr    netip.Addr
@@ -139,21 +159,26 @@ type peerKey struct{ peer, relay netip.AddrPort }
 
 // New returns a model of the program loaded with env's configuration and the
 // given bindings. Bindings must be consistent, as pion/turn's are: one binding
-// per (client, listener port, channel) and one per (peer, relay), IPv4 only.
+// per (client, listener port, channel) and one per (peer, relay); relays and
+// peers IPv4, clients IPv4 or IPv6 with a listener address (when known) of the
+// client's family.
 func New(env Env, bindings []channelmap.Binding) (*Model, error) {
 	m := &Model{env: env, client: map[channelmap.Key]*channelmap.Binding{}, peer: map[peerKey]*channelmap.Binding{}}
 	for _, b := range bindings {
 		b.Client = unmapPort(b.Client)
 		b.Peer = unmapPort(b.Peer)
 		b.Relay = unmapPort(b.Relay)
-		b.ListenerAddr = b.ListenerAddr.Unmap()
-		if !b.Client.Addr().Is4() || !b.Peer.Addr().Is4() || !b.Relay.Addr().Is4() {
-			return nil, fmt.Errorf("binding %v: the fast path relays IPv4 only", b)
+		if !b.Peer.Addr().Is4() || !b.Relay.Addr().Is4() {
+			return nil, fmt.Errorf("binding %v: relays and peers are IPv4 only", b)
 		}
-		if b.ListenerAddr.IsValid() && !b.ListenerAddr.Is4() {
-			return nil, fmt.Errorf("binding %v: listener address %v is not IPv4", b, b.ListenerAddr)
+		client6 := b.Client.Addr().Is6()
+		if b.ListenerAddr.IsValid() && !b.ListenerAddr.IsUnspecified() && b.ListenerAddr.Unmap().Is6() != client6 {
+			return nil, fmt.Errorf("binding %v: listener address %v is not of the client's family", b, b.ListenerAddr)
 		}
-		if !b.ListenerAddr.IsValid() {
+		if !client6 {
+			b.ListenerAddr = b.ListenerAddr.Unmap()
+		}
+		if !b.ListenerAddr.IsValid() || b.ListenerAddr.IsUnspecified() {
 			b.ListenerAddr = netip.IPv4Unspecified()
 		}
 		pk := peerKey{b.Peer, b.Relay}
@@ -186,49 +211,101 @@ func (m *Model) Bindings() []channelmap.Binding {
 func (m *Model) Process(ingress int, frame []byte) Result {
 	pass := func(r bpf.RelayReason) Result { return Result{Verdict: Pass, Reason: r, Frame: frame} }
 
-	const ethLen, ipLen, udpLen = 14, 20, 8
-	if len(frame) < ethLen || be16(frame[12:]) != 0x0800 {
-		return pass(bpf.RelayReasonREASON_NOT_IPV4) // also VLAN tags and IPv6
+	const ethLen, ipLen, ip6Len, udpLen = 14, 20, 40, 8
+	if len(frame) < ethLen {
+		return pass(bpf.RelayReasonREASON_NOT_IP)
 	}
-	ip := frame[ethLen:]
-	if len(ip) < ipLen || ip[0]>>4 != 4 || ip[0]&0x0f < 5 {
-		return pass(bpf.RelayReasonREASON_MALFORMED_IP)
+	var in datagram
+	switch be16(frame[12:]) {
+	case 0x0800:
+		ip := frame[ethLen:]
+		if len(ip) < ipLen || ip[0]>>4 != 4 || ip[0]&0x0f < 5 {
+			return pass(bpf.RelayReasonREASON_MALFORMED_IP)
+		}
+		if ip[0]&0x0f > 5 {
+			return pass(bpf.RelayReasonREASON_IP_OPTIONS)
+		}
+		if ip[9] != 17 {
+			return pass(bpf.RelayReasonREASON_NOT_UDP)
+		}
+		if be16(ip[6:])&0x3fff != 0 { // MF or an offset: reassembly is the kernel's job
+			return pass(bpf.RelayReasonREASON_IP_FRAGMENT)
+		}
+		totLen := int(be16(ip[2:]))
+		if totLen < ipLen+udpLen || totLen > len(ip) {
+			return pass(bpf.RelayReasonREASON_MALFORMED_IP)
+		}
+		ip = ip[:totLen] // what follows is an Ethernet trailer, not ours
+		udp := ip[ipLen:]
+		if int(be16(udp[4:])) != len(udp) {
+			return pass(bpf.RelayReasonREASON_MALFORMED_UDP)
+		}
+		in = datagram{
+			src: netip.AddrPortFrom(addr4(ip[12:]), be16(udp[0:])),
+			dst: netip.AddrPortFrom(addr4(ip[16:]), be16(udp[2:])),
+			ip:  ip, udp: udp, tos: ip[1],
+		}
+	case 0x86DD:
+		ip := frame[ethLen:]
+		if len(ip) < ip6Len || ip[0]>>4 != 6 {
+			return pass(bpf.RelayReasonREASON_MALFORMED_IP)
+		}
+		if ip[6] != 17 {
+			if ipv6Extension(ip[6]) {
+				return pass(bpf.RelayReasonREASON_IPV6EXTENSION) // not walked: pion/turn's
+			}
+			return pass(bpf.RelayReasonREASON_NOT_UDP)
+		}
+		plen := int(be16(ip[4:]))
+		if plen < udpLen || ip6Len+plen > len(ip) {
+			return pass(bpf.RelayReasonREASON_MALFORMED_IP)
+		}
+		ip = ip[:ip6Len+plen] // what follows is an Ethernet trailer
+		udp := ip[ip6Len:]
+		if int(be16(udp[4:])) != len(udp) {
+			return pass(bpf.RelayReasonREASON_MALFORMED_UDP)
+		}
+		// Addresses as on the wire: an IPv4-mapped one stays 16 bytes, so an
+		// IPv6 packet from ::ffff:a.b.c.d is not the IPv4 client a.b.c.d's
+		// (such a source is not on the wire, RFC 4291 §2.5.5.2; Linux drops
+		// it before pion/turn could see it), and no IPv4 binding learns from
+		// it.
+		in = datagram{
+			src: netip.AddrPortFrom(netip.AddrFrom16([16]byte(ip[8:24])), be16(udp[0:])),
+			dst: netip.AddrPortFrom(netip.AddrFrom16([16]byte(ip[24:40])), be16(udp[2:])),
+			ip:  ip, udp: udp, v6: true, tos: uint8(be16(ip[0:]) >> 4),
+		}
+	default:
+		return pass(bpf.RelayReasonREASON_NOT_IP) // also VLAN tags
 	}
-	if ip[0]&0x0f > 5 {
-		return pass(bpf.RelayReasonREASON_IP_OPTIONS)
-	}
-	if ip[9] != 17 {
-		return pass(bpf.RelayReasonREASON_NOT_UDP)
-	}
-	if be16(ip[6:])&0x3fff != 0 { // MF or an offset: reassembly is the kernel's job
-		return pass(bpf.RelayReasonREASON_IP_FRAGMENT)
-	}
-	totLen := int(be16(ip[2:]))
-	if totLen < ipLen+udpLen || totLen > len(ip) {
-		return pass(bpf.RelayReasonREASON_MALFORMED_IP)
-	}
-	ip = ip[:totLen] // what follows is an Ethernet trailer, not ours
-	udp := ip[ipLen:]
-	if int(be16(udp[4:])) != len(udp) {
-		return pass(bpf.RelayReasonREASON_MALFORMED_UDP)
-	}
-	src := netip.AddrPortFrom(addr4(ip[12:]), be16(udp[0:]))
-	dst := netip.AddrPortFrom(addr4(ip[16:]), be16(udp[2:]))
-	in := datagram{src: src, dst: dst, ip: ip, udp: udp}
 
 	switch {
-	case m.isListenerPort(dst.Port()):
+	case m.isListenerPort(in.dst.Port()):
 		return m.fromClient(ingress, frame, in)
-	case dst.Port() >= m.env.MinRelayPort && dst.Port() <= m.env.MaxRelayPort && m.env.MinRelayPort != 0:
+	case in.dst.Port() >= m.env.MinRelayPort && in.dst.Port() <= m.env.MaxRelayPort && m.env.MinRelayPort != 0:
 		return m.fromPeer(ingress, frame, in)
 	}
 	return pass(bpf.RelayReasonREASON_NOT_OURS)
 }
 
-// datagram is a parsed input: its addresses, IP packet and UDP datagram.
+// ipv6Extension tells the IPv6 extension header types (IANA's list: hop-by-hop,
+// routing, fragment, ESP, AH, destination options, mobility, HIP, shim6 and the
+// two experimental ones) from upper-layer protocols.
+func ipv6Extension(nh uint8) bool {
+	switch nh {
+	case 0, 43, 44, 50, 51, 60, 135, 139, 140, 253, 254:
+		return true
+	}
+	return false
+}
+
+// datagram is a parsed input: its addresses, IP packet and UDP datagram, its
+// family and its TOS (IPv4) or traffic class (IPv6).
 type datagram struct {
 	src, dst netip.AddrPort
 	ip, udp  []byte
+	v6       bool
+	tos      uint8
 }
 
 func (m *Model) isListenerPort(p uint16) bool {
@@ -267,13 +344,24 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	// Learned before the next hop is known: the packet is bound either way, and
 	// a VIP in front of us is what it was sent to.
 	// Only a unicast destination can be the source of replies.
-	if d := in.dst.Addr(); b.ListenerAddr != d && !d.IsUnspecified() && !d.IsMulticast() && d != netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
-		b.ListenerAddr = in.dst.Addr()
+	if d := in.dst.Addr(); b.ListenerAddr != d && unicast(in) {
+		b.ListenerAddr = d
 		res.Learned = &Learned{Binding: key, Addr: b.ListenerAddr}
 	}
 	data := msg[4 : 4+n]
 	out := outPacket{src: b.Relay, dst: b.Peer, payload: data, dataLen: n}
 	return m.send(ingress, in, out, res, key, bpf.RelayReasonREASON_RELAY_C2P_TX, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT)
+}
+
+// unicast tells whether a client packet's destination can be the source of
+// replies: not unspecified, broadcast or multicast (IPv4: 224.0.0.0/4; IPv6:
+// ff00::/8, and :: only: ::ffff:0.0.0.0 is an address like any other).
+func unicast(in datagram) bool {
+	d := in.dst.Addr()
+	if in.v6 {
+		return d != netip.IPv6Unspecified() && d.As16()[0] != 0xff
+	}
+	return !d.IsUnspecified() && !d.IsMulticast() && d != netip.AddrFrom4([4]byte{255, 255, 255, 255})
 }
 
 // fromPeer handles UDP to a relay port: a peer's datagram becomes ChannelData.
@@ -285,6 +373,10 @@ func (m *Model) fromPeer(ingress int, frame []byte, in datagram) Result {
 	}
 	if b.ListenerAddr.IsUnspecified() {
 		return pass(bpf.RelayReasonREASON_CLIENT_ADDR_UNKNOWN)
+	}
+	if b.Client.Addr().Is6() && be16(in.udp[6:]) == 0 {
+		// IPv6 requires a checksum, and the program does not sum payloads.
+		return pass(bpf.RelayReasonREASON_NO_CHECKSUM)
 	}
 	data := in.udp[8:]
 	if len(data) > MaxDataLen {
@@ -308,9 +400,18 @@ type outPacket struct {
 }
 
 // send finds the next hop of out and builds its frame, or passes the original.
+// The output is IPv6 when its destination (the client) is, else IPv4.
 func (m *Model) send(ingress int, in datagram, out outPacket, res Result, key channelmap.Key, txReason, redirectReason bpf.RelayReason) Result {
-	totLen := 20 + 8 + len(out.payload)
-	hop, reason := m.fib(ingress, out.dst.Addr(), totLen)
+	var (
+		hop    *nextHop
+		reason bpf.RelayReason
+	)
+	if out.dst.Addr().Is6() {
+		// The whole IPv6 packet against the MTU.
+		hop, reason = m.fib6(ingress, out.src.Addr(), out.dst.Addr(), 40+8+len(out.payload))
+	} else {
+		hop, reason = m.fib(ingress, out.dst.Addr(), 20+8+len(out.payload))
+	}
 	if hop == nil {
 		res.Reason = reason
 		return res
@@ -331,10 +432,10 @@ type nextHop struct {
 	dmac   [6]byte
 }
 
-// fib answers as bpf_fib_lookup does for a packet forwarded from the ingress
-// interface, in its order (forwarding, route, MTU, neighbour), and then applies
-// the program's own rule that a redirect needs an attached egress interface.
-// It returns the PASS reason when there is no usable next hop.
+// fib answers as bpf_fib_lookup (AF_INET) does for a packet forwarded from the
+// ingress interface, in its order (forwarding, route, MTU, neighbour), and then
+// applies the program's own rule that a redirect needs an attached egress
+// interface. It returns the PASS reason when there is no usable next hop.
 func (m *Model) fib(ingress int, dst netip.Addr, totLen int) (*nextHop, bpf.RelayReason) {
 	in := m.iface(ingress)
 	if in == nil || !in.Forwarding {
@@ -343,6 +444,9 @@ func (m *Model) fib(ingress int, dst netip.Addr, totLen int) (*nextHop, bpf.Rela
 	var egress *Interface
 	for i := range m.env.Interfaces {
 		ifc := &m.env.Interfaces[i]
+		if !ifc.Addr.IsValid() {
+			continue
+		}
 		p := ifc.Addr.Masked()
 		if dst == ifc.Addr.Addr() || dst == lastAddr(p) {
 			// Local and broadcast routes: nothing to forward to.
@@ -352,8 +456,58 @@ func (m *Model) fib(ingress int, dst netip.Addr, totLen int) (*nextHop, bpf.Rela
 			egress = ifc
 		}
 	}
+	bits := 0
+	if egress != nil {
+		bits = egress.Addr.Bits()
+	}
+	return m.finish(ingress, dst, totLen, egress, bits)
+}
+
+// fib6 is fib for an IPv6 destination (AF_INET6): IPv6 forwarding on the
+// ingress, local addresses, connected prefixes and unreachable routes. Before
+// all of them, bpf_ipv6_fib_lookup never forwards to or from a multicast,
+// link-local or loopback address (rt6_need_strict), whatever the forwarding
+// setting.
+func (m *Model) fib6(ingress int, src, dst netip.Addr, totLen int) (*nextHop, bpf.RelayReason) {
+	if strict6(src) || strict6(dst) {
+		return nil, bpf.RelayReasonREASON_FIB_NOT_FORWARDED
+	}
+	in := m.iface(ingress)
+	if in == nil || !in.Forwarding6 {
+		return nil, bpf.RelayReasonREASON_FIB_FWD_DISABLED
+	}
+	var egress *Interface
+	bits := -1
+	for i := range m.env.Interfaces {
+		ifc := &m.env.Interfaces[i]
+		if !ifc.Addr6.IsValid() {
+			continue
+		}
+		if dst == ifc.Addr6.Addr() {
+			return nil, bpf.RelayReasonREASON_FIB_NOT_FORWARDED // local
+		}
+		if ifc.Addr6.Masked().Contains(dst) && ifc.Addr6.Bits() > bits {
+			egress, bits = ifc, ifc.Addr6.Bits()
+		}
+	}
+	return m.finish(ingress, dst, totLen, egress, bits)
+}
+
+// strict6 is the kernel's rt6_need_strict: multicast (ff00::/8), link-local
+// unicast (fe80::/10) or loopback (::1); an IPv4-mapped address is none of them.
+func strict6(a netip.Addr) bool {
+	if a.Is4In6() || a.Is4() {
+		return false
+	}
+	b := a.As16()
+	return b[0] == 0xff || (b[0] == 0xfe && b[1]&0xc0 == 0x80) || a == netip.IPv6Loopback()
+}
+
+// finish is the common tail of a lookup that found the connected route of
+// bits bits through egress (nil: no route).
+func (m *Model) finish(ingress int, dst netip.Addr, totLen int, egress *Interface, bits int) (*nextHop, bpf.RelayReason) {
 	for _, u := range m.env.Unreachable {
-		if u.Contains(dst) && (egress == nil || u.Bits() > egress.Addr.Bits()) {
+		if u.Contains(dst) && (egress == nil || u.Bits() > bits) {
 			return nil, bpf.RelayReasonREASON_FIB_NOT_FORWARDED
 		}
 	}
@@ -384,6 +538,9 @@ func (m *Model) iface(index int) *Interface {
 
 // build serializes the relayed frame.
 func (m *Model) build(in datagram, out outPacket, hop *nextHop) []byte {
+	if out.dst.Addr().Is6() {
+		return m.build6(in, out, hop)
+	}
 	udpLen := 8 + len(out.payload)
 	totLen := 20 + udpLen
 	f := make([]byte, 14+totLen)
@@ -393,9 +550,14 @@ func (m *Model) build(in datagram, out outPacket, hop *nextHop) []byte {
 
 	ip := f[14:]
 	ip[0] = 0x45
-	ip[1] = in.ip[1] // TOS: the client's or peer's DSCP/ECN travel on
+	ip[1] = in.tos // TOS: the client's or peer's DSCP/ECN travel on
 	binary.BigEndian.PutUint16(ip[2:], uint16(totLen))
-	copy(ip[4:8], in.ip[4:8]) // ID, flags (DF) and a zero fragment offset
+	if in.v6 {
+		// ID 0 and DF, as a Linux UDP socket with path MTU discovery sends.
+		binary.BigEndian.PutUint16(ip[6:], 0x4000)
+	} else {
+		copy(ip[4:8], in.ip[4:8]) // ID, flags (DF) and a zero fragment offset
+	}
 	ip[8] = RelayTTL
 	ip[9] = 17
 	src4, dst4 := out.src.Addr().As4(), out.dst.Addr().As4()
@@ -408,21 +570,55 @@ func (m *Model) build(in datagram, out outPacket, hop *nextHop) []byte {
 	binary.BigEndian.PutUint16(udp[2:], out.dst.Port())
 	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen))
 	copy(udp[8:], out.payload)
-	binary.BigEndian.PutUint16(udp[6:], udpChecksum(in, ip))
+	binary.BigEndian.PutUint16(udp[6:], udpChecksum(in, pseudo(ip[12:16], ip[16:20], len(udp)), udp))
 	return f
 }
 
-// udpChecksum is the checksum of the relayed datagram in ip. An absent input
-// checksum stays absent (legal on IPv4, RFC 768). Otherwise the output's
+// build6 serializes a relayed IPv6 frame (to an IPv6 client).
+func (m *Model) build6(in datagram, out outPacket, hop *nextHop) []byte {
+	udpLen := 8 + len(out.payload)
+	f := make([]byte, 14+40+udpLen)
+	copy(f[0:6], hop.dmac[:])
+	copy(f[6:12], hop.egress.MAC[:])
+	binary.BigEndian.PutUint16(f[12:], 0x86DD)
+
+	ip := f[14:]
+	// Version 6, the traffic class from the TOS, flow label 0.
+	binary.BigEndian.PutUint32(ip[0:], 6<<28|uint32(in.tos)<<20)
+	binary.BigEndian.PutUint16(ip[4:], uint16(udpLen))
+	ip[6] = 17
+	ip[7] = RelayTTL // the hop limit
+	src, dst := out.src.Addr().As16(), out.dst.Addr().As16()
+	copy(ip[8:24], src[:])
+	copy(ip[24:40], dst[:])
+
+	udp := ip[40:]
+	binary.BigEndian.PutUint16(udp[0:], out.src.Port())
+	binary.BigEndian.PutUint16(udp[2:], out.dst.Port())
+	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen))
+	copy(udp[8:], out.payload)
+	binary.BigEndian.PutUint16(udp[6:], udpChecksum(in, pseudo(ip[8:24], ip[24:40], len(udp)), udp))
+	return f
+}
+
+// udpChecksum is the checksum of the relayed datagram udp, whose pseudo header
+// sums to outPseudo. An absent input checksum stays absent (legal on IPv4, RFC
+// 768; an IPv6 output never gets here without one). Otherwise the output's
 // checksum is off by exactly what the input's was: with E the ones' complement
 // sum of the input datagram, pseudo header and checksum field included (0xffff
 // when it verifies), the output's checksum c makes its sum E too.
-func udpChecksum(in datagram, ip []byte) uint16 {
+func udpChecksum(in datagram, outPseudo uint32, udp []byte) uint16 {
 	if be16(in.udp[6:]) == 0 {
 		return 0
 	}
-	inSum := fold(sum(pseudo(in.ip), in.udp))
-	outSum := fold(sum(pseudo(ip), ip[20:])) // its checksum field is still zero
+	var inPseudo uint32
+	if in.v6 {
+		inPseudo = pseudo(in.ip[8:24], in.ip[24:40], len(in.udp))
+	} else {
+		inPseudo = pseudo(in.ip[12:16], in.ip[16:20], len(in.udp))
+	}
+	inSum := fold(sum(inPseudo, in.udp))
+	outSum := fold(sum(outPseudo, udp)) // its checksum field is still zero
 	c := fold(uint32(inSum) + uint32(^outSum))
 	if c == 0 {
 		c = 0xffff // RFC 768: a computed zero is sent as all ones
@@ -430,10 +626,11 @@ func udpChecksum(in datagram, ip []byte) uint16 {
 	return c
 }
 
-// pseudo is the unfolded sum of the UDP pseudo header of an IPv4 packet.
-func pseudo(ip []byte) uint32 {
-	s := sum(0, ip[12:20])
-	return s + 17 + uint32(len(ip)-20)
+// pseudo is the unfolded sum of a UDP pseudo header: the source and
+// destination addresses (4 or 16 bytes), the protocol and the UDP length (RFC
+// 768, RFC 8200 §8.1: the same sum for both families).
+func pseudo(src, dst []byte, udpLen int) uint32 {
+	return sum(sum(0, src), dst) + 17 + uint32(udpLen)
 }
 
 // sum adds b to s as big-endian 16-bit words (RFC 1071), an odd last byte

@@ -124,8 +124,8 @@ func TestPassReasons(t *testing.T) {
 		frame   []byte
 		reason  bpf.RelayReason
 	}{
-		{"shorter than ethernet", 2, ok[:13], bpf.RelayReasonREASON_NOT_IPV4},
-		{"empty", 2, nil, bpf.RelayReasonREASON_NOT_IPV4},
+		{"shorter than ethernet", 2, ok[:13], bpf.RelayReasonREASON_NOT_IP},
+		{"empty", 2, nil, bpf.RelayReasonREASON_NOT_IP},
 		{"trailer is not the message", 2, clientFrame("10.100.0.1", nil).Marshal(), bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA},
 		{"forwarding off", 9, ok, bpf.RelayReasonREASON_FIB_FWD_DISABLED},
 		{"unreachable beats connected", 2, clientFrame("10.100.0.1", packet.ChannelData(0x4001, nil, nil)).Marshal(), bpf.RelayReasonREASON_FIB_NOT_FORWARDED},
@@ -152,5 +152,205 @@ func TestNewRejectsInconsistentBindings(t *testing.T) {
 	v6.Peer = netip.MustParseAddrPort("[2001:db8::1]:1")
 	if _, err := model.New(testEnv(), []channelmap.Binding{v6}); err == nil {
 		t.Fatal("an IPv6 peer accepted")
+	}
+}
+
+// IPv6 clients: a0 has fd00:100::1/64 with the client fd00:100::2 as a
+// neighbour; relays and peers stay IPv4.
+
+func testEnv6() model.Env {
+	env := testEnv()
+	env.Interfaces[0].Addr6 = netip.MustParsePrefix("fd00:100::1/64")
+	env.Interfaces[0].Forwarding6 = true
+	env.Interfaces[0].Neighbours[netip.MustParseAddr("fd00:100::2")] = clientMAC
+	env.Interfaces[1].Forwarding6 = true // b0: no IPv6 address, forwarding on
+	env.Unreachable = append(env.Unreachable, netip.MustParsePrefix("fd00:100::8000/113"))
+	return env
+}
+
+var binding6 = channelmap.Binding{
+	Client: netip.MustParseAddrPort("[fd00:100::2]:40000"), ListenerPort: 3478, Channel: 0x4000,
+	Peer: netip.MustParseAddrPort("10.200.0.2:5002"), Relay: netip.MustParseAddrPort("10.200.0.1:50001"),
+}
+
+func newModel6(t *testing.T, bs ...channelmap.Binding) *model.Model {
+	t.Helper()
+	m, err := model.New(testEnv6(), bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func clientFrame6(dst string, payload []byte) packet.Frame {
+	return packet.Frame{DstMAC: aMAC, SrcMAC: clientMAC, TTL: 1, TOS: 0xb9, FlowLabel: 0x12345,
+		Src: binding6.Client, Dst: netip.AddrPortFrom(netip.MustParseAddr(dst), 3478), Payload: payload}
+}
+
+func TestClientToPeerIPv6(t *testing.T) {
+	m := newModel6(t, binding6)
+	d := []byte("hello from v6")
+	in := clientFrame6("fd00:100::1", packet.ChannelData(0x4000, d, []byte{9, 8, 7}))
+	in.Trailer = []byte{0xee, 0xee}
+	res := m.Process(2, in.Marshal())
+	if res.Verdict != model.Redirect || res.Reason != bpf.RelayReasonREASON_RELAY_C2P_REDIRECT {
+		t.Fatalf("%v %v, want REDIRECT relay_c2p_redirect", res.Verdict, res.Reason)
+	}
+	// IPv4 out: TOS = traffic class, ID 0, DF, TTL 64.
+	want := packet.Frame{DstMAC: peerMAC, SrcMAC: bMAC, TTL: 64, ID: 0, FragOff: 0x4000, TOS: 0xb9,
+		Src: binding6.Relay, Dst: binding6.Peer, Payload: d}.Marshal()
+	if !bytes.Equal(res.Frame, want) {
+		t.Fatalf("output\n got %x\nwant %x", res.Frame, want)
+	}
+	if _, err := packet.Parse(res.Frame); err != nil {
+		t.Fatal(err)
+	}
+	if res.Learned == nil || res.Learned.Addr != netip.MustParseAddr("fd00:100::1") {
+		t.Fatalf("learned %+v, want fd00:100::1", res.Learned)
+	}
+	// An absent checksum (illegal on IPv6) leaves absent (legal on IPv4).
+	in.NoUDPChecksum = true
+	out := m.Process(2, in.Marshal()).Frame
+	if cs := binary.BigEndian.Uint16(out[packet.EthLen+packet.IPv4Len+6:]); cs != 0 {
+		t.Fatalf("UDP checksum %#04x, want 0", cs)
+	}
+	// A wrong one stays wrong.
+	in.NoUDPChecksum = false
+	bad := in.Marshal()
+	off := packet.EthLen + packet.IPv6Len + 6
+	binary.BigEndian.PutUint16(bad[off:], binary.BigEndian.Uint16(bad[off:])^0x0100)
+	if _, err := packet.Parse(m.Process(2, bad).Frame); err == nil {
+		t.Fatal("a damaged IPv6 datagram was relayed with a valid checksum")
+	}
+}
+
+func TestPeerToClientIPv6(t *testing.T) {
+	m := newModel6(t, binding6)
+	in := packet.Frame{SrcMAC: peerMAC, TTL: 9, TOS: 0x2e, ID: 77, Src: binding6.Peer, Dst: binding6.Relay, Payload: []byte{1, 2, 3}}
+	if res := m.Process(3, in.Marshal()); res.Reason != bpf.RelayReasonREASON_CLIENT_ADDR_UNKNOWN {
+		t.Fatalf("before learning: %v", res.Reason)
+	}
+	// Neither :: nor a multicast group is learned.
+	for _, dst := range []string{"::", "ff02::1"} {
+		if res := m.Process(2, clientFrame6(dst, packet.ChannelData(0x4000, nil, nil)).Marshal()); res.Learned != nil {
+			t.Fatalf("learned %v from a packet to %s", res.Learned.Addr, dst)
+		}
+	}
+	m.Process(2, clientFrame6("fd00:100::1", packet.ChannelData(0x4000, nil, nil)).Marshal())
+	res := m.Process(3, in.Marshal())
+	want := packet.Frame{DstMAC: clientMAC, SrcMAC: aMAC, TTL: 64, TOS: 0x2e,
+		Src: netip.MustParseAddrPort("[fd00:100::1]:3478"), Dst: binding6.Client, Payload: packet.ChannelData(0x4000, []byte{1, 2, 3}, nil)}.Marshal()
+	if res.Verdict != model.Redirect || res.Reason != bpf.RelayReasonREASON_RELAY_P2C_REDIRECT || !bytes.Equal(res.Frame, want) {
+		t.Fatalf("after learning: %v %v\n got %x\nwant %x", res.Verdict, res.Reason, res.Frame, want)
+	}
+	p, err := packet.Parse(res.Frame)
+	if err != nil || !p.IPv6 || p.TOS != 0x2e || p.FlowLabel != 0 || p.TTL != 64 {
+		t.Fatalf("parsed %+v, %v", p, err)
+	}
+	in.NoUDPChecksum = true
+	if res := m.Process(3, in.Marshal()); res.Verdict != model.Pass || res.Reason != bpf.RelayReasonREASON_NO_CHECKSUM {
+		t.Fatalf("no checksum: %v %v, want PASS no_checksum", res.Verdict, res.Reason)
+	}
+}
+
+func TestPassReasonsIPv6(t *testing.T) {
+	good := clientFrame6("fd00:100::1", packet.ChannelData(0x4000, make([]byte, 10), nil))
+	ok := good.Marshal()
+	withExt := func(typ uint8) []byte { f := good; f.Ext = []packet.ExtHeader{packet.Ext(typ)}; return f.Marshal() }
+	set := func(off int, v uint16) []byte {
+		b := good.Marshal()
+		binary.BigEndian.PutUint16(b[off:], v)
+		return b
+	}
+	const ip6, udp6 = packet.EthLen, packet.EthLen + packet.IPv6Len
+	icmp := good
+	icmp.Proto = 58
+	noNeigh := binding6
+	noNeigh.Client = netip.MustParseAddrPort("[fd00:100::9]:1")
+	unreach := binding6
+	unreach.Client, unreach.Peer, unreach.Relay = netip.MustParseAddrPort("[fd00:100::8001]:1"), netip.MustParseAddrPort("10.200.0.2:1"), netip.MustParseAddrPort("10.200.0.1:50009")
+	peer := func(b channelmap.Binding, n int) []byte {
+		return packet.Frame{SrcMAC: peerMAC, Src: b.Peer, Dst: b.Relay, Payload: make([]byte, n)}.Marshal()
+	}
+	noNeigh.ListenerAddr, unreach.ListenerAddr = netip.MustParseAddr("fd00:100::1"), netip.MustParseAddr("fd00:100::1")
+	noNeigh.Peer, noNeigh.Relay = netip.MustParseAddrPort("10.200.0.2:2"), netip.MustParseAddrPort("10.200.0.1:50010")
+	mtu := binding6
+	mtu.ListenerAddr = netip.MustParseAddr("fd00:100::1")
+	for _, c := range []struct {
+		name    string
+		ingress int
+		frame   []byte
+		reason  bpf.RelayReason
+	}{
+		{"truncated header", 2, ok[:ip6+39], bpf.RelayReasonREASON_MALFORMED_IP},
+		{"version 4", 2, func() []byte { b := good.Marshal(); b[ip6] = 0x40; return b }(), bpf.RelayReasonREASON_MALFORMED_IP},
+		{"payload length beyond frame", 2, set(ip6+4, uint16(len(ok)-udp6+1)), bpf.RelayReasonREASON_MALFORMED_IP},
+		{"payload length below udp", 2, set(ip6+4, 7), bpf.RelayReasonREASON_MALFORMED_IP},
+		{"payload length short: udp length lies", 2, set(ip6+4, uint16(len(ok)-udp6-2)), bpf.RelayReasonREASON_MALFORMED_UDP},
+		{"udp length long", 2, set(udp6+4, uint16(len(ok)-udp6+1)), bpf.RelayReasonREASON_MALFORMED_UDP},
+		{"hop-by-hop", 2, withExt(0), bpf.RelayReasonREASON_IPV6EXTENSION},
+		{"fragment", 2, withExt(44), bpf.RelayReasonREASON_IPV6EXTENSION},
+		{"esp", 2, withExt(50), bpf.RelayReasonREASON_IPV6EXTENSION},
+		{"icmpv6", 2, icmp.Marshal(), bpf.RelayReasonREASON_NOT_UDP},
+		{"forwarding off (IPv4 lookup)", 9, ok, bpf.RelayReasonREASON_FIB_FWD_DISABLED},
+		{"ipv6 to a relay port", 2, func() []byte { f := good; f.Dst = netip.MustParseAddrPort("[fd00:100::1]:50001"); return f.Marshal() }(), bpf.RelayReasonREASON_NO_PEER_BINDING},
+		{"ipv4-mapped source is no IPv4 client", 2, func() []byte {
+			f := good
+			f.Src = netip.AddrPortFrom(netip.MustParseAddr("::ffff:10.100.0.2"), 40000)
+			f.IPv6 = true
+			return f.Marshal()
+		}(), bpf.RelayReasonREASON_NO_CHANNEL},
+		{"p2c no neighbour", 3, peer(noNeigh, 10), bpf.RelayReasonREASON_FIB_NO_NEIGH},
+		{"p2c unreachable", 3, peer(unreach, 10), bpf.RelayReasonREASON_FIB_NOT_FORWARDED},
+		{"p2c arriving on the client's interface: TX", 2, peer(mtu, 10), bpf.RelayReasonREASON_RELAY_P2C_TX},
+		{"p2c 40+8+4+n above the MTU", 3, peer(mtu, 1500-52+1), bpf.RelayReasonREASON_FIB_FRAG_NEEDED},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			v4 := binding
+			v4.Channel = 0x4009
+			m := newModel6(t, mtu, noNeigh, unreach, v4)
+			res := m.Process(c.ingress, c.frame)
+			if res.Reason != c.reason {
+				t.Fatalf("%v %v, want %v", res.Verdict, res.Reason, c.reason)
+			}
+			if res.Verdict == model.Pass && !bytes.Equal(res.Frame, c.frame) {
+				t.Fatal("passed frame changed")
+			}
+		})
+	}
+	// The MTU row's neighbour: fits exactly.
+	m := newModel6(t, mtu)
+	if res := m.Process(3, peer(mtu, 1500-52)); res.Reason != bpf.RelayReasonREASON_RELAY_P2C_REDIRECT {
+		t.Fatalf("1448 bytes of data to an IPv6 client: %v", res.Reason)
+	}
+	env := testEnv6()
+	env.Interfaces[1].Forwarding6 = false
+	m, _ = model.New(env, []channelmap.Binding{mtu})
+	if res := m.Process(3, peer(mtu, 10)); res.Reason != bpf.RelayReasonREASON_FIB_FWD_DISABLED {
+		t.Fatalf("IPv6 forwarding off on the peer's ingress: %v", res.Reason)
+	}
+}
+
+func TestNewIPv6Families(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		edit func(b *channelmap.Binding)
+		ok   bool
+	}{
+		{"ipv6 client", func(b *channelmap.Binding) {}, true},
+		{"ipv6 client and listener", func(b *channelmap.Binding) { b.ListenerAddr = netip.MustParseAddr("fd00:100::1") }, true},
+		{"ipv6 client, ipv4 listener", func(b *channelmap.Binding) { b.ListenerAddr = netip.MustParseAddr("10.100.0.1") }, false},
+		{"ipv4 client, ipv6 listener", func(b *channelmap.Binding) {
+			b.Client = binding.Client
+			b.ListenerAddr = netip.MustParseAddr("fd00:100::1")
+		}, false},
+		{"ipv6 relay", func(b *channelmap.Binding) { b.Relay = netip.MustParseAddrPort("[fd00:100::1]:50000") }, false},
+		{"ipv6 peer", func(b *channelmap.Binding) { b.Peer = netip.MustParseAddrPort("[fd00:100::3]:5000") }, false},
+	} {
+		b := binding6
+		c.edit(&b)
+		if _, err := model.New(testEnv6(), []channelmap.Binding{b}); (err == nil) != c.ok {
+			t.Errorf("%s: error %v, want ok=%v", c.name, err, c.ok)
+		}
 	}
 }
