@@ -113,7 +113,7 @@ func TestBench(t *testing.T) {
 		h.rep.Meta.Daemon = "built from this tree by the harness (go build ./cmd/stunnerd-xdp)"
 	}
 	h.rep.Meta.LoadAvg = []string{loadavg()}
-	h.rig = netns.NewRouted(t)
+	h.rig = netns.NewRoutedWith(t, netns.WithIPv6())
 	h.startPeers(t)
 	h.command("BENCH=%s go test ./bench -run '^TestBench$' -v -count=1 (as root, from the repository root)", mode)
 

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"net"
@@ -36,11 +35,12 @@ const (
 	rowC2P    = "relay client→peer, 100 B ChannelData"
 	rowP2C    = "relay peer→client, 100 B datagram"
 	rowSTUN   = "relay, STUN Binding request (PASS pass_stun)"
-	rowIPv6   = "relay, IPv6 frame (PASS not_ipv4: IPv6 is not relayed today)"
+	rowIPv6   = "relay client→peer, IPv6 client, 100 B ChannelData (IPv6 in, IPv4 out)"
+	rowIPv6P  = "relay peer→client, IPv6 client, 100 B datagram (IPv4 in, IPv6 out)"
 	rowC2PBad = "relay client→peer with repeat=N"
 )
 
-var progRunNames = []string{rowFloor, rowC2P, rowP2C, rowSTUN, rowIPv6}
+var progRunNames = []string{rowFloor, rowC2P, rowP2C, rowSTUN, rowIPv6, rowIPv6P}
 
 // progRunAttr is the BPF_PROG_TEST_RUN part of union bpf_attr. cilium/ebpf's
 // Run does not return the kernel's per-run duration, so the bench makes the
@@ -104,8 +104,15 @@ func (h *harness) stageProgRun(t *testing.T) {
 	b := channelmap.Binding{Client: netip.MustParseAddrPort("10.100.0.2:40000"), ListenerPort: uint16(listenPort), Channel: 0x4000,
 		Peer: netip.MustParseAddrPort("10.200.0.2:5001"), Relay: netip.MustParseAddrPort("10.200.0.1:50000"),
 		ListenerAddr: netip.MustParseAddr("10.100.0.1")}
-	if err := channelmap.New(prog.Maps()).Upsert(b); err != nil {
-		t.Fatal(err)
+	// The same client over IPv6 (the rig gives cl0/srv0 fd00:100::2 and ::1).
+	b6 := channelmap.Binding{Client: netip.MustParseAddrPort("[fd00:100::2]:40000"), ListenerPort: uint16(listenPort), Channel: 0x4000,
+		Peer: netip.MustParseAddrPort("10.200.0.2:5002"), Relay: netip.MustParseAddrPort("10.200.0.1:50001"),
+		ListenerAddr: netip.MustParseAddr("fd00:100::1")}
+	maps := channelmap.New(prog.Maps())
+	for _, bb := range []channelmap.Binding{b, b6} {
+		if err := maps.Upsert(bb); err != nil {
+			t.Fatal(err)
+		}
 	}
 	r := h.rig
 	var srv0, srv1 int
@@ -139,8 +146,10 @@ func (h *harness) stageProgRun(t *testing.T) {
 	stunReq := packet.Frame{DstMAC: mac(r.ServerClientIf.MAC), SrcMAC: mac(r.ClientIf.MAC), TTL: 64, ID: 3,
 		Src: b.Client, Dst: netip.AddrPortFrom(b.ListenerAddr, b.ListenerPort),
 		Payload: []byte{0x00, 0x01, 0x00, 0x00, 0x21, 0x12, 0xA4, 0x42, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}}.Marshal()
-	ipv6 := append([]byte(nil), c2p...)
-	binary.BigEndian.PutUint16(ipv6[12:14], 0x86DD)
+	ipv6 := packet.Frame{DstMAC: mac(r.ServerClientIf.MAC), SrcMAC: mac(r.ClientIf.MAC), TTL: 64,
+		Src: b6.Client, Dst: netip.AddrPortFrom(b6.ListenerAddr, b6.ListenerPort), Payload: packet.ChannelData(b6.Channel, data, nil)}.Marshal()
+	ipv6p2c := packet.Frame{DstMAC: mac(r.ServerPeerIf.MAC), SrcMAC: mac(r.PeerIf.MAC), TTL: 64, ID: 4,
+		Src: b6.Peer, Dst: b6.Relay, Payload: data}.Marshal()
 
 	rows := []struct {
 		name, frameDesc string
@@ -154,7 +163,8 @@ func (h *harness) stageProgRun(t *testing.T) {
 		{rowC2P, fmt.Sprintf("%d-byte frame in on srv0", len(c2p)), prog.XDP(), c2p, srv0, xdpRedirect, 1},
 		{rowP2C, fmt.Sprintf("%d-byte frame in on srv1", len(p2c)), prog.XDP(), p2c, srv1, xdpRedirect, 1},
 		{rowSTUN, fmt.Sprintf("%d-byte frame in on srv0", len(stunReq)), prog.XDP(), stunReq, srv0, xdpPass, 1},
-		{rowIPv6, fmt.Sprintf("%d-byte frame, ethertype 0x86DD", len(ipv6)), prog.XDP(), ipv6, srv0, xdpPass, 1},
+		{rowIPv6, fmt.Sprintf("%d-byte frame in on srv0", len(ipv6)), prog.XDP(), ipv6, srv0, xdpRedirect, 1},
+		{rowIPv6P, fmt.Sprintf("%d-byte frame in on srv1", len(ipv6p2c)), prog.XDP(), ipv6p2c, srv1, xdpRedirect, 1},
 		// The pitfall: iterations 2..N see the frame the first one rewrote.
 		{rowC2PBad, fmt.Sprintf("%d-byte frame in on srv0", len(c2p)), prog.XDP(), c2p, srv0, xdpRedirect, 1000000},
 	}
