@@ -92,7 +92,11 @@ func TestBench(t *testing.T) {
 		cfg.maxWorkers = w
 	}
 	started := time.Now()
+	// The smoke run must not overwrite the committed report of a full run.
 	outDir := filepath.Join(repoRoot(), "bench", "out")
+	if mode == "smoke" {
+		outDir = filepath.Join(repoRoot(), "bench", "out-smoke")
+	}
 	if err := os.MkdirAll(filepath.Join(outDir, "data"), 0o755); err != nil {
 		t.Fatal(err)
 	}
