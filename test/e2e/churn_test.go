@@ -85,7 +85,7 @@ func TestChurnWhileTrafficFlows(t *testing.T) {
 			}(i)
 		}
 
-		const workers, perWorker = 4, 250
+		const workers, perWorker = 4, 500
 		var churned, strayData atomic.Int64
 		var cwg sync.WaitGroup
 		for w := 0; w < workers; w++ {
