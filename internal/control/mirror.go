@@ -259,8 +259,10 @@ func (m *Mirror) apply(e event) {
 		if !ok {
 			return
 		}
-		for ch := range a.channels {
-			m.remove(bindingKey(e.alloc, ch))
+		for ch, peer := range a.channels {
+			if a.permissions[peer.Addr().Unmap()] { // else it left with its permission
+				m.remove(bindingKey(e.alloc, ch))
+			}
 		}
 		delete(m.allocs, e.alloc)
 	case evPermissionCreated:
@@ -274,6 +276,9 @@ func (m *Mirror) apply(e event) {
 	case evPermissionDeleted:
 		a, ok := m.allocs[e.alloc]
 		if !ok {
+			return
+		}
+		if !a.permissions[e.peerIP] {
 			return
 		}
 		delete(a.permissions, e.peerIP)
@@ -297,7 +302,9 @@ func (m *Mirror) apply(e event) {
 		}
 		if peer, ok := a.channels[e.channel]; ok && peer == e.peer {
 			delete(a.channels, e.channel)
-			m.remove(bindingKey(e.alloc, e.channel))
+			if a.permissions[peer.Addr().Unmap()] { // else it left with its permission
+				m.remove(bindingKey(e.alloc, e.channel))
+			}
 		}
 	}
 }

@@ -142,12 +142,18 @@ func (p *Program) Reconfigure(cfg Config) error {
 	if err := load(cfg, &next, &p.objs.RelayMaps); err != nil {
 		return err
 	}
+	var moved []link.Link
 	for name, a := range p.links {
 		if err := a.link.Update(next.XdpTurnRelay); err != nil {
-			// Links already moved keep the new program; this one keeps the old.
-			next.RelayMaps.Close()
+			// Put the links already moved back on the old program: one
+			// program everywhere, with the old configuration.
+			for _, l := range moved {
+				_ = l.Update(p.objs.XdpTurnRelay)
+			}
+			_ = next.Close()
 			return fmt.Errorf("swap the program on %s: %w", name, err)
 		}
+		moved = append(moved, a.link)
 	}
 	// The maps in next are clones of ours: close them, keep the new program.
 	_ = next.RelayMaps.Close()
