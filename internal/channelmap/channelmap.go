@@ -316,6 +316,13 @@ func (m *Maps) Totals() (Stats, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	total := m.retired
+	if len(m.bindings) > batchThreshold {
+		// Freed slots are zeroed, so summing every slot in a few batch
+		// syscalls beats one syscall per binding.
+		s, err := m.sumAllSlots()
+		total.add(s)
+		return total, err
+	}
 	for _, e := range m.bindings {
 		s, err := m.bindingStats(e.id)
 		if err != nil {
@@ -324,6 +331,39 @@ func (m *Maps) Totals() (Stats, error) {
 		total.add(s)
 	}
 	return total, nil
+}
+
+// batchThreshold is where Totals switches from per-binding lookups to batch
+// lookups of the whole counter array.
+const batchThreshold = 1024
+
+func (m *Maps) sumAllSlots() (Stats, error) {
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return Stats{}, err
+	}
+	const chunk = 4096
+	keys := make([]uint32, chunk)
+	vals := make([]bpf.RelayBindingStats, chunk*ncpu)
+	var (
+		cursor ebpf.MapBatchCursor
+		s      Stats
+	)
+	for {
+		n, err := m.counters.BatchLookup(&cursor, keys, vals, nil)
+		for _, c := range vals[:n*ncpu] {
+			s.ClientToPeerPackets += c.C2pPackets
+			s.ClientToPeerBytes += c.C2pBytes
+			s.PeerToClientPackets += c.P2cPackets
+			s.PeerToClientBytes += c.P2cBytes
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return s, nil
+		}
+		if err != nil {
+			return s, fmt.Errorf("batch-read binding counters: %w", err)
+		}
+	}
 }
 
 // Verdicts returns the per-reason packet counts summed over CPUs, indexed by
