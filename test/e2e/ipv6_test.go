@@ -21,7 +21,6 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
-	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
@@ -76,39 +75,12 @@ func inIPv6Rig(t *testing.T, bridged bool, body func(t *testing.T, r rig)) {
 // IPv4 on 10.200.0.1.
 func startDualStackDaemon(t *testing.T, mode loader.Mode, ifaces []string) *daemon.Daemon {
 	t.Helper()
-	logger, err := logging.New("all:WARN,loader:INFO", "text", testWriter{t})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := daemon.Start(daemon.Config{
-		Listeners: []daemon.Listener{
+	return startDaemon(t, mode, ifaces, func(c *daemon.Config) {
+		c.Listeners = []daemon.Listener{
 			{Name: "udp4", Protocol: config.UDP, Addr: listenAddr},
 			{Name: "udp6", Protocol: config.UDP, Addr: listen6},
-		},
-		Users:        map[string]string{user: password},
-		RelayAddress: relayAddr,
-		XDPMode:      mode,
-		Interfaces:   ifaces,
-		MaxBindings:  4096,
-		Logger:       logger,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Close(); err != nil {
-			t.Errorf("daemon close: %v", err)
 		}
 	})
-	if mode != loader.ModeOff {
-		got := d.Attached()
-		for _, i := range ifaces {
-			if got[i] != mode {
-				t.Fatalf("interface %s attached %q, want %q", i, got[i], mode)
-			}
-		}
-	}
-	return d
 }
 
 // udp6Net is pion's standard network, except that a TURN or STUN server given
