@@ -255,8 +255,10 @@ func (r *Report) Validate() error {
 		errs = append(errs, fmt.Errorf("scaling: %d points, want %d", len(r.Scaling), r.Expected.ScalingPoints))
 	}
 	for _, s := range r.Scaling {
-		// Every channel carries traffic unless the rung was too short to reach them all.
-		if s.Sent == 0 || bad(s.DeliveredPPS) || bad(s.SoftUsPerPkt) || uint64(s.ChannelsHit)*10 < min(uint64(s.Channels), s.XDPRelayed)*9 {
+		// Traffic spreads over the channels: at least half of those the relayed
+		// packets could reach carry some (under overload datagrams drop at random
+		// before XDP, so fewer distinct channels are hit than packets relayed).
+		if s.Sent == 0 || bad(s.DeliveredPPS) || bad(s.SoftUsPerPkt) || uint64(s.ChannelsHit)*2 < min(uint64(s.Channels), s.XDPRelayed) {
 			errs = append(errs, fmt.Errorf("scaling %d channels: incomplete: %+v", s.Channels, s))
 		}
 	}
