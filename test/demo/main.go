@@ -5,7 +5,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -17,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,7 +26,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
@@ -239,7 +236,7 @@ func (r *rig) attachPass(ns, dev string) error {
 		return fmt.Errorf("load XDP_PASS program: %w", err)
 	}
 	defer prog.Close()
-	return inNetns(ns, func() error {
+	return (&netns.NS{Name: ns}).Do(func() error {
 		ifc, err := net.InterfaceByName(dev)
 		if err != nil {
 			return err
@@ -251,31 +248,6 @@ func (r *rig) attachPass(ns, dev string) error {
 		r.links = append(r.links, l)
 		return nil
 	})
-}
-
-// inNetns runs f on a locked thread inside the named namespace.
-func inNetns(ns string, f func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	self, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		return err
-	}
-	defer self.Close()
-	target, err := os.Open("/run/netns/" + ns)
-	if err != nil {
-		return err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		return err
-	}
-	defer func() {
-		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-			panic(err)
-		}
-	}()
-	return f()
 }
 
 func (r *rig) start(ns string, out io.Writer, name string, args ...string) (*exec.Cmd, error) {
@@ -345,37 +317,12 @@ func matching(m map[string]float64, prefix string) []string {
 	return out
 }
 
-// get fetches a URL from inside the server namespace (the socket is created
-// there; net/http's transport would dial from another thread).
+// get fetches a URL from inside the server namespace.
 func (r *rig) get(url string) (string, error) {
-	var body string
-	err := inNetns(r.srv, func() error {
-		req, err := http.NewRequest(http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		c, err := net.DialTimeout("tcp", req.URL.Host, time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		req.Close = true
-		if err := req.Write(c); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s: %s", url, resp.Status)
-		}
-		body = string(b)
-		return err
-	})
+	code, body, err := (&netns.NS{Name: r.srv}).HTTPGet(url)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("%s: status %d", url, code)
+	}
 	return body, err
 }
 

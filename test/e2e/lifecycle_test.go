@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -154,37 +152,10 @@ func xdpAttached(t *testing.T, ns *netns.NS, iface string) bool {
 	return strings.Contains(out, "prog/xdp") || strings.Contains(out, " xdp")
 }
 
-// httpGet fetches a URL from inside the namespace.
+// httpGet fetches a URL from inside the namespace and fails the test on error.
 func httpGet(t *testing.T, ns *netns.NS, url string) (int, string) {
 	t.Helper()
-	var (
-		code int
-		body string
-	)
-	err := ns.Do(func() error {
-		req, err := http.NewRequest(http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		c, err := net.DialTimeout("tcp", req.URL.Host, 2*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		req.Close = true
-		if err := req.Write(c); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		code, body = resp.StatusCode, string(b)
-		return err
-	})
+	code, body, err := ns.HTTPGet(url)
 	if err != nil {
 		t.Fatalf("GET %s in %s: %v", url, ns.Name, err)
 	}

@@ -15,7 +15,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
@@ -262,4 +265,39 @@ func runCmd(t testing.TB, name string, args ...string) string {
 func run(cmd *exec.Cmd) (string, error) {
 	out, err := cmd.CombinedOutput()
 	return string(out), err
+}
+
+// HTTPGet fetches url from inside the namespace and returns the status code
+// and body. The connection is dialled in Do, so its socket lives in the
+// namespace (net/http's transport would dial from another thread).
+func (n *NS) HTTPGet(url string) (int, string, error) {
+	var (
+		code int
+		body string
+	)
+	err := n.Do(func() error {
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		c, err := net.DialTimeout("tcp", req.URL.Host, 2*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		req.Close = true
+		if err := req.Write(c); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		code, body = resp.StatusCode, string(b)
+		return err
+	})
+	return code, body, err
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 
 	"github.com/l7mp/stunnerd-xdp/test/netns"
@@ -195,50 +194,18 @@ func unreachable6(t *testing.T, from, to *netns.NS, addr netip.Addr) {
 // result code, or on success the egress ifindex shifted left by 8.
 func fibLookup6(t *testing.T, r *netns.Rig, in int, dst netip.Addr) uint32 {
 	t.Helper()
-	// struct bpf_fib_lookup on the stack at r10-64: family, l4_protocol, tot_len, ifindex,
-	// ipv6_src at +16, ipv6_dst at +32.
-	const p = -64
-	insns := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
-	for off := int16(p); off < 0; off += 4 {
-		insns = append(insns, asm.StoreImm(asm.R10, off, 0, asm.Word))
+	fields := asm.Instructions{
+		asm.StoreImm(asm.R10, fibParams+0, 10, asm.Byte),  // AF_INET6
+		asm.StoreImm(asm.R10, fibParams+1, 17, asm.Byte),  // IPPROTO_UDP
+		asm.StoreImm(asm.R10, fibParams+6, 152, asm.Half), // tot_len: 40 + 8 + 4 + 100
 	}
-	insns = append(insns,
-		asm.StoreImm(asm.R10, p+0, 10, asm.Byte),  // AF_INET6
-		asm.StoreImm(asm.R10, p+1, 17, asm.Byte),  // IPPROTO_UDP
-		asm.StoreImm(asm.R10, p+6, 152, asm.Half), // tot_len: 40 + 8 + 4 + 100
-		asm.StoreImm(asm.R10, p+8, int64(in), asm.Word),
-	)
+	// ipv6_src at +16, ipv6_dst at +32.
 	src, dstb := r.ServerClientIf.Addr6.As16(), dst.As16()
 	for i := 0; i < 4; i++ {
-		insns = append(insns,
-			asm.StoreImm(asm.R10, p+16+int16(4*i), int64(int32(nativeU32([4]byte(src[4*i:4*i+4])))), asm.Word),
-			asm.StoreImm(asm.R10, p+32+int16(4*i), int64(int32(nativeU32([4]byte(dstb[4*i:4*i+4])))), asm.Word),
+		fields = append(fields,
+			asm.StoreImm(asm.R10, fibParams+16+int16(4*i), int64(int32(nativeU32([4]byte(src[4*i:4*i+4])))), asm.Word),
+			asm.StoreImm(asm.R10, fibParams+32+int16(4*i), int64(int32(nativeU32([4]byte(dstb[4*i:4*i+4])))), asm.Word),
 		)
 	}
-	insns = append(insns,
-		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.Mov.Reg(asm.R2, asm.R10),
-		asm.Add.Imm(asm.R2, p),
-		asm.Mov.Imm(asm.R3, 64),
-		asm.Mov.Imm(asm.R4, 0),
-		asm.FnFibLookup.Call(),
-		asm.JNE.Imm(asm.R0, 0, "out"),
-		asm.LoadMem(asm.R0, asm.R10, p+8, asm.Word),
-		asm.LSh.Imm(asm.R0, 8),
-		asm.Return().WithSymbol("out"),
-	)
-	prog := loadXDP(t, insns)
-	var ret uint32
-	err := r.Server.Do(func() error {
-		var err error
-		ret, err = prog.Run(&ebpf.RunOptions{
-			Data:    make([]byte, 64),
-			Context: xdpMd{IngressIfindex: uint32(in)},
-		})
-		return err
-	})
-	if err != nil {
-		t.Fatalf("BPF_PROG_RUN: %v", err)
-	}
-	return ret
+	return runFibLookup(t, r, in, fields)
 }

@@ -394,34 +394,45 @@ func TestFibLookup(t *testing.T) {
 // the egress ifindex shifted left by 8.
 func fibLookup(t *testing.T, r *netns.Rig, in int, dst netip.Addr) uint32 {
 	t.Helper()
-	// struct bpf_fib_lookup on the stack at r10-64: family, l4_protocol, tot_len, ifindex,
-	// ipv4_src, ipv4_dst.
-	const p = -64
+	return runFibLookup(t, r, in, asm.Instructions{
+		asm.StoreImm(asm.R10, fibParams+0, 2, asm.Byte),   // AF_INET
+		asm.StoreImm(asm.R10, fibParams+1, 17, asm.Byte),  // IPPROTO_UDP
+		asm.StoreImm(asm.R10, fibParams+6, 100, asm.Half), // tot_len
+		asm.StoreImm(asm.R10, fibParams+16, int64(int32(nativeU32(r.ClientIf.Addr.As4()))), asm.Word),
+		asm.StoreImm(asm.R10, fibParams+32, int64(int32(nativeU32(dst.As4()))), asm.Word),
+	})
+}
+
+// fibParams is where struct bpf_fib_lookup sits on the stack: r10-64.
+const fibParams = -64
+
+// runFibLookup zeroes struct bpf_fib_lookup on the stack, sets its ingress
+// ifindex, applies fields (family, l4_protocol, tot_len, addresses), calls
+// bpf_fib_lookup and runs that program once in the server namespace, where the
+// context's ingress ifindex is resolved. It returns the result code, or on
+// success the egress ifindex shifted left by 8.
+func runFibLookup(t *testing.T, r *netns.Rig, in int, fields asm.Instructions) uint32 {
+	t.Helper()
 	insns := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
-	for off := int16(p); off < 0; off += 4 {
+	for off := int16(fibParams); off < 0; off += 4 {
 		insns = append(insns, asm.StoreImm(asm.R10, off, 0, asm.Word))
 	}
+	insns = append(insns, asm.StoreImm(asm.R10, fibParams+8, int64(in), asm.Word))
+	insns = append(insns, fields...)
 	insns = append(insns,
-		asm.StoreImm(asm.R10, p+0, 2, asm.Byte),   // AF_INET
-		asm.StoreImm(asm.R10, p+1, 17, asm.Byte),  // IPPROTO_UDP
-		asm.StoreImm(asm.R10, p+6, 100, asm.Half), // tot_len
-		asm.StoreImm(asm.R10, p+8, int64(in), asm.Word),
-		asm.StoreImm(asm.R10, p+16, int64(int32(nativeU32(r.ClientIf.Addr.As4()))), asm.Word),
-		asm.StoreImm(asm.R10, p+32, int64(int32(nativeU32(dst.As4()))), asm.Word),
 		asm.Mov.Reg(asm.R1, asm.R6),
 		asm.Mov.Reg(asm.R2, asm.R10),
-		asm.Add.Imm(asm.R2, p),
+		asm.Add.Imm(asm.R2, fibParams),
 		asm.Mov.Imm(asm.R3, 64),
 		asm.Mov.Imm(asm.R4, 0),
 		asm.FnFibLookup.Call(),
 		asm.JNE.Imm(asm.R0, 0, "out"),
-		asm.LoadMem(asm.R0, asm.R10, p+8, asm.Word),
+		asm.LoadMem(asm.R0, asm.R10, fibParams+8, asm.Word),
 		asm.LSh.Imm(asm.R0, 8),
 		asm.Return().WithSymbol("out"),
 	)
 	prog := loadXDP(t, insns)
 	var ret uint32
-	// The ingress ifindex in the context is resolved in the caller's namespace.
 	err := r.Server.Do(func() error {
 		var err error
 		ret, err = prog.Run(&ebpf.RunOptions{
