@@ -1,0 +1,156 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* SO_REUSEPORT steering for rolling updates: two stunnerd-xdp processes on one
+ * node (the old pod draining, the new one taking over) bind the same TURN
+ * listener addresses, and this program picks which of them gets each packet:
+ *
+ *   UDP from a client with an allocation: the socket of the process that owns
+ *       the allocation (steer_flows, written by that process when pion/turn
+ *       creates and deletes the allocation);
+ *   anything else (new clients, STUN Binding, TCP connections): the socket
+ *       registered last for the listener address (steer_active), i.e. the
+ *       newest process.
+ *
+ * A socket that closes leaves steer_sockets by itself; if a lookup names a
+ * slot that is empty, the kernel's hash over the remaining sockets decides.
+ * The maps are pinned (one directory per network namespace) so that every
+ * process on the node sees the same ones, whichever loaded the program. */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <bpf_helpers.h>
+#include <bpf_endian.h>
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+#define AF_INET 2
+#define AF_INET6 10
+
+/* A reuseport group: the address and port its sockets are bound to. Addresses
+ * are 16 bytes, IPv4 as ::ffff:a.b.c.d (so 0.0.0.0 is ::ffff:0.0.0.0). */
+struct group {
+	__u8 addr[16];
+	__u16 port; /* host order */
+	__u8 protocol; /* IPPROTO_UDP or IPPROTO_TCP */
+	__u8 family; /* AF_INET or AF_INET6: the sockets', not the packet's */
+};
+
+/* A UDP client of a group: the 5-tuple of an allocation. */
+struct flow {
+	struct group group;
+	__u8 client_addr[16];
+	__be16 client_port;
+	__u16 _pad;
+};
+
+enum verdict {
+	STEER_OWNER, /* a known client went to its allocation's socket */
+	STEER_ACTIVE, /* a new flow went to the newest socket */
+	STEER_HASH, /* no usable entry: the kernel's hash chose */
+	STEER_VERDICT_MAX,
+};
+/* Keeps the enum in BTF for bpf2go. */
+const enum verdict *_unused_verdict __attribute__((unused));
+
+/* Slots are claimed by the processes under a lock (internal/handover). */
+struct {
+	__uint(type, BPF_MAP_TYPE_REUSEPORT_SOCKARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 256);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} steer_sockets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct group);
+	__type(value, __u32);
+	__uint(max_entries, 256);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} steer_active SEC(".maps");
+
+/* One entry per live UDP allocation on the node; not preallocated. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct flow);
+	__type(value, __u32);
+	__uint(max_entries, 1 << 20);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} steer_flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, STEER_VERDICT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} steer_stats SEC(".maps");
+
+static __always_inline int count(__u32 verdict)
+{
+	__u64 *n = bpf_map_lookup_elem(&steer_stats, &verdict);
+	if (n)
+		*n += 1;
+	return SK_PASS;
+}
+
+static __always_inline int select_slot(struct sk_reuseport_md *md, void *map, const void *key)
+{
+	__u32 *slot = bpf_map_lookup_elem(map, key);
+	if (!slot)
+		return -1;
+	return bpf_sk_select_reuseport(md, &steer_sockets, slot, 0);
+}
+
+SEC("sk_reuseport")
+int steer_reuseport(struct sk_reuseport_md *md)
+{
+	struct bpf_sock *sk = md->sk;
+	struct flow f = {};
+	__u32 family = sk->family;
+
+	f.group.protocol = md->ip_protocol;
+	f.group.port = sk->src_port;
+	if (family == AF_INET) {
+		__u32 a = sk->src_ip4;
+		f.group.family = AF_INET;
+		f.group.addr[10] = 0xff;
+		f.group.addr[11] = 0xff;
+		__builtin_memcpy(&f.group.addr[12], &a, 4);
+	} else if (family == AF_INET6) {
+		__u32 a[4] = { sk->src_ip6[0], sk->src_ip6[1], sk->src_ip6[2], sk->src_ip6[3] };
+		f.group.family = AF_INET6;
+		__builtin_memcpy(f.group.addr, a, 16);
+	} else {
+		return count(STEER_HASH);
+	}
+
+	if (md->ip_protocol == IPPROTO_UDP) {
+		/* data starts at the UDP header; the addresses are in the network
+		 * header before it. */
+		__be16 ports[2];
+		int err = -1;
+
+		if (bpf_skb_load_bytes(md, 0, ports, sizeof(ports)) == 0) {
+			f.client_port = ports[0];
+			if (md->eth_protocol == bpf_htons(ETH_P_IP)) {
+				f.client_addr[10] = 0xff;
+				f.client_addr[11] = 0xff;
+				err = bpf_skb_load_bytes_relative(md, offsetof(struct iphdr, saddr),
+								  &f.client_addr[12], 4, BPF_HDR_START_NET);
+			} else if (md->eth_protocol == bpf_htons(ETH_P_IPV6)) {
+				err = bpf_skb_load_bytes_relative(md, offsetof(struct ipv6hdr, saddr),
+								  f.client_addr, 16, BPF_HDR_START_NET);
+			}
+		}
+		if (err == 0 && select_slot(md, &steer_flows, &f) == 0)
+			return count(STEER_OWNER);
+	}
+	if (select_slot(md, &steer_active, &f.group) == 0)
+		return count(STEER_ACTIVE);
+	return count(STEER_HASH);
+}

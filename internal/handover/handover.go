@@ -1,0 +1,349 @@
+// Package handover lets two stunnerd-xdp processes serve the same TURN
+// listener addresses on one node, which is what a rolling update with surge
+// does: the new pod starts while the old one drains.
+//
+// Every listener socket is bound with SO_REUSEPORT and registered in a
+// reuseport socket array shared through pinned maps (one directory per network
+// namespace). An SK_REUSEPORT program (bpf/steer.c) sends a UDP client that has
+// an allocation to the process that owns the allocation, and everything else
+// (new clients, STUN Binding, TCP connections) to the socket registered last:
+// the new process takes every new session, the old one keeps its own until
+// they end.
+package handover
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+)
+
+// Slots is the number of sockets the node's processes can register together.
+const Slots = 256
+
+// DefaultDir is the parent of the per-namespace pin directories.
+const DefaultDir = "/sys/fs/bpf/stunnerd-xdp"
+
+// DirFor returns the pin directory for the caller's network namespace:
+// processes share steering exactly when they share the namespace (hostNetwork
+// pods on one node do).
+func DirFor(parent string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &st); err != nil {
+		return "", fmt.Errorf("network namespace: %w", err)
+	}
+	return filepath.Join(parent, fmt.Sprintf("netns-%d", st.Ino)), nil
+}
+
+// Protocol of a listener socket.
+type Protocol uint8
+
+const (
+	UDP Protocol = unix.IPPROTO_UDP
+	TCP Protocol = unix.IPPROTO_TCP
+)
+
+// Group is the address and protocol a listener socket is bound to.
+type Group struct {
+	Protocol Protocol
+	Addr     netip.AddrPort
+}
+
+func (g Group) key() bpf.SteerGroup {
+	a := g.Addr.Addr()
+	k := bpf.SteerGroup{Addr: a.Unmap().As16(), Port: g.Addr.Port(), Protocol: uint8(g.Protocol), Family: unix.AF_INET}
+	if a.Is6() && !a.Is4In6() {
+		k.Family = unix.AF_INET6
+	}
+	return k
+}
+
+func (g Group) String() string {
+	p := "udp"
+	if g.Protocol == TCP {
+		p = "tcp"
+	}
+	return p + "/" + g.Addr.String()
+}
+
+// Steering is one process's view of the node's shared steering maps.
+type Steering struct {
+	dir  string
+	lock *os.File // shared lock on dir for the process's lifetime
+	objs bpf.SteerObjects
+
+	mu    sync.Mutex
+	slots map[uint32]Group // the slots this process registered
+}
+
+// Open loads the steering program over the pinned maps in dir, creating them
+// (and dir, which must be on a bpffs) if this is the first process.
+func Open(dir string) (*Steering, error) {
+	for range 10 {
+		s, retry, err := open(dir)
+		if !retry {
+			return s, err
+		}
+	}
+	return nil, fmt.Errorf("steering maps in %s: the directory keeps being removed", dir)
+}
+
+func open(dir string) (*Steering, bool, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, false, fmt.Errorf("steering maps: %w", err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return nil, false, fmt.Errorf("steering maps: %w", err)
+	}
+	if fs.Type != unix.BPF_FS_MAGIC {
+		return nil, false, fmt.Errorf("steering maps: %s is not on a bpf filesystem (mount bpffs on /sys/fs/bpf)", dir)
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, false, fmt.Errorf("steering maps: %w", err)
+	}
+	// The last process out removes the pins under an exclusive lock (Close);
+	// holding a shared one keeps them while we run.
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
+		f.Close()
+		return nil, false, fmt.Errorf("steering maps: lock %s: %w", dir, err)
+	}
+	if !sameFile(f, dir) {
+		f.Close() // removed while we waited for the lock
+		return nil, true, nil
+	}
+	s := &Steering{dir: dir, lock: f, slots: map[uint32]Group{}}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
+	if err := bpf.LoadSteerObjects(&s.objs, opts); err != nil {
+		f.Close()
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, false, fmt.Errorf("steering maps in %s were made by an incompatible version: %w", dir, err)
+		}
+		return nil, false, fmt.Errorf("load the steering program: %w", err)
+	}
+	return s, false, nil
+}
+
+func sameFile(f *os.File, path string) bool {
+	a, err1 := f.Stat()
+	b, err2 := os.Stat(path)
+	return err1 == nil && err2 == nil && os.SameFile(a, b)
+}
+
+// Dir is the pin directory.
+func (s *Steering) Dir() string { return s.dir }
+
+// Register adds a listener socket, bound with SO_REUSEPORT, to the shared
+// array and makes it the one new flows of its group go to. It returns the
+// socket's slot, the value AddFlow records for its clients.
+func (s *Steering) Register(rc syscall.RawConn, g Group) (uint32, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var slot uint32
+	err := s.exclusive(func() error {
+		var err error
+		if slot, err = s.freeSlot(); err != nil {
+			return err
+		}
+		// A slot is free when its socket closed; a process killed with
+		// live allocations leaves flow entries naming it behind.
+		if err := s.purge(slot); err != nil {
+			return err
+		}
+		var cerr error
+		if err := rc.Control(func(fd uintptr) {
+			if cerr = s.objs.SteerSockets.Put(slot, uint64(fd)); cerr != nil {
+				cerr = fmt.Errorf("add the socket to the steering array: %w", cerr)
+				return
+			}
+			if cerr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_REUSEPORT_EBPF, s.objs.SteerReuseport.FD()); cerr != nil {
+				cerr = fmt.Errorf("attach the steering program: %w", cerr)
+			}
+		}); err != nil {
+			return err
+		}
+		if cerr != nil {
+			_ = s.objs.SteerSockets.Delete(slot)
+			return cerr
+		}
+		return s.objs.SteerActive.Put(g.key(), slot)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("steering %v: %w", g, err)
+	}
+	s.slots[slot] = g
+	return slot, nil
+}
+
+// exclusive runs f under an exclusive lock on the registry directory, which
+// serialises slot claims between processes.
+func (s *Steering) exclusive(f func() error) error {
+	reg := filepath.Join(s.dir, "registry")
+	if err := os.Mkdir(reg, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	d, err := os.Open(reg)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX); err != nil {
+		return err
+	}
+	return f()
+}
+
+func (s *Steering) freeSlot() (uint32, error) {
+	var cookie uint64
+	for i := uint32(0); i < Slots; i++ {
+		err := s.objs.SteerSockets.Lookup(i, &cookie)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return i, nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("steering array slot %d: %w", i, err)
+		}
+	}
+	return 0, fmt.Errorf("all %d steering slots are taken", Slots)
+}
+
+func (s *Steering) purge(slot uint32) error {
+	var (
+		k     bpf.SteerFlow
+		v     uint32
+		stale []bpf.SteerFlow
+	)
+	it := s.objs.SteerFlows.Iterate()
+	for it.Next(&k, &v) {
+		if v == slot {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read the flow map: %w", err)
+	}
+	for _, k := range stale {
+		if err := s.objs.SteerFlows.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove a stale flow: %w", err)
+		}
+	}
+	return nil
+}
+
+// Unregister stops steering new flows to the slot (when it is still the
+// newest of its group) and removes the socket from the array. Closing the
+// socket does the latter as well.
+func (s *Steering) Unregister(slot uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g, ok := s.slots[slot]
+	if !ok {
+		return nil
+	}
+	delete(s.slots, slot)
+	return s.exclusive(func() error {
+		var cur uint32
+		if err := s.objs.SteerActive.Lookup(g.key(), &cur); err == nil && cur == slot {
+			if err := s.objs.SteerActive.Delete(g.key()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("steering %v: %w", g, err)
+			}
+		}
+		if err := s.objs.SteerSockets.Delete(slot); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("steering %v: remove the socket: %w", g, err)
+		}
+		return nil
+	})
+}
+
+func flowKey(g Group, client netip.AddrPort) bpf.SteerFlow {
+	return bpf.SteerFlow{Group: g.key(), ClientAddr: client.Addr().Unmap().As16(), ClientPort: htons(client.Port())}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// AddFlow steers the client's datagrams on the group to the slot. Called when
+// pion/turn creates the client's allocation, before the response leaves.
+func (s *Steering) AddFlow(g Group, client netip.AddrPort, slot uint32) error {
+	if err := s.objs.SteerFlows.Put(flowKey(g, client), slot); err != nil {
+		return fmt.Errorf("steer %v client %v: %w", g, client, err)
+	}
+	return nil
+}
+
+// RemoveFlow forgets the client, unless another slot has taken it since.
+func (s *Steering) RemoveFlow(g Group, client netip.AddrPort, slot uint32) error {
+	k := flowKey(g, client)
+	var cur uint32
+	if err := s.objs.SteerFlows.Lookup(k, &cur); err != nil || cur != slot {
+		return nil
+	}
+	if err := s.objs.SteerFlows.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("unsteer %v client %v: %w", g, client, err)
+	}
+	return nil
+}
+
+// Stats are the program's verdicts since the maps were created, summed over
+// CPUs: node-wide, whichever process asks.
+type Stats struct {
+	Owner, Active, Hash uint64
+}
+
+// Stats reads the verdict counters.
+func (s *Steering) Stats() (Stats, error) {
+	var st Stats
+	for i, p := range []*uint64{&st.Owner, &st.Active, &st.Hash} {
+		var per []uint64
+		if err := s.objs.SteerStats.Lookup(uint32(i), &per); err != nil {
+			return st, fmt.Errorf("steering counters: %w", err)
+		}
+		for _, n := range per {
+			*p += n
+		}
+	}
+	return st, nil
+}
+
+// Flows counts the flow entries of every process on the node.
+func (s *Steering) Flows() (int, error) {
+	var (
+		k bpf.SteerFlow
+		v uint32
+		n int
+	)
+	it := s.objs.SteerFlows.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	return n, it.Err()
+}
+
+// Close releases the program and maps. The last process out (no other holds
+// the directory) removes the pins; otherwise they stay for the others.
+func (s *Steering) Close() error {
+	s.mu.Lock()
+	slots := make([]uint32, 0, len(s.slots))
+	for slot := range s.slots {
+		slots = append(slots, slot)
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, slot := range slots {
+		errs = append(errs, s.Unregister(slot))
+	}
+	errs = append(errs, s.objs.Close())
+	if unix.Flock(int(s.lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+		errs = append(errs, os.RemoveAll(s.dir))
+	}
+	errs = append(errs, s.lock.Close())
+	return errors.Join(errs...)
+}
