@@ -21,6 +21,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 )
@@ -30,12 +31,20 @@ const usageHead = `stunnerd-xdp: a TURN server (pion/turn) whose UDP ChannelData
 Usage:
   stunnerd-xdp [flags] turn://USER:PASS@ADDR:PORT
   stunnerd-xdp [flags] -c stunnerd.conf [-w]
+  stunnerd-xdp probe [--health-socket PATH] live|ready|status
 
 pion/turn handles everything that needs judgement (Allocate, authentication,
 CreatePermission, ChannelBind, Refresh, STUN Binding) and mirrors each channel
 binding into BPF maps; an XDP program relays the bound ChannelData in the
 kernel. Whatever XDP cannot relay, and everything when XDP is unavailable, is
 relayed by pion/turn in userspace.
+
+Two daemons may run on one node at once (a rolling update with surge): they
+share the TURN ports through SO_REUSEPORT and a steering program whose maps are
+pinned under --handover-dir; clients with allocations stay with their daemon,
+new clients go to the newest one, and the newcomer takes over XDP when the old
+one detaches. The probe command checks this process's health over
+--health-socket, which stays per-pod while the health port is shared.
 
 ADDR may be 0.0.0.0 (then --relay-address is required). Example:
   stunnerd-xdp --relay-address 10.0.0.5 --log=all:INFO,turn:DEBUG turn://user1:passwd1@0.0.0.0:3478
@@ -45,7 +54,7 @@ Flags:
 
 type options struct {
 	log, logFormat, realm, relayAddr, xdpMode, xdpIfaces string
-	metricsAddr, healthAddr                              string
+	metricsAddr, healthAddr, healthSocket, handoverDir   string
 	minPort, maxPort                                     uint
 	maxBindings                                          uint
 	forceReady                                           bool
@@ -83,6 +92,9 @@ func main() {
 }
 
 func run(args []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "probe" {
+		return probe(args[1:], os.Stdout, stderr)
+	}
 	fs := flag.NewFlagSet("stunnerd-xdp", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o options
@@ -97,6 +109,8 @@ func run(args []string, stderr io.Writer) int {
 	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off)")
 	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live and /ready (empty: off)")
+	fs.StringVar(&o.healthSocket, "health-socket", "", "`PATH` of a unix socket serving /live, /ready and /status for this process only\n(for exec probes: 'stunnerd-xdp probe --health-socket PATH ready'; empty: off)")
+	fs.StringVar(&o.handoverDir, "handover-dir", handover.DefaultDir, "bpffs `DIR` where the daemons of a node share their TURN ports for hitless rolling updates\n(a subdirectory per network namespace; empty: ports are bound exclusively)")
 	fs.BoolVar(&o.forceReady, "force-ready-status", false, "keep /ready green while draining, for clusters that blackhole UDP to unready pods")
 	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist,\nand it also admits peers the defaults refuse (loopback, link-local, multicast, this node's addresses)")
 	fs.Var(&o.denyPeers, "deny-peer", "`CIDR` of peers clients may not relay to (repeatable); the most specific prefix wins")
@@ -243,6 +257,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 	}
 	cfg.MaxBindings = uint32(o.maxBindings)
 	cfg.MetricsAddr, cfg.HealthAddr, cfg.ForceReady = o.metricsAddr, o.healthAddr, o.forceReady
+	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
 	cfg.AllowPeers, cfg.DenyPeers = o.allowPeers, o.denyPeers
 	return cfg, nil
 }

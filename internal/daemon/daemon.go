@@ -24,6 +24,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/fallback"
+	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 )
@@ -55,7 +56,17 @@ type Config struct {
 
 	MetricsAddr string // empty: no metrics server
 	HealthAddr  string // empty: no health server
-	ForceReady  bool
+	// HealthSocket is a unix socket serving the health endpoints for this
+	// process only (exec probes while another daemon holds HealthAddr).
+	HealthSocket string
+	ForceReady   bool
+
+	// HandoverDir is the bpffs directory under which the daemons of a node
+	// share listener steering (one subdirectory per network namespace);
+	// empty: listeners are bound exclusively.
+	HandoverDir string
+	// XDPRetryInterval is how often an XDP attach that failed is retried.
+	XDPRetryInterval time.Duration
 
 	// ChannelBindTimeout overrides pion/turn's 10-minute channel lifetime.
 	ChannelBindTimeout time.Duration
@@ -95,6 +106,7 @@ const (
 	DefaultMaxBindings       = 131072
 	DefaultReconcileInterval = 10 * time.Second
 	DefaultSocketBuffer      = 4 << 20
+	DefaultXDPRetryInterval  = 2 * time.Second
 )
 
 func (c *Config) validate() error {
@@ -173,6 +185,9 @@ func (c *Config) validate() error {
 	if c.ReconcileInterval == 0 {
 		c.ReconcileInterval = DefaultReconcileInterval
 	}
+	if c.XDPRetryInterval == 0 {
+		c.XDPRetryInterval = DefaultXDPRetryInterval
+	}
 	if c.SocketBuffer == 0 {
 		c.SocketBuffer = DefaultSocketBuffer
 	}
@@ -215,6 +230,9 @@ type Daemon struct {
 	lmu       sync.Mutex // guards listeners and cfg.Listeners
 	listeners map[string]*listenerServer
 	sw        *fallback.Switch
+	modeMu    sync.Mutex   // serialises SetMode and the attach retry
+	want      atomic.Value // loader.Mode asked for by --xdp-mode or the node label
+	steer     *handover.Steering
 	counters  *fallback.Counters
 	registry  *prometheus.Registry
 	https     []*http.Server
@@ -251,9 +269,11 @@ func Start(cfg Config) (*Daemon, error) {
 	}
 	d.auth.Store(newAuthState(cfg, cfg.Logger))
 	d.listeners = map[string]*listenerServer{}
+	d.openSteering()
 	for _, l := range cfg.Listeners {
 		if err := d.startListener(l); err != nil {
 			d.closeListeners()
+			d.closeSteering()
 			d.mirror.Close()
 			return nil, err
 		}
@@ -297,7 +317,26 @@ func (d *Daemon) startXDP() {
 		d.mirror.RunReconcile(d.cfg.ReconcileInterval, d.stop)
 	}()
 	if err := d.SetMode(d.cfg.XDPMode); err != nil {
-		xlog.Warn("serving from userspace", "error", err)
+		xlog.Warn("serving from userspace; retrying the attach", "error", err, "every", d.cfg.XDPRetryInterval.String())
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.xdpRetry(d.cfg.XDPRetryInterval)
+	}()
+}
+
+func (d *Daemon) wantMode() loader.Mode {
+	m, _ := d.want.Load().(loader.Mode)
+	return m
+}
+
+func (d *Daemon) closeSteering() {
+	if d.steer == nil {
+		return
+	}
+	if err := d.steer.Close(); err != nil {
+		d.log.Warn("closing the listener steering", "error", err)
 	}
 }
 
@@ -306,6 +345,9 @@ func (d *Daemon) startXDP() {
 // label does later.
 func (d *Daemon) SetMode(mode loader.Mode) error {
 	xlog := d.cfg.Logger.Slog("loader")
+	d.modeMu.Lock()
+	defer d.modeMu.Unlock()
+	d.want.Store(mode)
 	if mode == loader.ModeOff {
 		if err := d.sw.Disable(); err != nil {
 			return err
@@ -334,20 +376,7 @@ func checkRelayRange(addr netip.Addr, lo, hi uint16) error {
 }
 
 func (d *Daemon) serveHTTP() error {
-	serve := func(addr string, h http.Handler, what string) error {
-		if addr == "" {
-			return nil
-		}
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("%s endpoint on %s: %w", what, addr, err)
-		}
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-		d.https = append(d.https, srv)
-		go func() { _ = srv.Serve(ln) }()
-		d.log.Info(what+" endpoint listening", "addr", ln.Addr().String())
-		return nil
-	}
+	serve := d.serve
 	mm := http.NewServeMux()
 	mm.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{}))
 	if err := serve(d.cfg.MetricsAddr, mm, "metrics"); err != nil {
@@ -373,7 +402,10 @@ func (d *Daemon) serveHTTP() error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(d.Status())
 	})
-	return serve(d.cfg.HealthAddr, hm, "health")
+	if err := serve(d.cfg.HealthAddr, hm, "health"); err != nil {
+		return err
+	}
+	return d.serveUnix(d.cfg.HealthSocket, hm)
 }
 
 // Attached returns the XDP mode of every interface it runs on.
@@ -417,6 +449,7 @@ func (d *Daemon) Close() error {
 			_ = s.Close()
 		}
 		d.closeListeners()
+		d.closeSteering()
 		d.wg.Wait()
 		if d.sw != nil {
 			errs = append(errs, d.sw.Close())
@@ -465,6 +498,12 @@ type Status struct {
 	Offloaded   int               `json:"offloaded"`
 	Attached    map[string]string `json:"attached"`
 	Draining    bool              `json:"draining"`
+	// Packets relayed since start, by path (both directions).
+	XDPPackets       uint64 `json:"xdpPackets"`
+	UserspacePackets uint64 `json:"userspacePackets"`
+	// Steering holds the node-wide listener steering verdicts when two
+	// daemons may share the ports (nil without --handover-dir).
+	Steering *handover.Stats `json:"steering,omitempty"`
 }
 
 // Status returns the daemon's state.
@@ -476,6 +515,15 @@ func (d *Daemon) Status() Status {
 	_, st.Channels = d.mirror.Counts()
 	if m := d.sw.Maps(); m != nil {
 		st.Offloaded = m.Len()
+		if t, err := m.Totals(); err == nil {
+			st.XDPPackets = t.ClientToPeerPackets + t.PeerToClientPackets
+		}
+	}
+	st.UserspacePackets = d.counters.ClientToPeerPackets.Load() + d.counters.PeerToClientPackets.Load()
+	if d.steer != nil {
+		if s, err := d.steer.Stats(); err == nil {
+			st.Steering = &s
+		}
 	}
 	for i, m := range d.sw.Attached() {
 		st.Attached[i] = string(m)

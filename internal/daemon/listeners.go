@@ -8,14 +8,13 @@ import (
 	"net"
 	"net/netip"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/pion/turn/v4"
-	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/fallback"
+	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 )
 
@@ -44,6 +43,11 @@ type listenerServer struct {
 	l      Listener
 	server *turn.Server
 	policy atomic.Pointer[control.PeerPolicy]
+
+	// The socket's steering slot, when the node's daemons share the port.
+	group   handover.Group
+	slot    uint32
+	steered bool
 }
 
 func (d *Daemon) policyFor(l Listener) *control.PeerPolicy {
@@ -88,14 +92,7 @@ func (d *Daemon) startListener(l Listener) error {
 	if l.Protocol == config.UDP {
 		sc.EventHandler = d.mirror.EventHandler()
 	}
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		return c.Control(func(fd uintptr) {
-			// Bigger buffers absorb bursts on the userspace path; FORCE works
-			// as root beyond net.core.rmem_max.
-			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, d.cfg.SocketBuffer)
-			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, d.cfg.SocketBuffer)
-		})
-	}}
+	lc := d.listenConfig()
 	addr := l.Addr.String()
 	// pion/turn relays over IPv4 whatever the client's family; the listener
 	// itself may be IPv6.
@@ -109,6 +106,11 @@ func (d *Daemon) startListener(l Listener) error {
 		if err != nil {
 			return fmt.Errorf("listener %q: listen on udp %v: %w", l.Name, addr, err)
 		}
+		if err := d.steerSocket(ls, conn.(*net.UDPConn)); err != nil {
+			conn.Close()
+			return fmt.Errorf("listener %q: %w", l.Name, err)
+		}
+		sc.EventHandler = d.withFlows(ls, sc.EventHandler)
 		sc.PacketConnConfigs = []turn.PacketConnConfig{{
 			PacketConn:            &fallback.ListenerConn{PacketConn: conn, Counters: d.counters},
 			PermissionHandler:     permit,
@@ -118,6 +120,10 @@ func (d *Daemon) startListener(l Listener) error {
 		ln, err := lc.Listen(context.Background(), tcp, addr)
 		if err != nil {
 			return fmt.Errorf("listener %q: listen on tcp %v: %w", l.Name, addr, err)
+		}
+		if err := d.steerSocket(ls, ln.(*net.TCPListener)); err != nil {
+			ln.Close()
+			return fmt.Errorf("listener %q: %w", l.Name, err)
 		}
 		if l.Protocol == config.TLS {
 			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*l.Cert}, MinVersion: tls.VersionTLS12})
@@ -132,6 +138,7 @@ func (d *Daemon) startListener(l Listener) error {
 	}
 	srv, err := turn.NewServer(sc)
 	if err != nil {
+		d.unsteer(ls)
 		for _, c := range sc.PacketConnConfigs {
 			c.PacketConn.Close()
 		}
@@ -159,6 +166,7 @@ func (d *Daemon) stopListener(name string) error {
 		return nil
 	}
 	delete(d.listeners, name)
+	d.unsteer(ls)
 	err := ls.server.Close()
 	d.log.Info("TURN listener down", "listener", name)
 	return err

@@ -26,11 +26,12 @@ type Switch struct {
 	prog     *loader.Program
 	maps     *channelmap.Maps
 	attached map[string]loader.Mode
+	failed   map[string]string // last attach error per interface, to log each once
 }
 
 // NewSwitch builds a switch that starts on the userspace path.
 func NewSwitch(log *slog.Logger, mirror *control.Mirror, cfg loader.Config, ifaces []string) *Switch {
-	return &Switch{log: log, mirror: mirror, cfg: cfg, ifaces: ifaces, attached: map[string]loader.Mode{}}
+	return &Switch{log: log, mirror: mirror, cfg: cfg, ifaces: ifaces, attached: map[string]loader.Mode{}, failed: map[string]string{}}
 }
 
 // Enable attaches XDP to the interfaces in the given mode (auto: native, else
@@ -70,9 +71,17 @@ func (s *Switch) Enable(mode loader.Mode) (map[string]loader.Mode, error) {
 		got, err := s.prog.Attach(iface, mode)
 		if err != nil {
 			errs = append(errs, err)
-			s.log.Warn("XDP not attached, interface served from userspace", "iface", iface, "error", err)
+			// Enable is retried while another daemon holds the interface:
+			// say each new reason once.
+			if s.failed[iface] != err.Error() {
+				s.failed[iface] = err.Error()
+				s.log.Warn("XDP not attached, interface served from userspace", "iface", iface, "error", err)
+			} else {
+				s.log.Debug("XDP still not attached", "iface", iface, "error", err)
+			}
 			continue
 		}
+		delete(s.failed, iface)
 		s.attached[iface] = got
 		s.log.Info("XDP attached", "iface", iface, "mode", string(got))
 	}

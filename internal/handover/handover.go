@@ -82,6 +82,9 @@ type Steering struct {
 
 	mu    sync.Mutex
 	slots map[uint32]Group // the slots this process registered
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Open loads the steering program over the pinned maps in dir, creating them
@@ -295,7 +298,9 @@ func (s *Steering) RemoveFlow(g Group, client netip.AddrPort, slot uint32) error
 // Stats are the program's verdicts since the maps were created, summed over
 // CPUs: node-wide, whichever process asks.
 type Stats struct {
-	Owner, Active, Hash uint64
+	Owner  uint64 `json:"owner"`  // a client with an allocation went to its daemon
+	Active uint64 `json:"active"` // a new flow went to the newest daemon
+	Hash   uint64 `json:"hash"`   // no usable entry: the kernel's hash chose
 }
 
 // Stats reads the verdict counters.
@@ -330,6 +335,11 @@ func (s *Steering) Flows() (int, error) {
 // Close releases the program and maps. The last process out (no other holds
 // the directory) removes the pins; otherwise they stay for the others.
 func (s *Steering) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.close() })
+	return s.closeErr
+}
+
+func (s *Steering) close() error {
 	s.mu.Lock()
 	slots := make([]uint32, 0, len(s.slots))
 	for slot := range s.slots {

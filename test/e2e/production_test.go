@@ -108,14 +108,24 @@ func status(t *testing.T, ns *netns.NS) daemon.Status {
 	return st
 }
 
+// startBinary runs the stunnerd-xdp binary in the server namespace and waits
+// for its health endpoint. Its steering maps go to a bpffs of the test's own.
 func startBinary(t *testing.T, r *netns.Rig, args ...string) *netns.Proc {
+	t.Helper()
+	args = append([]string{"--handover-dir=" + testenv.BPFFS(t)}, args...)
+	return startBinaryUntil(t, r, `"msg":"health endpoint listening"`, args...)
+}
+
+// startBinaryUntil runs the binary with the test defaults and args (later
+// flags win) and waits for the log line.
+func startBinaryUntil(t *testing.T, r *netns.Rig, up string, args ...string) *netns.Proc {
 	t.Helper()
 	bin := buildDaemon(t)
 	args = append([]string{"--xdp-mode=native", "--log-format=json", "--relay-address=10.200.0.1",
 		"--metrics-addr=", "--health-addr=10.100.0.1:8086"}, args...)
 	args = append(args, fmt.Sprintf("turn://%s:%s@%s", user, password, listenAddr))
 	p := r.Server.Start(t, bin, args...)
-	if !p.WaitOutput(`"msg":"health endpoint listening"`, 10*time.Second) {
+	if !p.WaitOutput(up, 10*time.Second) {
 		t.Fatalf("daemon did not come up:\n%s", p.Stderr())
 	}
 	return p

@@ -1,0 +1,226 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/pion/turn/v4"
+	"golang.org/x/sys/unix"
+
+	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/internal/handover"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+)
+
+// A rolling update with surge runs the old and the new daemon side by side on
+// a node. What they share, and how:
+//
+//   - listener ports: SO_REUSEPORT plus the steering program (internal/handover);
+//     a client with an allocation stays with its daemon, new ones go to the
+//     newest;
+//   - the XDP hook: one program per interface, so the newcomer serves from
+//     userspace and retries the attach until the old daemon has detached
+//     (xdpRetry);
+//   - the health and metrics ports: the newcomer retries the bind until the
+//     old daemon is gone; probes use a per-pod unix socket meanwhile.
+
+// openSteering joins the node's steering maps. Without them the listeners are
+// bound exclusively, as before: everything works except a hitless overlap.
+func (d *Daemon) openSteering() {
+	if d.cfg.HandoverDir == "" {
+		return
+	}
+	dir, err := handover.DirFor(d.cfg.HandoverDir)
+	if err == nil {
+		d.steer, err = handover.Open(dir)
+	}
+	if err != nil {
+		d.log.Warn("no listener handover: a second daemon on this node cannot bind the TURN ports, so rolling updates are not hitless", "error", err)
+		return
+	}
+	d.log.Info("listener handover on: sessions stay with their daemon, new ones go to the newest", "dir", dir)
+}
+
+// listenConfig makes the listener sockets: big buffers, SO_REUSEPORT when
+// steering, and plain TCP (Go picks MPTCP by default, which the reuseport
+// array does not take).
+func (d *Daemon) listenConfig() net.ListenConfig {
+	reuse := d.steer != nil
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			// Bigger buffers absorb bursts on the userspace path; FORCE works
+			// as root beyond net.core.rmem_max.
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, d.cfg.SocketBuffer)
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, d.cfg.SocketBuffer)
+			if reuse {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	lc.SetMultipathTCP(false)
+	return lc
+}
+
+// steerSocket registers a listener socket for steering (a no-op without it).
+func (d *Daemon) steerSocket(ls *listenerServer, c syscall.Conn) error {
+	if d.steer == nil {
+		return nil
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	ls.group = handover.Group{Protocol: handover.UDP, Addr: ls.l.Addr}
+	if ls.l.Protocol != config.UDP {
+		ls.group.Protocol = handover.TCP
+	}
+	slot, err := d.steer.Register(rc, ls.group)
+	if err != nil {
+		return err
+	}
+	ls.slot, ls.steered = slot, true
+	return nil
+}
+
+// unsteer stops new flows going to the listener's socket.
+func (d *Daemon) unsteer(ls *listenerServer) {
+	if !ls.steered {
+		return
+	}
+	if err := d.steer.Unregister(ls.slot); err != nil {
+		d.log.Warn("steering", "listener", ls.l.Name, "error", err)
+	}
+}
+
+// withFlows adds the steering of allocations to pion's event hooks: the entry
+// is written before pion answers the Allocate, so the client's next packet
+// already comes to this daemon.
+func (d *Daemon) withFlows(ls *listenerServer, h turn.EventHandler) turn.EventHandler {
+	if !ls.steered || ls.group.Protocol != handover.UDP {
+		return h
+	}
+	log := d.cfg.Logger.Slog("handover")
+	created, deleted := h.OnAllocationCreated, h.OnAllocationDeleted
+	h.OnAllocationCreated = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, port int) {
+		if c, ok := udpAddrPort(src); ok {
+			if err := d.steer.AddFlow(ls.group, c, ls.slot); err != nil {
+				log.Warn("allocation not steered: it breaks if a second daemon starts on this node while it lives", "error", err)
+			}
+		}
+		if created != nil {
+			created(src, dst, proto, user, realm, relay, port)
+		}
+	}
+	h.OnAllocationDeleted = func(src, dst net.Addr, proto, user, realm string) {
+		if c, ok := udpAddrPort(src); ok {
+			if err := d.steer.RemoveFlow(ls.group, c, ls.slot); err != nil {
+				log.Warn("steering", "error", err)
+			}
+		}
+		if deleted != nil {
+			deleted(src, dst, proto, user, realm)
+		}
+	}
+	return h
+}
+
+func udpAddrPort(a net.Addr) (netip.AddrPort, bool) {
+	u, ok := a.(*net.UDPAddr)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	return u.AddrPort(), true
+}
+
+// xdpRetry re-attaches XDP where it is wanted but not attached: another
+// daemon's program still holds the interface during a rolling update, or the
+// interface came later. Sessions are served from userspace meanwhile.
+func (d *Daemon) xdpRetry(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+		}
+		d.modeMu.Lock()
+		if mode := d.wantMode(); mode != loader.ModeOff && len(d.sw.Attached()) < len(d.sw.Interfaces()) {
+			_, _ = d.sw.Enable(mode) // the switch logs what changed
+		}
+		d.modeMu.Unlock()
+	}
+}
+
+// serve starts an HTTP server on addr; while the port is taken (the previous
+// daemon on this node is still draining) it retries in the background.
+func (d *Daemon) serve(addr string, h http.Handler, what string) error {
+	if addr == "" {
+		return nil
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	d.https = append(d.https, srv)
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		go func() { _ = srv.Serve(ln) }()
+		d.log.Info(what+" endpoint listening", "addr", ln.Addr().String())
+		return nil
+	}
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return err
+	}
+	d.log.Warn(what+" endpoint busy, retrying until it is free (another stunnerd-xdp on this node?)", "addr", addr)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-d.stop:
+				return
+			case <-t.C:
+			}
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				continue
+			}
+			go func() { _ = srv.Serve(ln) }()
+			d.log.Info(what+" endpoint listening", "addr", ln.Addr().String())
+			return
+		}
+	}()
+	return nil
+}
+
+// serveUnix serves the health endpoints on a unix socket: it answers for this
+// process only, which is what a probe needs while two daemons share the node's
+// network namespace (`stunnerd-xdp probe` is its client).
+func (d *Daemon) serveUnix(path string, h http.Handler) error {
+	if path == "" {
+		return nil
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		_ = os.Remove(path) // left by a daemon that was killed
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("health socket: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	d.https = append(d.https, srv)
+	go func() { _ = srv.Serve(ln) }()
+	d.log.Info("health socket listening", "path", path)
+	return nil
+}

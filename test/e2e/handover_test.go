@@ -1,0 +1,175 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/netns"
+)
+
+// socketStatus reads /status from a daemon's --health-socket: the answer of
+// that process, whichever holds the health port.
+func socketStatus(t *testing.T, sock string) daemon.Status {
+	t.Helper()
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+	}}
+	resp, err := c.Get("http://daemon/status")
+	if err != nil {
+		t.Fatalf("status over %s: %v", sock, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var st daemon.Status
+	if err := json.Unmarshal(body, &st); err != nil {
+		t.Fatalf("status over %s: %v: %q", sock, err, body)
+	}
+	return st
+}
+
+func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("%s: not within %v", what, limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestRollingUpdateHandover is a DaemonSet rolling update with maxSurge 1 on
+// one node, with real binaries in a network namespace: the old daemon serves a
+// session; the new one starts on the same ports while it runs and takes the
+// next allocation; the old one is told to stop, drains its session to the end
+// and exits; the new one takes over XDP. Neither session loses more than 1 %.
+// In userspace mode every ChannelData of the old session reaches the shared
+// listener port, so the steering alone keeps it with its daemon.
+func TestRollingUpdateHandover(t *testing.T) {
+	if testenv.InNetns() {
+		t.Skip("parent-only test")
+	}
+	for _, mode := range []string{"native", "off"} {
+		t.Run("xdp-"+mode, func(t *testing.T) { rollingUpdate(t, mode) })
+	}
+}
+
+func rollingUpdate(t *testing.T, mode string) {
+	netns.RequirePrivileged(t)
+	r := netns.NewRouted(t)
+	pins := testenv.BPFFS(t)
+	sockA, sockB := filepath.Join(t.TempDir(), "a.sock"), filepath.Join(t.TempDir(), "b.sock")
+	common := []string{"--handover-dir=" + pins, "--xdp-mode=" + mode, "--grace-period=2m"}
+	r.Peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
+
+	type result struct{ sent, received int }
+	session := func(relay net.PacketConn, d time.Duration) chan result {
+		done := make(chan result, 1)
+		go func() {
+			s, n, _ := echoSession(t, relay, 1000, d)
+			done <- result{s, n}
+		}()
+		return done
+	}
+	check := func(name string, res result) {
+		t.Logf("%s: %d sent, %d echoed", name, res.sent, res.received)
+		if float64(res.received) < 0.99*float64(res.sent) {
+			t.Errorf("%s: %d of %d echoes, want at least 99%%", name, res.received, res.sent)
+		}
+	}
+
+	// The old pod and its session.
+	a := startBinaryUntil(t, r, `"msg":"health endpoint listening"`, append(common, "--health-socket="+sockA)...)
+	relay1, err := allocateFrom(t, r.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done1 := session(relay1, 8*time.Second)
+	time.Sleep(1500 * time.Millisecond)
+
+	// The new pod: same ports, same health port (busy until the old one is gone).
+	b := startBinaryUntil(t, r, `"msg":"health socket listening"`, append(common, "--health-socket="+sockB)...)
+	if !b.WaitOutput(`"msg":"health endpoint busy`, 2*time.Second) {
+		t.Errorf("the new daemon did not report the busy health port:\n%s", b.Stderr())
+	}
+	stB := socketStatus(t, sockB)
+	if mode == "native" && len(stB.Attached) != 0 {
+		t.Errorf("the new daemon attached XDP while the old one holds it: %+v", stB)
+	}
+	relay2, err := allocateFrom(t, r.Client)
+	if err != nil {
+		t.Fatalf("allocation while both daemons run: %v", err)
+	}
+	done2 := session(relay2, 9*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	stA, stB := socketStatus(t, sockA), socketStatus(t, sockB)
+	if stA.Allocations != 1 || stB.Allocations != 1 {
+		t.Fatalf("allocations: old %d, new %d; want one each (new ones go to the new daemon)", stA.Allocations, stB.Allocations)
+	}
+
+	// The old pod is deleted: it drains.
+	if err := syscall.Kill(a.PID(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if st := socketStatus(t, sockA); st.Status != "TERMINATING" {
+		t.Errorf("old daemon while draining: %+v", st)
+	}
+	if st := socketStatus(t, sockB); st.Status != "READY" {
+		t.Errorf("new daemon while the old one drains: %+v", st)
+	}
+	// A client arriving now goes to the new daemon, not to the draining one
+	// (which would refuse it with 486).
+	relay3, err := allocateFrom(t, r.Client)
+	if err != nil {
+		t.Errorf("allocation during the old daemon's drain: %v", err)
+	} else {
+		relay3.Close()
+	}
+
+	check("old daemon's session across the new daemon's start and its own drain", <-done1)
+	stA = socketStatus(t, sockA)
+	t.Logf("old daemon before its last allocation ends: %+v steering %+v", stA, *stA.Steering)
+	if mode == "off" && stA.Steering.Owner < 1000 {
+		t.Errorf("steering sent %d datagrams to allocation owners, want the old session's thousands", stA.Steering.Owner)
+	}
+	// Refresh(0) reaches the old daemon through the steering; it exits.
+	if err := relay1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Wait(10 * time.Second); err != nil {
+		t.Fatalf("old daemon after its last allocation: %v\n%s", err, a.Stderr())
+	}
+
+	if mode == "native" {
+		waitFor(t, "the new daemon takes over XDP", 6*time.Second, func() bool {
+			return len(socketStatus(t, sockB).Attached) == len(r.ServerIfaces())
+		})
+	}
+	waitFor(t, "the new daemon takes the health port", 4*time.Second, func() bool {
+		code, _, err := r.Server.HTTPGet("http://10.100.0.1:8086/ready")
+		return err == nil && code == http.StatusOK
+	})
+	xdpBefore := socketStatus(t, sockB).XDPPackets
+	check("new daemon's session across the old daemon's drain and exit", <-done2)
+	stB = socketStatus(t, sockB)
+	t.Logf("new daemon at the end: %+v steering %+v", stB, *stB.Steering)
+	if mode == "native" && stB.XDPPackets <= xdpBefore {
+		t.Errorf("the new daemon's session did not move to XDP after the takeover: %d -> %d packets", xdpBefore, stB.XDPPackets)
+	}
+	if b.Exited() {
+		t.Fatalf("new daemon exited:\n%s", b.Stderr())
+	}
+}
