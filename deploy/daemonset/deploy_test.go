@@ -8,6 +8,7 @@ package daemonset_test
 import (
 	"bufio"
 	"debug/elf"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
@@ -159,13 +160,23 @@ func TestDaemonSet(t *testing.T) {
 		}
 	})
 	t.Run("probes", func(t *testing.T) {
-		for name, p := range map[string]*corev1.Probe{"/live": c.LivenessProbe, "/ready": c.ReadinessProbe} {
-			if p == nil || p.HTTPGet == nil {
-				t.Errorf("no HTTP probe for %s", name)
+		// Exec probes over the pod's own health socket: during a surge the
+		// node's :8086 belongs to whichever pod bound it first.
+		sock := flagValue(c.Args, "--health-socket")
+		if sock == "" {
+			t.Fatalf("args %v have no --health-socket", c.Args)
+		}
+		if !slices.ContainsFunc(c.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.MountPath == filepath.Dir(sock) }) {
+			t.Errorf("--health-socket %s is not on a volume (the root filesystem is read-only)", sock)
+		}
+		for name, p := range map[string]*corev1.Probe{"live": c.LivenessProbe, "ready": c.ReadinessProbe} {
+			if p == nil || p.Exec == nil {
+				t.Errorf("no exec probe for %s", name)
 				continue
 			}
-			if p.HTTPGet.Path != name || p.HTTPGet.Port.IntValue() != 8086 {
-				t.Errorf("probe %s is on %s:%s", name, p.HTTPGet.Path, p.HTTPGet.Port.String())
+			want := []string{entrypoint(t), "probe", "--health-socket=" + sock, name}
+			if !slices.Equal(p.Exec.Command, want) {
+				t.Errorf("%s probe runs %q, want %q", name, p.Exec.Command, want)
 			}
 		}
 	})
@@ -185,13 +196,26 @@ func TestDaemonSet(t *testing.T) {
 		if u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil {
 			t.Fatalf("update strategy %+v, want RollingUpdate", u)
 		}
-		// Host ports cannot be shared by an old and a surge pod (see the
-		// comment in daemonset.yaml): replace in place, one node at a time.
-		if s := u.RollingUpdate.MaxSurge; s == nil || s.IntValue() != 0 {
-			t.Errorf("maxSurge %v, want 0", s)
+		// Never a node without a server: the new pod starts beside the old
+		// one (test/e2e TestRollingUpdateHandover runs that overlap).
+		if s := u.RollingUpdate.MaxSurge; s == nil || s.IntValue() != 1 {
+			t.Errorf("maxSurge %v, want 1", s)
 		}
-		if mu := u.RollingUpdate.MaxUnavailable; mu == nil || mu.IntValue() != 1 {
-			t.Errorf("maxUnavailable %v, want 1", mu)
+		if mu := u.RollingUpdate.MaxUnavailable; mu == nil || mu.IntValue() != 0 {
+			t.Errorf("maxUnavailable %v, want 0", mu)
+		}
+		// Declared ports of a hostNetwork pod are host ports: the scheduler
+		// would keep the surge pod Pending on them.
+		for _, c := range pod.Containers {
+			if len(c.Ports) != 0 {
+				t.Errorf("container %s declares ports %v: a surge pod could not schedule", c.Name, c.Ports)
+			}
+		}
+		if dir := flagValue(c.Args, "--handover-dir"); dir == "" || !strings.HasPrefix(dir, "/sys/fs/bpf/") {
+			t.Errorf("--handover-dir %q, want a directory on the mounted bpffs", dir)
+		}
+		if slices.ContainsFunc(c.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.MountPath == "/sys/fs/bpf" && vm.ReadOnly }) {
+			t.Error("/sys/fs/bpf is read-only: the steering maps cannot be pinned")
 		}
 	})
 	t.Run("volumes", func(t *testing.T) {
@@ -463,4 +487,34 @@ func TestDockerfile(t *testing.T) {
 	if libs, err := bin.ImportedLibraries(); err != nil || len(libs) != 0 {
 		t.Errorf("the binary needs shared libraries %v (%v)", libs, err)
 	}
+}
+
+// flagValue returns the value of a --name=value argument.
+func flagValue(args []string, name string) string {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// entrypoint is the binary the Dockerfile's image runs.
+func entrypoint(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "ENTRYPOINT "); ok {
+			var cmd []string
+			if err := json.Unmarshal([]byte(rest), &cmd); err != nil || len(cmd) == 0 {
+				t.Fatalf("ENTRYPOINT %s: %v", rest, err)
+			}
+			return cmd[0]
+		}
+	}
+	t.Fatal("Dockerfile has no ENTRYPOINT")
+	return ""
 }

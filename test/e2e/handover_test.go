@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -129,6 +130,19 @@ func rollingUpdate(t *testing.T, mode string) {
 	}
 	if st := socketStatus(t, sockB); st.Status != "READY" {
 		t.Errorf("new daemon while the old one drains: %+v", st)
+	}
+	// The DaemonSet's exec probes: each pod answers for itself.
+	probe := func(sock, what string) error {
+		return exec.Command(buildDaemon(t), "probe", "--health-socket="+sock, what).Run()
+	}
+	if err := probe(sockA, "ready"); err == nil {
+		t.Error("the draining daemon's readiness probe passes")
+	}
+	if err := probe(sockA, "live"); err != nil {
+		t.Errorf("the draining daemon's liveness probe: %v", err)
+	}
+	if err := probe(sockB, "ready"); err != nil {
+		t.Errorf("the new daemon's readiness probe: %v", err)
 	}
 	// A client arriving now goes to the new daemon, not to the draining one
 	// (which would refuse it with 486).
