@@ -15,7 +15,7 @@ type collector struct {
 	d                                              *Daemon
 	packets, bytes, verdicts, allocs, chans, bound *prometheus.Desc
 	attached, mirrorEvents, mirrorErrors, drift    *prometheus.Desc
-	mode, label                                    *prometheus.Desc
+	mode, label, steering                          *prometheus.Desc
 }
 
 func newCollector(d *Daemon) *collector {
@@ -32,12 +32,13 @@ func newCollector(d *Daemon) *collector {
 		mirrorErrors: prometheus.NewDesc("stunnerd_xdp_mirror_errors_total", "Map writes that failed (the flows stayed in userspace).", nil, nil),
 		drift:        prometheus.NewDesc("stunnerd_xdp_reconcile_repairs_total", "Differences between pion/turn and the maps repaired by the reconcile.", nil, nil),
 		mode:         prometheus.NewDesc("stunnerd_xdp_mode", "1 for the path in use: native or generic (XDP attached somewhere in that mode) or off (userspace only).", []string{"mode"}, nil),
+		steering:     prometheus.NewDesc("stunnerd_xdp_steering_total", "Listener packets the node's SO_REUSEPORT steering sent to the allocation's daemon (owner), the newest daemon (active), or left to the kernel's hash.", []string{"verdict"}, nil),
 		label:        prometheus.NewDesc("stunnerd_xdp_offload_label", "1 for the state of the node's stunner.l7mp.io/xdp-offload label (absent without --node-name).", []string{"state"}, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label} {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering} {
 		ch <- d
 	}
 }
@@ -106,6 +107,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				v = 1
 			}
 			gauge(c.attached, v, iface, string(mode))
+		}
+	}
+	if c.d.steer != nil {
+		if s, err := c.d.steer.Stats(); err == nil {
+			counter(c.steering, s.Owner, "owner")
+			counter(c.steering, s.Active, "active")
+			counter(c.steering, s.Hash, "hash")
 		}
 	}
 	st := c.d.mirror.Stats()

@@ -26,6 +26,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
@@ -94,12 +95,24 @@ func run(daemon, turncat, mode string, rate, size, seconds int) error {
 		return err
 	}
 
+	// The listener steering pins its maps; a private bpffs keeps the demo
+	// out of the host's /sys/fs/bpf.
+	pins, err := os.MkdirTemp("", "stunnerd-xdp-demo-bpffs-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(pins)
+	if err := unix.Mount("bpffs", pins, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpffs: %w", err)
+	}
+	defer func() { _ = unix.Unmount(pins, unix.MNT_DETACH) }()
+
 	logf, err := os.CreateTemp("", "stunnerd-xdp-demo-*.log")
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	if _, err := r.start(r.srv, logf, daemon, "--xdp-mode="+mode, "--relay-address="+serverPeerIP,
+	if _, err := r.start(r.srv, logf, daemon, "--xdp-mode="+mode, "--relay-address="+serverPeerIP, "--handover-dir="+pins,
 		"--metrics-addr="+serverClientIP+":8080", "--health-addr="+serverClientIP+":8086", "--log=all:INFO",
 		fmt.Sprintf("turn://%s:%s@%s:3478", turnUser, turnPass, serverClientIP)); err != nil {
 		return err

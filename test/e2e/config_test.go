@@ -81,7 +81,8 @@ func TestSTUNnerConfigAndReload(t *testing.T) {
 	r := netns.NewRouted(t)
 	cfgPath := filepath.Join(t.TempDir(), "stunnerd.conf")
 	writeConfig(t, cfgPath, stunnerConfig("first-secret", ""))
-	p := r.Server.Start(t, buildDaemon(t), "--log-format=json", "--relay-address=10.200.0.1", "--xdp-mode=native", "-c", cfgPath, "-w")
+	p := r.Server.Start(t, buildDaemon(t), "--log-format=json", "--relay-address=10.200.0.1", "--xdp-mode=native",
+		"--handover-dir="+testenv.BPFFS(t), "-c", cfgPath, "-w")
 	if !p.WaitOutput(`"msg":"health endpoint listening"`, 10*time.Second) {
 		t.Fatalf("daemon did not come up:\n%s", p.Stderr())
 	}

@@ -173,7 +173,7 @@ func TestKill9Detaches(t *testing.T) {
 	bin := buildDaemon(t)
 	r := netns.NewRouted(t)
 	p := r.Server.Start(t, bin, "--xdp-mode=native", "--log-format=json", "--relay-address=10.200.0.1",
-		"--metrics-addr=10.100.0.1:8080", "--health-addr=10.100.0.1:8086",
+		"--handover-dir="+testenv.BPFFS(t), "--metrics-addr=10.100.0.1:8080", "--health-addr=10.100.0.1:8086",
 		fmt.Sprintf("turn://%s:%s@%s", user, password, listenAddr))
 	if !p.WaitOutput(`"msg":"health endpoint listening"`, 10*time.Second) {
 		t.Fatalf("daemon did not come up:\n%s", p.Stderr())
@@ -198,6 +198,7 @@ func TestKill9Detaches(t *testing.T) {
 		`stunnerd_xdp_verdicts_total{reason="pass_stun"}`,
 		`stunnerd_xdp_allocations_active 0`,
 		`stunnerd_xdp_channels_active 0`,
+		`stunnerd_xdp_steering_total{verdict="owner"} 0`,
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %q", want)
