@@ -230,7 +230,8 @@ type Daemon struct {
 	lmu       sync.Mutex // guards listeners and cfg.Listeners
 	listeners map[string]*listenerServer
 	sw        *fallback.Switch
-	modeMu    sync.Mutex   // serialises SetMode and the attach retry
+	modeMu     sync.Mutex   // serialises SetMode and the attach retry
+	handedOver bool         // under modeMu: XDP given up for a successor
 	want      atomic.Value // loader.Mode asked for by --xdp-mode or the node label
 	steer     *handover.Steering
 	counters  *fallback.Counters
@@ -347,6 +348,9 @@ func (d *Daemon) SetMode(mode loader.Mode) error {
 	xlog := d.cfg.Logger.Slog("loader")
 	d.modeMu.Lock()
 	defer d.modeMu.Unlock()
+	if d.handedOver && mode != loader.ModeOff {
+		return errors.New("draining: XDP was handed over to the newer daemon on this node")
+	}
 	d.want.Store(mode)
 	if mode == loader.ModeOff {
 		if err := d.sw.Disable(); err != nil {
@@ -468,6 +472,7 @@ func (d *Daemon) Drain() <-chan struct{} {
 	if d.draining.CompareAndSwap(false, true) {
 		d.log.Info("draining: new allocations are refused, live ones keep relaying",
 			"allocations", d.AllocationCount())
+		d.handOverXDP()
 		go func() {
 			t := time.NewTicker(100 * time.Millisecond)
 			defer t.Stop()

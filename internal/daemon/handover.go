@@ -163,6 +163,35 @@ func (d *Daemon) xdpRetry(every time.Duration) {
 	}
 }
 
+// handOverXDP, at the start of a drain, gives the XDP hook to a newer daemon
+// on the node, if there is one: this daemon's live sessions move to pion/turn
+// in userspace (the switch loses nothing), and the newcomer's retry attaches
+// its program within XDPRetryInterval, so the sessions of the rest of the
+// drain, which are all new ones, run in the kernel. Without a successor (a
+// plain stop) XDP stays until exit.
+func (d *Daemon) handOverXDP() {
+	if d.steer == nil {
+		return
+	}
+	others, err := d.steer.Others()
+	if err != nil {
+		d.log.Warn("cannot tell whether another daemon runs on this node; keeping XDP", "error", err)
+		return
+	}
+	if others == 0 || len(d.sw.Attached()) == 0 {
+		return
+	}
+	d.log.Info("another daemon serves this node: handing XDP over to it, live sessions continue in userspace",
+		"allocations", d.AllocationCount())
+	d.modeMu.Lock()
+	defer d.modeMu.Unlock()
+	d.handedOver = true
+	d.want.Store(loader.ModeOff)
+	if err := d.sw.Disable(); err != nil {
+		d.log.Warn("detaching XDP for the successor", "error", err)
+	}
+}
+
 // serve starts an HTTP server on addr; while the port is taken (the previous
 // daemon on this node is still draining) it retries in the background.
 func (d *Daemon) serve(addr string, h http.Handler, what string) error {

@@ -295,6 +295,28 @@ func (s *Steering) RemoveFlow(g Group, client netip.AddrPort, slot uint32) error
 	return nil
 }
 
+// Others counts the sockets other processes (or this one's other Steering
+// values) have registered: non-zero while a second daemon serves the node.
+func (s *Steering) Others() (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var cookie uint64
+	n := 0
+	for i := uint32(0); i < Slots; i++ {
+		err := s.objs.SteerSockets.Lookup(i, &cookie)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("steering array slot %d: %w", i, err)
+		}
+		if _, mine := s.slots[i]; !mine {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // Stats are the program's verdicts since the maps were created, summed over
 // CPUs: node-wide, whichever process asks.
 type Stats struct {

@@ -18,12 +18,12 @@ import (
 // The tests run two Steering values in one process: each holds its own open
 // file descriptions, so the locks behave as between two daemons.
 
-func testDir(t *testing.T) string {
+func testDir(t testing.TB) string {
 	t.Helper()
 	return filepath.Join(testenv.BPFFS(t), "steer")
 }
 
-func mustOpen(t *testing.T, dir string) *Steering {
+func mustOpen(t testing.TB, dir string) *Steering {
 	t.Helper()
 	s, err := Open(dir)
 	if err != nil {
@@ -41,7 +41,7 @@ var reuseport = net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) e
 	return serr
 }}
 
-func listenUDP(t *testing.T, network, addr string) *net.UDPConn {
+func listenUDP(t testing.TB, network, addr string) *net.UDPConn {
 	t.Helper()
 	c, err := reuseport.ListenPacket(context.Background(), network, addr)
 	if err != nil {
@@ -51,7 +51,7 @@ func listenUDP(t *testing.T, network, addr string) *net.UDPConn {
 	return c.(*net.UDPConn)
 }
 
-func register(t *testing.T, s *Steering, c syscall.Conn, g Group) uint32 {
+func register(t testing.TB, s *Steering, c syscall.Conn, g Group) uint32 {
 	t.Helper()
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -86,7 +86,7 @@ func receiver(t *testing.T, client *net.UDPConn, to netip.AddrPort, servers ...*
 
 func addrPort(c net.Addr) netip.AddrPort { return c.(*net.UDPAddr).AddrPort() }
 
-func stats(t *testing.T, s *Steering) Stats {
+func stats(t testing.TB, s *Steering) Stats {
 	t.Helper()
 	st, err := s.Stats()
 	if err != nil {
@@ -117,6 +117,11 @@ func testUDP(t *testing.T, network, host string) {
 	if slotB == slotA {
 		t.Fatalf("both sockets in slot %d", slotA)
 	}
+	for name, s := range map[string]*Steering{"old": old, "new": nu} {
+		if n, err := s.Others(); err != nil || n != 1 {
+			t.Errorf("%s process sees %d other sockets (%v), want 1", name, n, err)
+		}
+	}
 	before := stats(t, nu)
 	for i := range 20 {
 		if got := receiver(t, c1, g.Addr, a, b); got != 0 {
@@ -142,6 +147,9 @@ func testUDP(t *testing.T, network, host string) {
 	// The new process dies: its socket leaves the array and the old one,
 	// still bound, gets everything again (by the kernel's hash).
 	b.Close()
+	if n, err := old.Others(); err != nil || n != 0 {
+		t.Errorf("old process sees %d other sockets (%v) after the new one closed", n, err)
+	}
 	if got := receiver(t, c2, g.Addr, a); got != 0 {
 		t.Errorf("after the new socket closed: %d", got)
 	}

@@ -54,8 +54,9 @@ func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
 // TestRollingUpdateHandover is a DaemonSet rolling update with maxSurge 1 on
 // one node, with real binaries in a network namespace: the old daemon serves a
 // session; the new one starts on the same ports while it runs and takes the
-// next allocation; the old one is told to stop, drains its session to the end
-// and exits; the new one takes over XDP. Neither session loses more than 1 %.
+// next allocation; the old one is told to stop, hands XDP over to the new one
+// (its session continues in userspace), drains its session to the end and
+// exits. Neither session loses more than 1 %.
 // In userspace mode every ChannelData of the old session reaches the shared
 // listener port, so the steering alone keeps it with its daemon.
 func TestRollingUpdateHandover(t *testing.T) {
@@ -144,6 +145,21 @@ func rollingUpdate(t *testing.T, mode string) {
 	if err := probe(sockB, "ready"); err != nil {
 		t.Errorf("the new daemon's readiness probe: %v", err)
 	}
+	// With a successor on the node the old daemon hands XDP over at once: its
+	// own session continues in userspace, the successor's moves to XDP.
+	if mode == "native" {
+		waitFor(t, "the new daemon takes over XDP during the old one's drain", 6*time.Second, func() bool {
+			return len(socketStatus(t, sockB).Attached) == len(r.ServerIfaces())
+		})
+		select {
+		case <-done1:
+			t.Fatal("the old session ended before the handover could be seen: lengthen it")
+		default:
+		}
+		if st := socketStatus(t, sockA); len(st.Attached) != 0 {
+			t.Errorf("old daemon still attached after the handover: %+v", st)
+		}
+	}
 	// A client arriving now goes to the new daemon, not to the draining one
 	// (which would refuse it with 486).
 	relay3, err := allocateFrom(t, r.Client)
@@ -156,8 +172,11 @@ func rollingUpdate(t *testing.T, mode string) {
 	check("old daemon's session across the new daemon's start and its own drain", <-done1)
 	stA = socketStatus(t, sockA)
 	t.Logf("old daemon before its last allocation ends: %+v steering %+v", stA, *stA.Steering)
-	if mode == "off" && stA.Steering.Owner < 1000 {
+	if stA.Steering.Owner < 1000 {
 		t.Errorf("steering sent %d datagrams to allocation owners, want the old session's thousands", stA.Steering.Owner)
+	}
+	if stA.UserspacePackets < 1000 {
+		t.Errorf("old daemon relayed %d packets in userspace: its session did not continue there", stA.UserspacePackets)
 	}
 	// Refresh(0) reaches the old daemon through the steering; it exits.
 	if err := relay1.Close(); err != nil {
@@ -167,11 +186,6 @@ func rollingUpdate(t *testing.T, mode string) {
 		t.Fatalf("old daemon after its last allocation: %v\n%s", err, a.Stderr())
 	}
 
-	if mode == "native" {
-		waitFor(t, "the new daemon takes over XDP", 6*time.Second, func() bool {
-			return len(socketStatus(t, sockB).Attached) == len(r.ServerIfaces())
-		})
-	}
 	waitFor(t, "the new daemon takes the health port", 4*time.Second, func() bool {
 		code, _, err := r.Server.HTTPGet("http://10.100.0.1:8086/ready")
 		return err == nil && code == http.StatusOK
