@@ -227,18 +227,18 @@ type Daemon struct {
 	mirror *control.Mirror
 	auth   atomic.Pointer[authState]
 
-	lmu       sync.Mutex // guards listeners and cfg.Listeners
-	listeners map[string]*listenerServer
-	sw        *fallback.Switch
+	lmu        sync.Mutex // guards listeners and cfg.Listeners
+	listeners  map[string]*listenerServer
+	sw         *fallback.Switch
 	modeMu     sync.Mutex   // serialises SetMode and the attach retry
 	handedOver bool         // under modeMu: XDP given up for a successor
-	want      atomic.Value // loader.Mode asked for by --xdp-mode or the node label
-	steer     *handover.Steering
-	counters  *fallback.Counters
-	registry  *prometheus.Registry
-	https     []*http.Server
-	stop      chan struct{}
-	wg        sync.WaitGroup
+	want       atomic.Value // loader.Mode asked for by --xdp-mode or the node label
+	steer      *handover.Steering
+	counters   *fallback.Counters
+	registry   *prometheus.Registry
+	https      []*http.Server
+	stop       chan struct{}
+	wg         sync.WaitGroup
 
 	nodeWatcher atomic.Pointer[control.NodeWatcher]
 	draining    atomic.Bool
