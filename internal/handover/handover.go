@@ -371,6 +371,9 @@ func (s *Steering) close() error {
 	var errs []error
 	for _, slot := range slots {
 		errs = append(errs, s.Unregister(slot))
+		// Allocations still alive at exit (a drain cut short) are not
+		// reported deleted by pion/turn: drop their entries too.
+		errs = append(errs, s.exclusive(func() error { return s.purge(slot) }))
 	}
 	errs = append(errs, s.objs.Close())
 	if unix.Flock(int(s.lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {

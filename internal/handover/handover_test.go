@@ -228,6 +228,55 @@ func TestStaleFlowsPurged(t *testing.T) {
 	}
 }
 
+// TestOwnerKilled: the owner's socket closes without its entries being
+// removed (kill -9): its clients go to the newest socket, which answers them
+// (pion/turn there tells them the allocation is gone).
+func TestOwnerKilled(t *testing.T) {
+	dir := testDir(t)
+	old, nu := mustOpen(t, dir), mustOpen(t, dir)
+	a := listenUDP(t, "udp4", "127.0.0.1:0")
+	g := Group{Protocol: UDP, Addr: addrPort(a.LocalAddr())}
+	slotA := register(t, old, a, g)
+	b := listenUDP(t, "udp4", g.Addr.String())
+	register(t, nu, b, g)
+	c := listenUDP(t, "udp4", "127.0.0.1:0")
+	if err := old.AddFlow(g, addrPort(c.LocalAddr()), slotA); err != nil {
+		t.Fatal(err)
+	}
+	if got := receiver(t, c, g.Addr, a, b); got != 0 {
+		t.Fatalf("owner alive: socket %d", got)
+	}
+	a.Close()
+	if got := receiver(t, c, g.Addr, b); got != 0 {
+		t.Errorf("owner gone: the client's datagram reached no socket (%d)", got)
+	}
+}
+
+// TestCloseDropsOwnFlows: allocations alive at exit leave no entries behind,
+// and another process's entries stay.
+func TestCloseDropsOwnFlows(t *testing.T) {
+	dir := testDir(t)
+	a, b := mustOpen(t, dir), mustOpen(t, dir)
+	ca := listenUDP(t, "udp4", "127.0.0.1:0")
+	g := Group{Protocol: UDP, Addr: addrPort(ca.LocalAddr())}
+	slotA := register(t, a, ca, g)
+	slotB := register(t, b, listenUDP(t, "udp4", g.Addr.String()), g)
+	for i := range 3 {
+		if err := a.AddFlow(g, netip.AddrPortFrom(netip.MustParseAddr("10.1.0.1"), uint16(5000+i)), slotA); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.AddFlow(g, netip.MustParseAddrPort("10.1.0.2:6000"), slotB); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.Flows(); err != nil || n != 1 {
+		t.Errorf("%d flows (%v) after the first process closed, want the other's 1", n, err)
+	}
+}
+
 // TestLastOutRemovesPins: the pins stay while any process has them open and
 // go with the last one.
 func TestLastOutRemovesPins(t *testing.T) {
