@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
@@ -105,13 +106,14 @@ func TestBench(t *testing.T) {
 	h.rep.Meta = meta(cfg, started)
 	h.rep.Expected = ExpectedRows{
 		ProgRun:        progRunNames,
-		RelayServers:   []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerStunnerd, ServerCoturn, ServerKernelFwd, ServerDeliveryFloor},
+		RelayServers:   []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerXDPOffSteered, ServerStunnerd, ServerCoturn, ServerKernelFwd, ServerDeliveryFloor},
 		RelayPoints:    len(cfg.ladder100) + len(cfg.ladder1200),
-		LatencyServers: []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerStunnerd, ServerCoturn, ServerKernelFwd},
+		LatencyServers: []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerXDPOffSteered, ServerStunnerd, ServerCoturn, ServerKernelFwd},
 		IperfServers:   []string{ServerXDPNative, ServerXDPOff, ServerStunnerd, ServerCoturn},
 		ScalingPoints:  2 * len(cfg.scalingChannels),
 	}
 	h.daemonBin = buildDaemon(t)
+	h.pins = testenv.BPFFS(t)
 	h.rep.Meta.Daemon = h.daemonBin
 	if os.Getenv("STUNNERD_XDP") == "" {
 		h.rep.Meta.Daemon = "built from this tree by the harness (go build ./cmd/stunnerd-xdp)"
@@ -166,6 +168,7 @@ type harness struct {
 	rep       *Report
 	rig       *netns.Rig
 	daemonBin string
+	pins      string // private bpffs for the steered daemon's maps
 	peers     *peers
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -341,5 +342,47 @@ func (h *harness) targets() ([]TargetResult, []string) {
 		"Softirq is system-wide: it also holds the client's transmit, the veth hops and the peer's UDP receive, for every server alike; the kernel-forwarding row shows that floor.",
 		"Delivered counts the peer namespace's UDP layer (InDatagrams + RcvbufErrors + NoPorts): the sink never reads, so a datagram that reached the peer counts even though its socket buffer was full.",
 	}
+	if n := h.steeringNote(); n != "" {
+		notes = append(notes, n)
+	}
 	return out, notes
+}
+
+// steeringNote compares the userspace path with and without the listener
+// steering, rung by rung of this run: the cost of rolling-update support.
+func (h *harness) steeringNote() string {
+	type rung struct {
+		payload int
+		target  float64
+	}
+	plain := map[rung]RelayPoint{}
+	for _, p := range h.rep.Relay {
+		if p.Server == ServerXDPOff {
+			plain[rung{p.Payload, p.TargetPPS}] = p
+		}
+	}
+	var ratios []float64
+	for _, p := range h.rep.Relay {
+		q, ok := plain[rung{p.Payload, p.TargetPPS}]
+		if p.Server != ServerXDPOffSteered || !ok || q.TotalUsPerPkt <= 0 || p.TotalUsPerPkt <= 0 {
+			continue
+		}
+		ratios = append(ratios, p.TotalUsPerPkt/q.TotalUsPerPkt)
+	}
+	if len(ratios) == 0 {
+		return ""
+	}
+	sort.Float64s(ratios)
+	note := fmt.Sprintf("Listener steering (SO_REUSEPORT + SK_REUSEPORT program, for rolling updates) on the userspace path: server CPU per packet steered/plain, median over %d rungs of this run: %s× (range %s–%s).",
+		len(ratios), f(ratios[len(ratios)/2], 2), f(ratios[0], 2), f(ratios[len(ratios)-1], 2))
+	for _, l := range h.rep.Latency {
+		if l.Server == ServerXDPOffSteered {
+			for _, m := range h.rep.Latency {
+				if m.Server == ServerXDPOff && m.P99Us > 0 {
+					note += fmt.Sprintf(" RTT p99 steered/plain: %s×.", f(l.P99Us/m.P99Us, 2))
+				}
+			}
+		}
+	}
+	return note
 }

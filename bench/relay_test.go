@@ -33,18 +33,25 @@ var (
 	turnURI    = fmt.Sprintf("turn://%s:%s@%s:%d", user, password, listenIP, listenPort)
 )
 
-func daemonSpec(name, mode string) serverSpec {
+// daemonSpec runs stunnerd-xdp. Listener steering is off unless steered (then
+// its maps go to the harness's private bpffs), so that every row says which.
+func daemonSpec(name, mode string, steered bool) serverSpec {
 	return serverSpec{name: name, xdpMode: mode, argv: func(h *harness, _ string) []string {
+		handover := "--handover-dir="
+		if steered {
+			handover += h.pins
+		}
 		return []string{h.daemonBin, "--log=all:WARN", "--xdp-mode=" + mode, "--relay-address=" + relayIP.String(),
-			"--metrics-addr=127.0.0.1:8080", "--health-addr=", turnURI}
+			handover, "--metrics-addr=127.0.0.1:8080", "--health-addr=", turnURI}
 	}}
 }
 
 var (
-	specXDPNative  = daemonSpec(ServerXDPNative, "native")
-	specXDPGeneric = daemonSpec(ServerXDPGeneric, "generic")
-	specXDPOff     = daemonSpec(ServerXDPOff, "off")
-	specStunnerd   = serverSpec{name: ServerStunnerd, argv: func(*harness, string) []string {
+	specXDPNative     = daemonSpec(ServerXDPNative, "native", false)
+	specXDPGeneric    = daemonSpec(ServerXDPGeneric, "generic", false)
+	specXDPOff        = daemonSpec(ServerXDPOff, "off", false)
+	specXDPOffSteered = daemonSpec(ServerXDPOffSteered, "off", true)
+	specStunnerd      = serverSpec{name: ServerStunnerd, argv: func(*harness, string) []string {
 		// URI mode: plaintext auth, an allow-any cluster, one UDP read loop (-u 0).
 		return []string{stunnerdPath(), "-l", "all:WARN", turnURI}
 	}}
@@ -212,7 +219,7 @@ func xdpPackets(body string) (xdp, user float64) {
 // ---- stage 2: end to end ----
 
 func (h *harness) stageRelay(t *testing.T) {
-	for _, spec := range []serverSpec{specFloor, specKernelFwd, specXDPNative, specXDPGeneric, specXDPOff, specStunnerd, specCoturn} {
+	for _, spec := range []serverSpec{specFloor, specKernelFwd, specXDPNative, specXDPGeneric, specXDPOff, specXDPOffSteered, specStunnerd, specCoturn} {
 		t.Run(spec.name, func(t *testing.T) { h.relayOne(t, spec) })
 	}
 	// Added latency: each percentile minus the direct path's.
@@ -348,6 +355,12 @@ func (h *harness) measure(t *testing.T, spec serverSpec, streams []*stream, rate
 			p.XDPShare = dx / (dx + du)
 		} else {
 			p.XDPShare = 0
+		}
+		// The steered row must really have run the steering: every
+		// datagram to the listener is an owner verdict.
+		owner := func(m string) float64 { return metric(m, "stunnerd_xdp_steering_total", `verdict="owner"`) }
+		if spec.name == ServerXDPOffSteered && !(owner(mAfter)-owner(mBefore) >= 0.5*float64(got)) { // NaN: no metric
+			t.Errorf("%s: %.0f owner verdicts for %d delivered packets: the steering did not run", spec.name, owner(mAfter)-owner(mBefore), got)
 		}
 	}
 	return p

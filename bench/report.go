@@ -572,9 +572,13 @@ const (
 	ServerXDPNative  = "stunnerd-xdp XDP native"
 	ServerXDPGeneric = "stunnerd-xdp XDP generic"
 	ServerXDPOff     = "stunnerd-xdp userspace (--xdp-mode=off)"
-	ServerStunnerd   = "STUNner stunnerd v1.1.0"
-	ServerCoturn     = "coturn"
-	ServerKernelFwd  = "kernel forwarding (no TURN)"
+	// ServerXDPOffSteered is the same with the listener in a steered
+	// SO_REUSEPORT group (--handover-dir): what rolling-update support costs
+	// the packets that reach the listener socket.
+	ServerXDPOffSteered = "stunnerd-xdp userspace, steered listener (--xdp-mode=off --handover-dir)"
+	ServerStunnerd      = "STUNner stunnerd v1.1.0"
+	ServerCoturn        = "coturn"
+	ServerKernelFwd     = "kernel forwarding (no TURN)"
 	// ServerDeliveryFloor sends from the server namespace to the peer: the
 	// softirq of delivering a packet to the peer, with no relay at all.
 	ServerDeliveryFloor = "delivery floor (server ns → peer, no relay)"
