@@ -1,0 +1,108 @@
+package daemon
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/logging"
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// freePort finds a UDP port on loopback that is free now.
+func freePort(t *testing.T) uint16 {
+	t.Helper()
+	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return uint16(c.LocalAddr().(*net.UDPAddr).Port)
+}
+
+func startOn(t *testing.T, listen netip.AddrPort, dir string) (*Daemon, *syncBuffer, error) {
+	t.Helper()
+	var logs syncBuffer
+	lf, err := logging.New("all:INFO", "text", &logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Start(Config{
+		Listeners: []Listener{
+			{Name: "udp", Protocol: config.UDP, Addr: listen},
+			{Name: "tcp", Protocol: config.TCP, Addr: listen},
+		},
+		Users:        map[string]string{"u": "p"},
+		RelayAddress: netip.MustParseAddr("127.0.0.1"),
+		MinRelayPort: 40000, MaxRelayPort: 40999,
+		XDPMode:     loader.ModeOff,
+		HandoverDir: dir,
+		Logger:      lf,
+	})
+	if err == nil {
+		t.Cleanup(func() { d.Close() })
+	}
+	return d, &logs, err
+}
+
+// TestTwoDaemonsShareThePorts: with the steering a second daemon binds the
+// same UDP and TCP listener while the first runs; without it (no bpffs) the
+// daemon says so and binds exclusively, and a second one is refused.
+func TestTwoDaemonsShareThePorts(t *testing.T) {
+	testenv.RequireRoot(t)
+	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+
+	pins := testenv.BPFFS(t)
+	a, _, err := startOn(t, listen, pins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, logs, err := startOn(t, listen, pins)
+	if err != nil {
+		t.Fatalf("second daemon with the steering: %v", err)
+	}
+	if !strings.Contains(logs.String(), "listener handover on") {
+		t.Errorf("no handover log:\n%s", logs.String())
+	}
+	if st := b.Status(); st.Steering == nil {
+		t.Errorf("status without steering: %+v", st)
+	}
+	b.Close()
+	a.Close()
+
+	other := netip.AddrPortFrom(listen.Addr(), freePort(t))
+	notBPF := t.TempDir()
+	_, logs, err = startOn(t, other, notBPF)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "no listener handover") || !strings.Contains(logs.String(), "not on a bpf filesystem") {
+		t.Errorf("the fallback to exclusive sockets was not logged:\n%s", logs.String())
+	}
+	if _, _, err := startOn(t, other, notBPF); err == nil || !strings.Contains(err.Error(), syscall.EADDRINUSE.Error()) {
+		t.Errorf("second daemon without the steering: %v, want address already in use", err)
+	}
+}
