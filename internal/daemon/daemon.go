@@ -472,11 +472,15 @@ func (d *Daemon) Drain() <-chan struct{} {
 	if d.draining.CompareAndSwap(false, true) {
 		d.log.Info("draining: new allocations are refused, live ones keep relaying",
 			"allocations", d.AllocationCount())
+		d.retire()
 		d.handOverXDP()
 		go func() {
 			t := time.NewTicker(100 * time.Millisecond)
 			defer t.Stop()
-			for {
+			for i := 0; ; i++ {
+				if i%10 == 9 {
+					d.handOverXDP() // a successor may start after the drain began
+				}
 				if d.AllocationCount() == 0 {
 					close(d.drained)
 					return

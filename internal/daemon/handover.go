@@ -163,30 +163,47 @@ func (d *Daemon) xdpRetry(every time.Duration) {
 	}
 }
 
-// handOverXDP, at the start of a drain, gives the XDP hook to a newer daemon
-// on the node, if there is one: this daemon's live sessions move to pion/turn
-// in userspace (the switch loses nothing), and the newcomer's retry attaches
-// its program within XDPRetryInterval, so the sessions of the rest of the
-// drain, which are all new ones, run in the kernel. Without a successor (a
-// plain stop) XDP stays until exit.
+// retire, at the start of a drain, stops new flows coming to this daemon's
+// listeners (it refuses them anyway) so that a successor's registration shows.
+func (d *Daemon) retire() {
+	if d.steer == nil {
+		return
+	}
+	if err := d.steer.Retire(); err != nil {
+		d.log.Warn("steering", "error", err)
+	}
+}
+
+// handOverXDP gives the XDP hook to a newer daemon on the node once one serves
+// our listeners: this daemon's live sessions move to pion/turn in userspace
+// (the switch loses nothing), and the newcomer's retry attaches its program
+// within XDPRetryInterval, so the sessions of the rest of the drain, all of
+// them new ones, run in the kernel. Without a successor (a plain stop) XDP
+// stays until exit. Called periodically while draining.
 func (d *Daemon) handOverXDP() {
 	if d.steer == nil {
 		return
 	}
-	others, err := d.steer.Others()
-	if err != nil {
-		d.log.Warn("cannot tell whether another daemon runs on this node; keeping XDP", "error", err)
+	d.modeMu.Lock()
+	defer d.modeMu.Unlock()
+	if d.handedOver {
 		return
 	}
-	if others == 0 || len(d.sw.Attached()) == 0 {
+	ok, err := d.steer.Successor()
+	if err != nil {
+		d.log.Warn("cannot tell whether another daemon serves this node; keeping XDP", "error", err)
+		return
+	}
+	if !ok {
+		return
+	}
+	d.handedOver = true
+	d.want.Store(loader.ModeOff) // and the attach retry stops
+	if len(d.sw.Attached()) == 0 {
 		return
 	}
 	d.log.Info("another daemon serves this node: handing XDP over to it, live sessions continue in userspace",
 		"allocations", d.AllocationCount())
-	d.modeMu.Lock()
-	defer d.modeMu.Unlock()
-	d.handedOver = true
-	d.want.Store(loader.ModeOff)
 	if err := d.sw.Disable(); err != nil {
 		d.log.Warn("detaching XDP for the successor", "error", err)
 	}

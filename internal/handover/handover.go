@@ -295,26 +295,49 @@ func (s *Steering) RemoveFlow(g Group, client netip.AddrPort, slot uint32) error
 	return nil
 }
 
-// Others counts the sockets other processes (or this one's other Steering
-// values) have registered: non-zero while a second daemon serves the node.
-func (s *Steering) Others() (int, error) {
+// Retire stops steering new flows to this process's sockets: a draining
+// daemon refuses them. Clients with allocations keep coming. New flows go to a
+// successor's socket once one registers, and meanwhile by the kernel's hash.
+func (s *Steering) Retire() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var cookie uint64
-	n := 0
-	for i := uint32(0); i < Slots; i++ {
-		err := s.objs.SteerSockets.Lookup(i, &cookie)
+	return s.exclusive(func() error {
+		for slot, g := range s.slots {
+			var cur uint32
+			if err := s.objs.SteerActive.Lookup(g.key(), &cur); err != nil || cur != slot {
+				continue
+			}
+			if err := s.objs.SteerActive.Delete(g.key()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("steering %v: %w", g, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Successor reports whether a live socket of another process takes the new
+// flows of one of this process's listeners.
+func (s *Steering) Successor() (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range s.slots {
+		var cur uint32
+		err := s.objs.SteerActive.Lookup(g.key(), &cur)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue
 		}
 		if err != nil {
-			return 0, fmt.Errorf("steering array slot %d: %w", i, err)
+			return false, fmt.Errorf("steering %v: %w", g, err)
 		}
-		if _, mine := s.slots[i]; !mine {
-			n++
+		if _, mine := s.slots[cur]; mine {
+			continue
+		}
+		var cookie uint64
+		if err := s.objs.SteerSockets.Lookup(cur, &cookie); err == nil {
+			return true, nil
 		}
 	}
-	return n, nil
+	return false, nil
 }
 
 // Stats are the program's verdicts since the maps were created, summed over

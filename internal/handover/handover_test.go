@@ -117,10 +117,11 @@ func testUDP(t *testing.T, network, host string) {
 	if slotB == slotA {
 		t.Fatalf("both sockets in slot %d", slotA)
 	}
-	for name, s := range map[string]*Steering{"old": old, "new": nu} {
-		if n, err := s.Others(); err != nil || n != 1 {
-			t.Errorf("%s process sees %d other sockets (%v), want 1", name, n, err)
-		}
+	if ok, err := old.Successor(); err != nil || !ok {
+		t.Errorf("the old process sees no successor (%v)", err)
+	}
+	if ok, err := nu.Successor(); err != nil || ok {
+		t.Errorf("the new process sees a successor (%v)", err)
 	}
 	before := stats(t, nu)
 	for i := range 20 {
@@ -147,8 +148,8 @@ func testUDP(t *testing.T, network, host string) {
 	// The new process dies: its socket leaves the array and the old one,
 	// still bound, gets everything again (by the kernel's hash).
 	b.Close()
-	if n, err := old.Others(); err != nil || n != 0 {
-		t.Errorf("old process sees %d other sockets (%v) after the new one closed", n, err)
+	if ok, err := old.Successor(); err != nil || ok {
+		t.Errorf("the old process still sees a successor after it closed (%v)", err)
 	}
 	if got := receiver(t, c2, g.Addr, a); got != 0 {
 		t.Errorf("after the new socket closed: %d", got)
@@ -225,6 +226,38 @@ func TestStaleFlowsPurged(t *testing.T) {
 	}
 	if n, _ := s.Flows(); n != 0 {
 		t.Errorf("%d stale flows left", n)
+	}
+}
+
+// TestRetire: a draining process stops taking new flows; its clients stay.
+func TestRetire(t *testing.T) {
+	dir := testDir(t)
+	old, nu := mustOpen(t, dir), mustOpen(t, dir)
+	a := listenUDP(t, "udp4", "127.0.0.1:0")
+	g := Group{Protocol: UDP, Addr: addrPort(a.LocalAddr())}
+	slotA := register(t, old, a, g)
+	c1, c2 := listenUDP(t, "udp4", "127.0.0.1:0"), listenUDP(t, "udp4", "127.0.0.1:0")
+	if err := old.AddFlow(g, addrPort(c1.LocalAddr()), slotA); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Retire(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := old.Successor(); ok {
+		t.Error("a successor before any registered")
+	}
+	b := listenUDP(t, "udp4", g.Addr.String())
+	register(t, nu, b, g) // a successor arrives after the drain began
+	if ok, err := old.Successor(); err != nil || !ok {
+		t.Errorf("no successor after one registered (%v)", err)
+	}
+	for range 10 {
+		if got := receiver(t, c1, g.Addr, a, b); got != 0 {
+			t.Fatalf("the retired process's client went to socket %d", got)
+		}
+		if got := receiver(t, c2, g.Addr, a, b); got != 1 {
+			t.Fatalf("a new client went to socket %d, want the successor's", got)
+		}
 	}
 }
 

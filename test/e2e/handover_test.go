@@ -58,17 +58,22 @@ func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
 // (its session continues in userspace), drains its session to the end and
 // exits. Neither session loses more than 1 %.
 // In userspace mode every ChannelData of the old session reaches the shared
-// listener port, so the steering alone keeps it with its daemon.
+// listener port, so the steering alone keeps it with its daemon. The last
+// case stops the old daemon first and starts the new one during its drain,
+// as when a pod is deleted by hand: XDP stays until the successor appears.
 func TestRollingUpdateHandover(t *testing.T) {
 	if testenv.InNetns() {
 		t.Skip("parent-only test")
 	}
 	for _, mode := range []string{"native", "off"} {
-		t.Run("xdp-"+mode, func(t *testing.T) { rollingUpdate(t, mode) })
+		t.Run("xdp-"+mode, func(t *testing.T) { rollingUpdate(t, mode, false) })
 	}
+	// A pod deleted by hand: it drains first and its replacement starts
+	// during the drain.
+	t.Run("xdp-native/successor-during-drain", func(t *testing.T) { rollingUpdate(t, "native", true) })
 }
 
-func rollingUpdate(t *testing.T, mode string) {
+func rollingUpdate(t *testing.T, mode string, late bool) {
 	netns.RequirePrivileged(t)
 	r := netns.NewRouted(t)
 	pins := testenv.BPFFS(t)
@@ -100,6 +105,18 @@ func rollingUpdate(t *testing.T, mode string) {
 	}
 	done1 := session(relay1, 8*time.Second)
 	time.Sleep(1500 * time.Millisecond)
+	drain := func() {
+		if err := syscall.Kill(a.PID(), syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if late {
+		drain()
+		if st := socketStatus(t, sockA); mode == "native" && len(st.Attached) == 0 {
+			t.Errorf("the old daemon gave up XDP with no successor: %+v", st)
+		}
+	}
 
 	// The new pod: same ports, same health port (busy until the old one is gone).
 	b := startBinaryUntil(t, r, `"msg":"health socket listening"`, append(common, "--health-socket="+sockB)...)
@@ -122,10 +139,9 @@ func rollingUpdate(t *testing.T, mode string) {
 	}
 
 	// The old pod is deleted: it drains.
-	if err := syscall.Kill(a.PID(), syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	if !late {
+		drain()
 	}
-	time.Sleep(300 * time.Millisecond)
 	if st := socketStatus(t, sockA); st.Status != "TERMINATING" {
 		t.Errorf("old daemon while draining: %+v", st)
 	}
