@@ -229,33 +229,47 @@ func TestStaleFlowsPurged(t *testing.T) {
 	}
 }
 
+// oldAndClient is an old process with one listener socket and a client that
+// has an allocation on it, and a second process not registered yet.
+type oldAndClient struct {
+	old, nu *Steering
+	a, c    *net.UDPConn
+	g       Group
+}
+
+func newOldAndClient(t *testing.T) oldAndClient {
+	t.Helper()
+	dir := testDir(t)
+	s := oldAndClient{old: mustOpen(t, dir), nu: mustOpen(t, dir), a: listenUDP(t, "udp4", "127.0.0.1:0")}
+	s.g = Group{Protocol: UDP, Addr: addrPort(s.a.LocalAddr())}
+	slot := register(t, s.old, s.a, s.g)
+	s.c = listenUDP(t, "udp4", "127.0.0.1:0")
+	if err := s.old.AddFlow(s.g, addrPort(s.c.LocalAddr()), slot); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // TestRetire: a draining process stops taking new flows; its clients stay.
 func TestRetire(t *testing.T) {
-	dir := testDir(t)
-	old, nu := mustOpen(t, dir), mustOpen(t, dir)
-	a := listenUDP(t, "udp4", "127.0.0.1:0")
-	g := Group{Protocol: UDP, Addr: addrPort(a.LocalAddr())}
-	slotA := register(t, old, a, g)
-	c1, c2 := listenUDP(t, "udp4", "127.0.0.1:0"), listenUDP(t, "udp4", "127.0.0.1:0")
-	if err := old.AddFlow(g, addrPort(c1.LocalAddr()), slotA); err != nil {
+	s := newOldAndClient(t)
+	if err := s.old.Retire(); err != nil {
 		t.Fatal(err)
 	}
-	if err := old.Retire(); err != nil {
-		t.Fatal(err)
-	}
-	if ok, _ := old.Successor(); ok {
+	if ok, _ := s.old.Successor(); ok {
 		t.Error("a successor before any registered")
 	}
-	b := listenUDP(t, "udp4", g.Addr.String())
-	register(t, nu, b, g) // a successor arrives after the drain began
-	if ok, err := old.Successor(); err != nil || !ok {
+	b := listenUDP(t, "udp4", s.g.Addr.String())
+	register(t, s.nu, b, s.g) // a successor arrives after the drain began
+	if ok, err := s.old.Successor(); err != nil || !ok {
 		t.Errorf("no successor after one registered (%v)", err)
 	}
+	c2 := listenUDP(t, "udp4", "127.0.0.1:0")
 	for range 10 {
-		if got := receiver(t, c1, g.Addr, a, b); got != 0 {
+		if got := receiver(t, s.c, s.g.Addr, s.a, b); got != 0 {
 			t.Fatalf("the retired process's client went to socket %d", got)
 		}
-		if got := receiver(t, c2, g.Addr, a, b); got != 1 {
+		if got := receiver(t, c2, s.g.Addr, s.a, b); got != 1 {
 			t.Fatalf("a new client went to socket %d, want the successor's", got)
 		}
 	}
@@ -265,22 +279,14 @@ func TestRetire(t *testing.T) {
 // removed (kill -9): its clients go to the newest socket, which answers them
 // (pion/turn there tells them the allocation is gone).
 func TestOwnerKilled(t *testing.T) {
-	dir := testDir(t)
-	old, nu := mustOpen(t, dir), mustOpen(t, dir)
-	a := listenUDP(t, "udp4", "127.0.0.1:0")
-	g := Group{Protocol: UDP, Addr: addrPort(a.LocalAddr())}
-	slotA := register(t, old, a, g)
-	b := listenUDP(t, "udp4", g.Addr.String())
-	register(t, nu, b, g)
-	c := listenUDP(t, "udp4", "127.0.0.1:0")
-	if err := old.AddFlow(g, addrPort(c.LocalAddr()), slotA); err != nil {
-		t.Fatal(err)
-	}
-	if got := receiver(t, c, g.Addr, a, b); got != 0 {
+	s := newOldAndClient(t)
+	b := listenUDP(t, "udp4", s.g.Addr.String())
+	register(t, s.nu, b, s.g)
+	if got := receiver(t, s.c, s.g.Addr, s.a, b); got != 0 {
 		t.Fatalf("owner alive: socket %d", got)
 	}
-	a.Close()
-	if got := receiver(t, c, g.Addr, b); got != 0 {
+	s.a.Close()
+	if got := receiver(t, s.c, s.g.Addr, b); got != 0 {
 		t.Errorf("owner gone: the client's datagram reached no socket (%d)", got)
 	}
 }
