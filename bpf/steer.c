@@ -55,6 +55,23 @@ enum verdict {
 /* Keeps the enum in BTF for bpf2go. */
 const enum verdict *_unused_verdict __attribute__((unused));
 
+/* Who holds a slot, written by the process that claims it (the program does
+ * not read it): the registration's socket cookie and the process's
+ * generation, its start time, so that an older process never takes new flows
+ * from a newer one. */
+struct slot_info {
+	__u64 cookie;
+	__u64 generation;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct slot_info);
+	__uint(max_entries, 256);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} steer_slots SEC(".maps");
+
 /* Slots are claimed by the processes under a lock (internal/handover). */
 struct {
 	__uint(type, BPF_MAP_TYPE_REUSEPORT_SOCKARRAY);

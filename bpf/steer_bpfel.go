@@ -29,6 +29,12 @@ type SteerGroup struct {
 	Family   uint8
 }
 
+type SteerSlotInfo struct {
+	_          structs.HostLayout
+	Cookie     uint64
+	Generation uint64
+}
+
 type SteerVerdict uint32
 
 const (
@@ -44,6 +50,7 @@ const (
 const (
 	SteerMapSteerActive     = "steer_active"
 	SteerMapSteerFlows      = "steer_flows"
+	SteerMapSteerSlots      = "steer_slots"
 	SteerMapSteerSockets    = "steer_sockets"
 	SteerMapSteerStats      = "steer_stats"
 	SteerProgSteerReuseport = "steer_reuseport"
@@ -101,6 +108,7 @@ type SteerProgramSpecs struct {
 type SteerMapSpecs struct {
 	SteerActive  *ebpf.MapSpec `ebpf:"steer_active"`
 	SteerFlows   *ebpf.MapSpec `ebpf:"steer_flows"`
+	SteerSlots   *ebpf.MapSpec `ebpf:"steer_slots"`
 	SteerSockets *ebpf.MapSpec `ebpf:"steer_sockets"`
 	SteerStats   *ebpf.MapSpec `ebpf:"steer_stats"`
 }
@@ -134,6 +142,7 @@ func (o *SteerObjects) Close() error {
 type SteerMaps struct {
 	SteerActive  *ebpf.Map `ebpf:"steer_active"`
 	SteerFlows   *ebpf.Map `ebpf:"steer_flows"`
+	SteerSlots   *ebpf.Map `ebpf:"steer_slots"`
 	SteerSockets *ebpf.Map `ebpf:"steer_sockets"`
 	SteerStats   *ebpf.Map `ebpf:"steer_stats"`
 }
@@ -142,6 +151,7 @@ func (m *SteerMaps) Close() error {
 	return _SteerClose(
 		m.SteerActive,
 		m.SteerFlows,
+		m.SteerSlots,
 		m.SteerSockets,
 		m.SteerStats,
 	)

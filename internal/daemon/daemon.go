@@ -474,7 +474,9 @@ func (d *Daemon) Drain() <-chan struct{} {
 			"allocations", d.AllocationCount())
 		d.retire()
 		d.handOverXDP()
+		d.wg.Add(1)
 		go func() {
+			defer d.wg.Done()
 			t := time.NewTicker(100 * time.Millisecond)
 			defer t.Stop()
 			for i := 0; ; i++ {

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -79,12 +80,19 @@ type Steering struct {
 	dir  string
 	lock *os.File // shared lock on dir for the process's lifetime
 	objs bpf.SteerObjects
+	gen  uint64 // this process's generation: newer ones take the new flows
 
-	mu    sync.Mutex
-	slots map[uint32]Group // the slots this process registered
+	mu      sync.Mutex
+	slots   map[uint32]registration // the slots this process registered
+	retired bool                    // draining: never take new flows again
 
 	closeOnce sync.Once
 	closeErr  error
+}
+
+type registration struct {
+	group  Group
+	cookie uint64 // of the socket, to tell it from a later one in the slot
 }
 
 // Open loads the steering program over the pinned maps in dir, creating them
@@ -124,9 +132,10 @@ func open(dir string) (*Steering, bool, error) {
 		f.Close() // removed while we waited for the lock
 		return nil, true, nil
 	}
-	s := &Steering{dir: dir, lock: f, slots: map[uint32]Group{}}
+	s := &Steering{dir: dir, lock: f, slots: map[uint32]registration{}, gen: uint64(time.Now().UnixNano())}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
-	if err := bpf.LoadSteerObjects(&s.objs, opts); err != nil {
+	// Under the registry lock: two first processes would both create pins.
+	if err := s.exclusive(func() error { return bpf.LoadSteerObjects(&s.objs, opts) }); err != nil {
 		f.Close()
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
 			return nil, false, fmt.Errorf("steering maps in %s were made by an incompatible version: %w", dir, err)
@@ -146,25 +155,29 @@ func sameFile(f *os.File, path string) bool {
 func (s *Steering) Dir() string { return s.dir }
 
 // Register adds a listener socket, bound with SO_REUSEPORT, to the shared
-// array and makes it the one new flows of its group go to. It returns the
+// array and, unless a newer process already serves the group or this one
+// retired, makes it the socket new flows of its group go to. It returns the
 // socket's slot, the value AddFlow records for its clients.
 func (s *Steering) Register(rc syscall.RawConn, g Group) (uint32, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var slot uint32
+	var (
+		slot   uint32
+		cookie uint64
+	)
 	err := s.exclusive(func() error {
 		var err error
 		if slot, err = s.freeSlot(); err != nil {
 			return err
 		}
 		// A slot is free when its socket closed; a process killed with
-		// live allocations leaves flow entries naming it behind.
+		// live allocations leaves entries naming it behind.
 		if err := s.purge(slot); err != nil {
 			return err
 		}
 		var cerr error
 		if err := rc.Control(func(fd uintptr) {
-			if cerr = s.objs.SteerSockets.Put(slot, uint64(fd)); cerr != nil {
+			if cerr = s.objs.SteerSockets.Update(slot, uint64(fd), ebpf.UpdateNoExist); cerr != nil {
 				cerr = fmt.Errorf("add the socket to the steering array: %w", cerr)
 				return
 			}
@@ -174,21 +187,48 @@ func (s *Steering) Register(rc syscall.RawConn, g Group) (uint32, error) {
 		}); err != nil {
 			return err
 		}
+		if cerr == nil {
+			cerr = s.objs.SteerSockets.Lookup(slot, &cookie)
+		}
+		if cerr == nil {
+			cerr = s.objs.SteerSlots.Put(slot, bpf.SteerSlotInfo{Cookie: cookie, Generation: s.gen})
+		}
 		if cerr != nil {
 			_ = s.objs.SteerSockets.Delete(slot)
 			return cerr
+		}
+		if s.retired {
+			return nil
+		}
+		var cur uint32
+		if err := s.objs.SteerActive.Lookup(g.key(), &cur); err == nil {
+			if info, alive := s.alive(cur); alive && info.Generation > s.gen {
+				return nil // a newer process took over: it keeps the new flows
+			}
 		}
 		return s.objs.SteerActive.Put(g.key(), slot)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("steering %v: %w", g, err)
 	}
-	s.slots[slot] = g
+	s.slots[slot] = registration{group: g, cookie: cookie}
 	return slot, nil
 }
 
+// alive reports whether the slot holds the socket its registration names.
+func (s *Steering) alive(slot uint32) (bpf.SteerSlotInfo, bool) {
+	var (
+		cookie uint64
+		info   bpf.SteerSlotInfo
+	)
+	if s.objs.SteerSockets.Lookup(slot, &cookie) != nil || s.objs.SteerSlots.Lookup(slot, &info) != nil {
+		return info, false
+	}
+	return info, info.Cookie == cookie
+}
+
 // exclusive runs f under an exclusive lock on the registry directory, which
-// serialises slot claims between processes.
+// serialises changes to the slots between processes.
 func (s *Steering) exclusive(f func() error) error {
 	reg := filepath.Join(s.dir, "registry")
 	if err := os.Mkdir(reg, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
@@ -219,6 +259,7 @@ func (s *Steering) freeSlot() (uint32, error) {
 	return 0, fmt.Errorf("all %d steering slots are taken", Slots)
 }
 
+// purge removes the flow and active entries that name the slot.
 func (s *Steering) purge(slot uint32) error {
 	var (
 		k     bpf.SteerFlow
@@ -239,29 +280,48 @@ func (s *Steering) purge(slot uint32) error {
 			return fmt.Errorf("remove a stale flow: %w", err)
 		}
 	}
+	var (
+		g      bpf.SteerGroup
+		groups []bpf.SteerGroup
+	)
+	it = s.objs.SteerActive.Iterate()
+	for it.Next(&g, &v) {
+		if v == slot {
+			groups = append(groups, g)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read the active map: %w", err)
+	}
+	for _, g := range groups {
+		if err := s.objs.SteerActive.Delete(g); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove a stale group: %w", err)
+		}
+	}
 	return nil
 }
 
-// Unregister stops steering new flows to the slot (when it is still the
-// newest of its group) and removes the socket from the array. Closing the
-// socket does the latter as well.
+// Unregister takes the socket out of the steering: new flows stop coming to
+// it, and the entries of its clients go (pion/turn does not report the
+// allocations a closing server drops).
 func (s *Steering) Unregister(slot uint32) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	g, ok := s.slots[slot]
+	r, ok := s.slots[slot]
 	if !ok {
 		return nil
 	}
 	delete(s.slots, slot)
 	return s.exclusive(func() error {
-		var cur uint32
-		if err := s.objs.SteerActive.Lookup(g.key(), &cur); err == nil && cur == slot {
-			if err := s.objs.SteerActive.Delete(g.key()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("steering %v: %w", g, err)
-			}
+		var cookie uint64
+		if err := s.objs.SteerSockets.Lookup(slot, &cookie); err != nil || cookie != r.cookie {
+			return nil // the socket closed and another took the slot: not ours to touch
+		}
+		if err := s.purge(slot); err != nil {
+			return fmt.Errorf("steering %v: %w", r.group, err)
 		}
 		if err := s.objs.SteerSockets.Delete(slot); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("steering %v: remove the socket: %w", g, err)
+			return fmt.Errorf("steering %v: remove the socket: %w", r.group, err)
 		}
 		return nil
 	})
@@ -295,20 +355,22 @@ func (s *Steering) RemoveFlow(g Group, client netip.AddrPort, slot uint32) error
 	return nil
 }
 
-// Retire stops steering new flows to this process's sockets: a draining
-// daemon refuses them. Clients with allocations keep coming. New flows go to a
-// successor's socket once one registers, and meanwhile by the kernel's hash.
+// Retire stops steering new flows to this process's sockets, now and for any
+// it registers later: a draining daemon refuses them. Clients with
+// allocations keep coming. New flows go to a successor's socket once one
+// registers, and meanwhile by the kernel's hash.
 func (s *Steering) Retire() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.retired = true
 	return s.exclusive(func() error {
-		for slot, g := range s.slots {
+		for slot, r := range s.slots {
 			var cur uint32
-			if err := s.objs.SteerActive.Lookup(g.key(), &cur); err != nil || cur != slot {
+			if err := s.objs.SteerActive.Lookup(r.group.key(), &cur); err != nil || cur != slot {
 				continue
 			}
-			if err := s.objs.SteerActive.Delete(g.key()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("steering %v: %w", g, err)
+			if err := s.objs.SteerActive.Delete(r.group.key()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("steering %v: %w", r.group, err)
 			}
 		}
 		return nil
@@ -320,20 +382,21 @@ func (s *Steering) Retire() error {
 func (s *Steering) Successor() (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, g := range s.slots {
+	for _, r := range s.slots {
 		var cur uint32
-		err := s.objs.SteerActive.Lookup(g.key(), &cur)
+		err := s.objs.SteerActive.Lookup(r.group.key(), &cur)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue
 		}
 		if err != nil {
-			return false, fmt.Errorf("steering %v: %w", g, err)
+			return false, fmt.Errorf("steering %v: %w", r.group, err)
 		}
 		if _, mine := s.slots[cur]; mine {
 			continue
 		}
-		var cookie uint64
-		if err := s.objs.SteerSockets.Lookup(cur, &cookie); err == nil {
+		// A claim purges the active entries naming the slot, so a live
+		// registration here is a socket of this group.
+		if _, alive := s.alive(cur); alive {
 			return true, nil
 		}
 	}
@@ -394,9 +457,6 @@ func (s *Steering) close() error {
 	var errs []error
 	for _, slot := range slots {
 		errs = append(errs, s.Unregister(slot))
-		// Allocations still alive at exit (a drain cut short) are not
-		// reported deleted by pion/turn: drop their entries too.
-		errs = append(errs, s.exclusive(func() error { return s.purge(slot) }))
 	}
 	errs = append(errs, s.objs.Close())
 	if unix.Flock(int(s.lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {

@@ -29,6 +29,7 @@ func mustOpen(t testing.TB, dir string) *Steering {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 
@@ -286,8 +287,37 @@ func TestOwnerKilled(t *testing.T) {
 		t.Fatalf("owner alive: socket %d", got)
 	}
 	s.a.Close()
+	before := stats(t, s.nu)
 	if got := receiver(t, s.c, s.g.Addr, b); got != 0 {
 		t.Errorf("owner gone: the client's datagram reached no socket (%d)", got)
+	}
+	if after := stats(t, s.nu); after.Active != before.Active+1 || after.Owner != before.Owner {
+		t.Errorf("verdicts %+v -> %+v, want one active (the owner's slot is empty)", before, after)
+	}
+}
+
+// TestOlderNeverTakesOver: a listener the old process restarts (a config
+// reload) while the new one runs, or registers after it retired, does not
+// take the new flows back.
+func TestOlderNeverTakesOver(t *testing.T) {
+	s := newOldAndClient(t)
+	b := listenUDP(t, "udp4", s.g.Addr.String())
+	register(t, s.nu, b, s.g)
+	a2 := listenUDP(t, "udp4", s.g.Addr.String())
+	register(t, s.old, a2, s.g) // the old process reloads
+	c2 := listenUDP(t, "udp4", "127.0.0.1:0")
+	if got := receiver(t, c2, s.g.Addr, s.a, b, a2); got != 1 {
+		t.Errorf("after the old process re-registered, a new client went to socket %d, want the new process's", got)
+	}
+	if err := s.old.Retire(); err != nil {
+		t.Fatal(err)
+	}
+	b.Close() // the successor dies; the old process restarts a listener
+	a3 := listenUDP(t, "udp4", s.g.Addr.String())
+	register(t, s.old, a3, s.g)
+	var cur uint32
+	if err := s.old.objs.SteerActive.Lookup(s.g.key(), &cur); err == nil {
+		t.Errorf("a retired process took the new flows (slot %d)", cur)
 	}
 }
 
