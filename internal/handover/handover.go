@@ -261,41 +261,34 @@ func (s *Steering) freeSlot() (uint32, error) {
 
 // purge removes the flow and active entries that name the slot.
 func (s *Steering) purge(slot uint32) error {
+	if err := deleteNaming[bpf.SteerFlow](s.objs.SteerFlows, slot); err != nil {
+		return fmt.Errorf("flow map: %w", err)
+	}
+	if err := deleteNaming[bpf.SteerGroup](s.objs.SteerActive, slot); err != nil {
+		return fmt.Errorf("active map: %w", err)
+	}
+	return nil
+}
+
+// deleteNaming deletes the entries of a slot-valued hash map that name slot.
+func deleteNaming[K any](m *ebpf.Map, slot uint32) error {
 	var (
-		k     bpf.SteerFlow
+		k     K
 		v     uint32
-		stale []bpf.SteerFlow
+		stale []K
 	)
-	it := s.objs.SteerFlows.Iterate()
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		if v == slot {
 			stale = append(stale, k)
 		}
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("read the flow map: %w", err)
+		return err
 	}
 	for _, k := range stale {
-		if err := s.objs.SteerFlows.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("remove a stale flow: %w", err)
-		}
-	}
-	var (
-		g      bpf.SteerGroup
-		groups []bpf.SteerGroup
-	)
-	it = s.objs.SteerActive.Iterate()
-	for it.Next(&g, &v) {
-		if v == slot {
-			groups = append(groups, g)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read the active map: %w", err)
-	}
-	for _, g := range groups {
-		if err := s.objs.SteerActive.Delete(g); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("remove a stale group: %w", err)
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
 		}
 	}
 	return nil
