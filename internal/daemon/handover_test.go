@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/pion/turn/v4"
+
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
@@ -90,6 +92,13 @@ func TestTwoDaemonsShareThePorts(t *testing.T) {
 	if st := b.Status(); st.Steering == nil {
 		t.Errorf("status without steering: %+v", st)
 	}
+	// A new client allocates on the newer daemon.
+	for i := range 3 {
+		allocate(t, listen)
+		if na, nb := a.AllocationCount(), b.AllocationCount(); na != 0 || nb != i+1 {
+			t.Fatalf("allocations: first daemon %d, second %d; want 0 and %d", na, nb, i+1)
+		}
+	}
 	b.Close()
 	a.Close()
 
@@ -105,4 +114,31 @@ func TestTwoDaemonsShareThePorts(t *testing.T) {
 	if _, _, err := startOn(t, other, notBPF); err == nil || !strings.Contains(err.Error(), syscall.EADDRINUSE.Error()) {
 		t.Errorf("second daemon without the steering: %v, want address already in use", err)
 	}
+}
+
+// allocate makes a pion/turn allocation from loopback and keeps it until the
+// test ends.
+func allocate(t *testing.T, server netip.AddrPort) {
+	t.Helper()
+	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c, err := turn.NewClient(&turn.ClientConfig{
+		TURNServerAddr: server.String(), STUNServerAddr: server.String(),
+		Username: "u", Password: "p", Realm: DefaultRealm, Conn: conn,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	relay, err := c.Allocate()
+	if err != nil {
+		t.Fatalf("allocate: %v", err)
+	}
+	t.Cleanup(func() { relay.Close() })
 }
