@@ -116,7 +116,7 @@ func TestTwoDaemonsShareThePorts(t *testing.T) {
 	}
 }
 
-// allocate makes a pion/turn allocation from loopback and keeps it until the
+// allocate makes a pion/turn allocation from loopback that lives until the
 // test ends.
 func allocate(t *testing.T, server netip.AddrPort) {
 	t.Helper()
@@ -124,21 +124,10 @@ func allocate(t *testing.T, server netip.AddrPort) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	c, err := turn.NewClient(&turn.ClientConfig{
+	if _, err := testenv.Allocate(t, &turn.ClientConfig{
 		TURNServerAddr: server.String(), STUNServerAddr: server.String(),
 		Username: "u", Password: "p", Realm: DefaultRealm, Conn: conn,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	if err := c.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	relay, err := c.Allocate()
-	if err != nil {
+	}); err != nil {
 		t.Fatalf("allocate: %v", err)
 	}
-	t.Cleanup(func() { relay.Close() })
 }

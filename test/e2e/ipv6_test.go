@@ -107,29 +107,19 @@ func allocate6(t *testing.T, ns *netns.NS) (net.PacketConn, netip.AddrPort) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
 	local := conn.LocalAddr().(*net.UDPAddr).AddrPort()
 	sn, err := stdnet.NewNet()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := turn.NewClient(&turn.ClientConfig{
+	relay, err := testenv.Allocate(t, &turn.ClientConfig{
 		TURNServerAddr: listen6.String(), STUNServerAddr: listen6.String(),
 		Username: user, Password: password, Realm: daemon.DefaultRealm,
 		Conn: conn, Net: udp6Net{sn},
 	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	if err := c.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	relay, err := c.Allocate()
-	if err != nil {
 		t.Fatalf("allocate over IPv6: %v", err)
 	}
-	t.Cleanup(func() { relay.Close() })
 	ra, ok := relay.LocalAddr().(*net.UDPAddr)
 	if !ok || ra.AddrPort().Addr().Unmap() != relayAddr {
 		t.Fatalf("relayed address %v, want %v:PORT", relay.LocalAddr(), relayAddr)

@@ -30,19 +30,10 @@ func allocate(t *testing.T, d *daemon.Daemon) net.PacketConn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	c, err := turn.NewClient(&turn.ClientConfig{
+	relay, err := testenv.Allocate(t, &turn.ClientConfig{
 		TURNServerAddr: listenAddr.String(), STUNServerAddr: listenAddr.String(),
 		Username: user, Password: password, Realm: daemon.DefaultRealm, Conn: conn,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	if err := c.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	relay, err := c.Allocate()
 	if err != nil {
 		t.Fatalf("allocate: %v", err)
 	}

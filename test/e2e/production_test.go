@@ -83,19 +83,10 @@ func allocateWith(t *testing.T, ns *netns.NS, server, username, pass string, tcp
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	c, err := turn.NewClient(&turn.ClientConfig{
+	return testenv.Allocate(t, &turn.ClientConfig{
 		TURNServerAddr: server, STUNServerAddr: server,
 		Username: username, Password: pass, Realm: daemon.DefaultRealm, Conn: conn,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	if err := c.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	return c.Allocate()
 }
 
 func status(t *testing.T, ns *netns.NS) daemon.Status {

@@ -1,0 +1,30 @@
+package testenv
+
+import (
+	"net"
+	"testing"
+
+	"github.com/pion/turn/v4"
+)
+
+// Allocate makes a TURN allocation with pion/turn's client as cfg says (its
+// Conn is the client's socket) and returns the Allocate's outcome; the
+// client, the allocation and the socket are closed at cleanup. Failures to
+// set the client up fail the test.
+func Allocate(t testing.TB, cfg *turn.ClientConfig) (net.PacketConn, error) {
+	t.Helper()
+	t.Cleanup(func() { cfg.Conn.Close() })
+	c, err := turn.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	relay, err := c.Allocate()
+	if err == nil {
+		t.Cleanup(func() { relay.Close() })
+	}
+	return relay, err
+}
