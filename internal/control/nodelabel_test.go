@@ -1,7 +1,6 @@
 package control_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -21,6 +20,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/l7mp/stunnerd-xdp/internal/control"
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
 // waitTimeout bounds every wait; the fake clientset delivers events in
@@ -84,24 +84,6 @@ func waitFor(t *testing.T, cond func() bool, format string, args ...any) {
 	}
 }
 
-// syncBuffer collects log output written from the watcher's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func node(name string, labels map[string]string) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
 }
@@ -127,7 +109,7 @@ func setLabel(t *testing.T, client *fake.Clientset, name, key, value string) {
 	}
 }
 
-func startWatcher(t *testing.T, client *fake.Clientset, name string, rec *recorder, logs *syncBuffer) *control.NodeWatcher {
+func startWatcher(t *testing.T, client *fake.Clientset, name string, rec *recorder, logs *testenv.LockedBuffer) *control.NodeWatcher {
 	t.Helper()
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	w := control.NewNodeWatcher(client, name, rec.fn, log)
@@ -173,7 +155,7 @@ func TestNodeWatcherFollowsLabel(t *testing.T) {
 	})
 
 	rec := &recorder{}
-	logs := &syncBuffer{}
+	logs := &testenv.LockedBuffer{}
 	w := startWatcher(t, client, "n1", rec, logs)
 
 	if got := w.LabelState(); got != control.LabelAbsent {
@@ -275,7 +257,7 @@ func TestNodeWatcherInitialState(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset(tc.nodes...)
 			rec := &recorder{}
-			w := startWatcher(t, client, "n1", rec, &syncBuffer{})
+			w := startWatcher(t, client, "n1", rec, &testenv.LockedBuffer{})
 			rec.expect(t, tc.want...)
 			// Start returns after the first list, so the state is known.
 			if got := w.LabelState(); got != tc.state {
@@ -298,7 +280,7 @@ func TestNodeWatcherCallbackErrorLogged(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	client := fake.NewClientset(node("n1", nil))
 	rec := &recorder{err: errors.New("attach failed: no XDP here")}
-	logs := &syncBuffer{}
+	logs := &testenv.LockedBuffer{}
 	w := startWatcher(t, client, "n1", rec, logs)
 	setLabel(t, client, "n1", control.OffloadLabel, "enabled")
 	rec.expect(t, control.NodeOffloadAttach)
@@ -319,7 +301,7 @@ func TestNodeWatcherSerialCallbacks(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	client := fake.NewClientset(node("n1", nil))
 	rec := &recorder{delay: 5 * time.Millisecond}
-	w := startWatcher(t, client, "n1", rec, &syncBuffer{})
+	w := startWatcher(t, client, "n1", rec, &testenv.LockedBuffer{})
 	values := []string{"enabled", "disabled"}
 	for i := range 40 {
 		setLabel(t, client, "n1", control.OffloadLabel, values[i%2])
@@ -345,7 +327,7 @@ func TestNodeWatcherSerialCallbacks(t *testing.T) {
 
 func TestNodeWatcherLifecycle(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	log := slog.New(slog.NewTextHandler(&syncBuffer{}, nil))
+	log := slog.New(slog.NewTextHandler(&testenv.LockedBuffer{}, nil))
 	noop := func(context.Context, control.NodeOffload) error { return nil }
 
 	t.Run("Run returns when ctx ends", func(t *testing.T) {

@@ -147,6 +147,18 @@ func udpAddrPort(a net.Addr) (netip.AddrPort, bool) {
 // daemon's program still holds the interface during a rolling update, or the
 // interface came later. Sessions are served from userspace meanwhile.
 func (d *Daemon) xdpRetry(every time.Duration) {
+	d.tick(every, func() bool {
+		d.modeMu.Lock()
+		defer d.modeMu.Unlock()
+		if mode := d.wantMode(); mode != loader.ModeOff && len(d.sw.Attached()) < len(d.sw.Interfaces()) {
+			_, _ = d.sw.Enable(mode) // the switch logs what changed
+		}
+		return false
+	})
+}
+
+// tick calls f every interval until it returns true or the daemon stops.
+func (d *Daemon) tick(every time.Duration, f func() bool) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -155,11 +167,9 @@ func (d *Daemon) xdpRetry(every time.Duration) {
 			return
 		case <-t.C:
 		}
-		d.modeMu.Lock()
-		if mode := d.wantMode(); mode != loader.ModeOff && len(d.sw.Attached()) < len(d.sw.Interfaces()) {
-			_, _ = d.sw.Enable(mode) // the switch logs what changed
+		if f() {
+			return
 		}
-		d.modeMu.Unlock()
 	}
 }
 
@@ -217,35 +227,24 @@ func (d *Daemon) serve(addr string, h http.Handler, what string) error {
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	d.https = append(d.https, srv)
-	ln, err := net.Listen("tcp", addr)
-	if err == nil {
+	listen := func() error {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return err
+		}
 		go func() { _ = srv.Serve(ln) }()
 		d.log.Info(what+" endpoint listening", "addr", ln.Addr().String())
 		return nil
 	}
-	if !errors.Is(err, syscall.EADDRINUSE) {
+	err := listen()
+	if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
 		return err
 	}
 	d.log.Warn(what+" endpoint busy, retrying until it is free (another stunnerd-xdp on this node?)", "addr", addr)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-d.stop:
-				return
-			case <-t.C:
-			}
-			ln, err := net.Listen("tcp", addr)
-			if err != nil {
-				continue
-			}
-			go func() { _ = srv.Serve(ln) }()
-			d.log.Info(what+" endpoint listening", "addr", ln.Addr().String())
-			return
-		}
+		d.tick(time.Second, func() bool { return listen() == nil })
 	}()
 	return nil
 }

@@ -1,11 +1,9 @@
 package daemon
 
 import (
-	"bytes"
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
@@ -16,23 +14,6 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // freePort finds a UDP port on loopback that is free now.
 func freePort(t *testing.T) uint16 {
@@ -45,9 +26,9 @@ func freePort(t *testing.T) uint16 {
 	return uint16(c.LocalAddr().(*net.UDPAddr).Port)
 }
 
-func startOn(t *testing.T, listen netip.AddrPort, dir string) (*Daemon, *syncBuffer, error) {
+func startOn(t *testing.T, listen netip.AddrPort, dir string) (*Daemon, *testenv.LockedBuffer, error) {
 	t.Helper()
-	var logs syncBuffer
+	var logs testenv.LockedBuffer
 	lf, err := logging.New("all:INFO", "text", &logs)
 	if err != nil {
 		t.Fatal(err)

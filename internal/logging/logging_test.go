@@ -12,6 +12,8 @@ import (
 	"time"
 
 	pionlog "github.com/pion/logging"
+
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
 func TestParseSpec(t *testing.T) {
@@ -289,27 +291,8 @@ func TestTextOutput(t *testing.T) {
 	}
 }
 
-// syncBuffer is a goroutine-safe writer; slog serializes writes itself, but
-// the test reads the buffer too.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestConcurrent(t *testing.T) {
-	var buf syncBuffer
+	var buf testenv.LockedBuffer
 	f, err := New("all:INFO", "json", &buf)
 	if err != nil {
 		t.Fatal(err)

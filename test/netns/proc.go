@@ -1,16 +1,16 @@
 package netns
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
 // stopGrace is how long Stop waits after SIGTERM before it sends SIGKILL.
@@ -20,7 +20,7 @@ const stopGrace = 5 * time.Second
 // Stop and Kill signal as a whole, and is stopped when the test ends if still running.
 type Proc struct {
 	cmd            *exec.Cmd
-	stdout, stderr lockedBuffer
+	stdout, stderr testenv.LockedBuffer
 	done           chan struct{} // closed when the process has exited and err is set
 	err            error
 }
@@ -129,23 +129,4 @@ func isSignalExit(err error) bool {
 	}
 	status, ok := exitErr.Sys().(syscall.WaitStatus)
 	return ok && status.Signaled()
-}
-
-// lockedBuffer is a bytes.Buffer that the process's copying goroutines may write while the test
-// reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
