@@ -380,10 +380,9 @@ func checkRelayRange(addr netip.Addr, lo, hi uint16) error {
 }
 
 func (d *Daemon) serveHTTP() error {
-	serve := d.serve
 	mm := http.NewServeMux()
 	mm.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{}))
-	if err := serve(d.cfg.MetricsAddr, mm, "metrics"); err != nil {
+	if err := d.serve(d.cfg.MetricsAddr, mm, "metrics"); err != nil {
 		return err
 	}
 	hm := http.NewServeMux()
@@ -406,7 +405,7 @@ func (d *Daemon) serveHTTP() error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(d.Status())
 	})
-	if err := serve(d.cfg.HealthAddr, hm, "health"); err != nil {
+	if err := d.serve(d.cfg.HealthAddr, hm, "health"); err != nil {
 		return err
 	}
 	return d.serveUnix(d.cfg.HealthSocket, hm)

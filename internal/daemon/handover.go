@@ -237,8 +237,11 @@ func (d *Daemon) serve(addr string, h http.Handler, what string) error {
 		return nil
 	}
 	err := listen()
-	if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
-		return err
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%s endpoint on %s: %w", what, addr, err)
 	}
 	d.log.Warn(what+" endpoint busy, retrying until it is free (another stunnerd-xdp on this node?)", "addr", addr)
 	d.wg.Add(1)
