@@ -99,8 +99,8 @@ type RelayPoint struct {
 	// rung, from the kernel's BPF run-time statistics (stunnerd-xdp with XDP
 	// only; 0: n/a). Every frame on the attached interfaces is a run.
 	ProgNsPerRun float64 `json:"xdp_prog_ns_per_run"`
-	ServerRcvbuf int64   `json:"server_rcvbuf_errors"` // Udp.RcvbufErrors in the server namespace
-	SendErrors    uint64  `json:"generator_send_retries"`  // EAGAIN retries of the generator
+	ServerRcvbuf int64   `json:"server_rcvbuf_errors"`   // Udp.RcvbufErrors in the server namespace
+	SendErrors   uint64  `json:"generator_send_retries"` // EAGAIN retries of the generator
 }
 
 // LatencyRow is the round-trip time of timestamped datagrams echoed by the peer.
