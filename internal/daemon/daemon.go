@@ -238,6 +238,7 @@ type Daemon struct {
 	registry   *prometheus.Registry
 	https      []*http.Server
 	stop       chan struct{}
+	linkEvents chan struct{} // a network interface changed: retry the attach now
 	wg         sync.WaitGroup
 
 	nodeWatcher atomic.Pointer[control.NodeWatcher]
@@ -254,11 +255,12 @@ func Start(cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	d := &Daemon{
-		cfg:      cfg,
-		log:      cfg.Logger.Slog("stunnerd-xdp"),
-		counters: &fallback.Counters{},
-		stop:     make(chan struct{}),
-		drained:  make(chan struct{}),
+		cfg:        cfg,
+		log:        cfg.Logger.Slog("stunnerd-xdp"),
+		counters:   &fallback.Counters{},
+		stop:       make(chan struct{}),
+		linkEvents: make(chan struct{}, 1),
+		drained:    make(chan struct{}),
 	}
 	d.mirror = control.New(cfg.Logger.Slog("control"))
 
@@ -320,10 +322,19 @@ func (d *Daemon) startXDP() {
 	if err := d.SetMode(d.cfg.XDPMode); err != nil {
 		xlog.Warn("serving from userspace; retrying the attach", "error", err, "every", d.cfg.XDPRetryInterval.String())
 	}
-	d.wg.Add(1)
+	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
 		d.xdpRetry(d.cfg.XDPRetryInterval)
+	}()
+	go func() {
+		defer d.wg.Done()
+		loader.WatchLinks(d.stop, func() {
+			select {
+			case d.linkEvents <- struct{}{}:
+			default: // a retry is pending already
+			}
+		}, xlog)
 	}()
 }
 

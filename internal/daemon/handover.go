@@ -145,12 +145,14 @@ func udpAddrPort(a net.Addr) (netip.AddrPort, bool) {
 
 // xdpRetry re-attaches XDP where it is wanted but not attached: another
 // daemon's program still holds the interface during a rolling update, or the
-// interface came later. Sessions are served from userspace meanwhile.
+// interface came later, or was deleted and created again. It runs every
+// interval and at once on a link event. Sessions are served from userspace
+// meanwhile.
 func (d *Daemon) xdpRetry(every time.Duration) {
-	d.tick(every, func() bool {
+	d.tickOr(every, d.linkEvents, func() bool {
 		d.modeMu.Lock()
 		defer d.modeMu.Unlock()
-		if mode := d.wantMode(); mode != loader.ModeOff && len(d.sw.Attached()) < len(d.sw.Interfaces()) {
+		if mode := d.wantMode(); mode != loader.ModeOff && len(d.sw.Missing()) > 0 {
 			_, _ = d.sw.Enable(mode) // the switch logs what changed
 		}
 		return false
@@ -158,7 +160,10 @@ func (d *Daemon) xdpRetry(every time.Duration) {
 }
 
 // tick calls f every interval until it returns true or the daemon stops.
-func (d *Daemon) tick(every time.Duration, f func() bool) {
+func (d *Daemon) tick(every time.Duration, f func() bool) { d.tickOr(every, nil, f) }
+
+// tickOr is tick that also calls f whenever wake fires.
+func (d *Daemon) tickOr(every time.Duration, wake <-chan struct{}, f func() bool) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -166,6 +171,7 @@ func (d *Daemon) tick(every time.Duration, f func() bool) {
 		case <-d.stop:
 			return
 		case <-t.C:
+		case <-wake:
 		}
 		if f() {
 			return
