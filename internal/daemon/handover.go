@@ -33,10 +33,10 @@ import (
 // openSteering joins the node's steering maps. Without them the listeners are
 // bound exclusively, as before: everything works except a hitless overlap.
 func (d *Daemon) openSteering() {
-	if d.cfg.HandoverDir == "" {
+	if d.config().HandoverDir == "" {
 		return
 	}
-	dir, err := handover.DirFor(d.cfg.HandoverDir)
+	dir, err := handover.DirFor(d.config().HandoverDir)
 	if err == nil {
 		d.steer, err = handover.Open(dir)
 	}
@@ -52,13 +52,14 @@ func (d *Daemon) openSteering() {
 // array does not take).
 func (d *Daemon) listenConfig() net.ListenConfig {
 	reuse := d.steer != nil
+	buf := d.config().SocketBuffer
 	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
 			// Bigger buffers absorb bursts on the userspace path; FORCE works
 			// as root beyond net.core.rmem_max.
-			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, d.cfg.SocketBuffer)
-			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, d.cfg.SocketBuffer)
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, buf)
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, buf)
 			if reuse {
 				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
 			}
@@ -110,7 +111,7 @@ func (d *Daemon) withFlows(ls *listenerServer, h turn.EventHandler) turn.EventHa
 	if !ls.steered || ls.group.Protocol != handover.UDP {
 		return h
 	}
-	log := d.cfg.Logger.Slog("handover")
+	log := d.config().Logger.Slog("handover")
 	created, deleted := h.OnAllocationCreated, h.OnAllocationDeleted
 	h.OnAllocationCreated = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, port int) {
 		if c, ok := udpAddrPort(src); ok {
