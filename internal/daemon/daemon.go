@@ -238,6 +238,7 @@ type Daemon struct {
 	cfg    atomic.Pointer[Config]
 	log    *slog.Logger
 	mirror *control.Mirror
+	hooks  hookGate // pion's hooks into the mirror and the steering
 	auth   atomic.Pointer[authState]
 
 	lmu        sync.Mutex // guards listeners and cfg.Listeners
@@ -289,6 +290,7 @@ func Start(cfg Config) (*Daemon, error) {
 	for _, l := range cfg.Listeners {
 		if err := d.startListener(l); err != nil {
 			d.closeListeners()
+			d.hooks.close()
 			d.closeSteering()
 			d.mirror.Close()
 			return nil, err
@@ -475,6 +477,7 @@ func (d *Daemon) Close() error {
 			_ = s.Close()
 		}
 		d.closeListeners()
+		d.hooks.close()
 		d.closeSteering()
 		d.wg.Wait()
 		if d.sw != nil {

@@ -7,8 +7,11 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pion/turn/v4"
 
@@ -85,12 +88,12 @@ func TestConfigReadDuringReload(t *testing.T) {
 		},
 		func() {
 			for range rounds {
-				if err := allocateAs(t, listen, "nobody"); err == nil {
+				if _, err := allocateAs(t, listen, "nobody"); err == nil {
 					t.Error("an unknown user allocated")
 				}
 			}
 		})
-	if err := allocateAs(t, listen, last); err != nil {
+	if _, err := allocateAs(t, listen, last); err != nil {
 		t.Errorf("the user of the last reload cannot allocate: %v", err)
 	}
 
@@ -106,7 +109,7 @@ func TestConfigReadDuringReload(t *testing.T) {
 		},
 		func() {
 			for range rounds {
-				if err := allocateAs(t, listen, "u"); err == nil {
+				if _, err := allocateAs(t, listen, "u"); err == nil {
 					t.Error("allocated while draining")
 				}
 			}
@@ -127,15 +130,66 @@ func getUnix(t *testing.T, socket, path string) int {
 	return resp.StatusCode
 }
 
-// allocateAs tries a pion/turn allocation from loopback as user (password p).
-func allocateAs(t *testing.T, server netip.AddrPort, user string) error {
+// allocateAs tries a pion/turn allocation from loopback as user (password p);
+// it returns the client's socket.
+func allocateAs(t *testing.T, server netip.AddrPort, user string) (net.PacketConn, error) {
 	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
 	if err != nil {
-		return err
+		t.Fatal(err)
 	}
 	_, err = testenv.Allocate(t, &turn.ClientConfig{
 		TURNServerAddr: server.String(), STUNServerAddr: server.String(),
 		Username: user, Password: "p", Realm: DefaultRealm, Conn: conn,
 	})
-	return err
+	return conn, err
+}
+
+// TestCloseWithLiveAllocations: closing the daemon closes pion/turn's
+// allocations, whose goroutines report their deletion after Server.Close has
+// returned; those late hooks must not reach the closed mirror (under -race a
+// send racing the close fails the test; without it, it may panic).
+func TestCloseWithLiveAllocations(t *testing.T) {
+	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+	lf, err := logging.New("all:WARN", "text", t.Output())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Start(Config{
+		Listeners:    []Listener{{Name: "udp", Protocol: config.UDP, Addr: listen}},
+		Users:        map[string]string{"u": "p"},
+		RelayAddress: netip.MustParseAddr("127.0.0.1"),
+		MinRelayPort: 42000, MaxRelayPort: 42999,
+		XDPMode: loader.ModeOff,
+		Logger:  lf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clients []net.PacketConn
+	for range 10 {
+		c, err := allocateAs(t, listen, "u")
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+	}
+	if n := d.AllocationCount(); n != 10 {
+		t.Fatalf("%d allocations, want 10", n)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	closed := d.Mirror().Stats().Events
+	// The clients' deallocations would wait for a server that is gone.
+	for _, c := range clients {
+		c.Close()
+	}
+	// Wait for the allocations' goroutines to report and end.
+	eventually(t, 5*time.Second, "pion's allocation goroutines ended", func() bool {
+		buf := make([]byte, 1<<20)
+		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "(*Allocation).packetHandler")
+	})
+	if late := d.Mirror().Stats().Events - closed; late != 0 {
+		t.Errorf("%d pion/turn events reached the mirror after the daemon closed", late)
+	}
 }
