@@ -241,8 +241,8 @@ func (p *Program) Attach(iface string, mode Mode) (Mode, error) {
 	return ModeOff, fmt.Errorf("attach XDP to %s: %w", iface, errors.Join(errs...))
 }
 
-// Detach detaches the program from the interface of that name (or the one it
-// was attached to under that name, if it was renamed since).
+// Detach detaches the program from the interface of that name (its current
+// name, as Attached reports it).
 func (p *Program) Detach(iface string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
