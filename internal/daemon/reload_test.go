@@ -38,7 +38,7 @@ func TestConfigReadDuringReload(t *testing.T) {
 			Listeners:    []Listener{{Name: "udp", Protocol: config.UDP, Addr: listen}},
 			Users:        users,
 			RelayAddress: netip.MustParseAddr("127.0.0.1"),
-			MinRelayPort: 41000, MaxRelayPort: 41999,
+			MinRelayPort: 62000, MaxRelayPort: 62999,
 			XDPMode:      loader.ModeOff,
 			HealthSocket: health,
 			Logger:       lf,
@@ -158,7 +158,7 @@ func TestCloseWithLiveAllocations(t *testing.T) {
 		Listeners:    []Listener{{Name: "udp", Protocol: config.UDP, Addr: listen}},
 		Users:        map[string]string{"u": "p"},
 		RelayAddress: netip.MustParseAddr("127.0.0.1"),
-		MinRelayPort: 42000, MaxRelayPort: 42999,
+		MinRelayPort: 63000, MaxRelayPort: 63999,
 		XDPMode: loader.ModeOff,
 		Logger:  lf,
 	})
