@@ -4,8 +4,12 @@ BIN     ?= bin
 # The privileged tests share two cores with their traffic generators: one
 # package at a time keeps their measurements honest.
 TESTFLAGS ?= -count=1 -p 1 -timeout 40m
+# The race detector runs over the tests -short keeps (unprivileged, plus the
+# few root ones that drive the daemon without XDP): the control plane's
+# goroutines meet there; instrumenting the traffic tests would only slow them.
+RACEFLAGS ?= -race -short -count=1 -timeout 20m
 
-.PHONY: help generate check-generate build tools test test-short fuzz-ci lint demo bench bench-smoke clean
+.PHONY: help generate check-generate build tools test test-short test-race fuzz-ci lint demo bench bench-smoke clean
 
 # Differential fuzz targets (XDP program vs the Go reference model); CI runs
 # each for FUZZTIME as a regression check. Minimizing is kept short: every
@@ -37,8 +41,11 @@ lint: ## go vet and gofmt
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 
-test: lint tools ## run every test; as root the XDP and network-namespace tests run too
+test: lint tools test-race ## run every test; as root the XDP and network-namespace tests run too
 	$(GO) test $(TESTFLAGS) ./...
+
+test-race: ## the -short tests under the race detector
+	$(GO) test $(RACEFLAGS) ./...
 
 fuzz-ci: ## (root) run each differential fuzz target for FUZZTIME
 	@for f in $(FUZZ_TARGETS); do \

@@ -207,6 +207,17 @@ func (c *Config) ipv6Listeners() bool {
 	return false
 }
 
+// loaderConfig is the XDP program's load-time configuration.
+func (c *Config) loaderConfig() loader.Config {
+	return loader.Config{
+		ListenerPorts: c.udpPorts(),
+		IPv6Clients:   c.ipv6Listeners(),
+		MinRelayPort:  c.MinRelayPort,
+		MaxRelayPort:  c.MaxRelayPort,
+		MaxBindings:   c.MaxBindings,
+	}
+}
+
 // udpPorts are the ports of the UDP listeners: the XDP program's listener ports.
 func (c *Config) udpPorts() []uint16 {
 	var ports []uint16
@@ -222,9 +233,12 @@ func (c *Config) udpPorts() []uint16 {
 
 // Daemon is a running stunnerd-xdp.
 type Daemon struct {
-	cfg    Config
+	// cfg is the running configuration: a snapshot that is never modified,
+	// replaced whole by Reconfigure; readers take it with config().
+	cfg    atomic.Pointer[Config]
 	log    *slog.Logger
 	mirror *control.Mirror
+	hooks  hookGate // pion's hooks into the mirror and the steering
 	auth   atomic.Pointer[authState]
 
 	lmu        sync.Mutex // guards listeners and cfg.Listeners
@@ -238,6 +252,7 @@ type Daemon struct {
 	registry   *prometheus.Registry
 	https      []*http.Server
 	stop       chan struct{}
+	linkEvents chan struct{} // a network interface changed: retry the attach now
 	wg         sync.WaitGroup
 
 	nodeWatcher atomic.Pointer[control.NodeWatcher]
@@ -254,12 +269,13 @@ func Start(cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	d := &Daemon{
-		cfg:      cfg,
-		log:      cfg.Logger.Slog("stunnerd-xdp"),
-		counters: &fallback.Counters{},
-		stop:     make(chan struct{}),
-		drained:  make(chan struct{}),
+		log:        cfg.Logger.Slog("stunnerd-xdp"),
+		counters:   &fallback.Counters{},
+		stop:       make(chan struct{}),
+		linkEvents: make(chan struct{}, 1),
+		drained:    make(chan struct{}),
 	}
+	d.cfg.Store(&cfg)
 	d.mirror = control.New(cfg.Logger.Slog("control"))
 
 	// Relay ports are host ports: make sure the range is usable before pion
@@ -274,6 +290,7 @@ func Start(cfg Config) (*Daemon, error) {
 	for _, l := range cfg.Listeners {
 		if err := d.startListener(l); err != nil {
 			d.closeListeners()
+			d.hooks.close()
 			d.closeSteering()
 			d.mirror.Close()
 			return nil, err
@@ -291,11 +308,12 @@ func Start(cfg Config) (*Daemon, error) {
 }
 
 func (d *Daemon) startXDP() {
-	xlog := d.cfg.Logger.Slog("loader")
-	ifaces := d.cfg.Interfaces
+	cfg := d.config()
+	xlog := cfg.Logger.Slog("loader")
+	ifaces := cfg.Interfaces
 	if len(ifaces) == 0 {
-		addrs := []netip.Addr{d.cfg.RelayAddress}
-		for _, l := range d.cfg.Listeners {
+		addrs := []netip.Addr{cfg.RelayAddress}
+		for _, l := range cfg.Listeners {
 			if l.Protocol == config.UDP {
 				addrs = append(addrs, l.Addr.Addr())
 			}
@@ -305,27 +323,33 @@ func (d *Daemon) startXDP() {
 			xlog.Warn("cannot tell which interfaces carry the listener and relay addresses; set --xdp-iface", "error", err)
 		}
 	}
-	d.sw = fallback.NewSwitch(xlog, d.mirror, loader.Config{
-		ListenerPorts: d.cfg.udpPorts(),
-		IPv6Clients:   d.cfg.ipv6Listeners(),
-		MinRelayPort:  d.cfg.MinRelayPort,
-		MaxRelayPort:  d.cfg.MaxRelayPort,
-		MaxBindings:   d.cfg.MaxBindings,
-	}, ifaces)
+	d.sw = fallback.NewSwitch(xlog, d.mirror, cfg.loaderConfig(), ifaces)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		d.mirror.RunReconcile(d.cfg.ReconcileInterval, d.stop)
+		d.mirror.RunReconcile(cfg.ReconcileInterval, d.stop)
 	}()
-	if err := d.SetMode(d.cfg.XDPMode); err != nil {
-		xlog.Warn("serving from userspace; retrying the attach", "error", err, "every", d.cfg.XDPRetryInterval.String())
+	if err := d.SetMode(cfg.XDPMode); err != nil {
+		xlog.Warn("serving from userspace; retrying the attach", "error", err, "every", cfg.XDPRetryInterval.String())
 	}
-	d.wg.Add(1)
+	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
-		d.xdpRetry(d.cfg.XDPRetryInterval)
+		d.xdpRetry(cfg.XDPRetryInterval)
+	}()
+	go func() {
+		defer d.wg.Done()
+		loader.WatchLinks(d.stop, func() {
+			select {
+			case d.linkEvents <- struct{}{}:
+			default: // a retry is pending already
+			}
+		}, xlog)
 	}()
 }
+
+// config returns the running configuration; it must not be modified.
+func (d *Daemon) config() *Config { return d.cfg.Load() }
 
 func (d *Daemon) wantMode() loader.Mode {
 	m, _ := d.want.Load().(loader.Mode)
@@ -345,7 +369,7 @@ func (d *Daemon) closeSteering() {
 // touching sessions. It is what --xdp-mode does at start and what the node
 // label does later.
 func (d *Daemon) SetMode(mode loader.Mode) error {
-	xlog := d.cfg.Logger.Slog("loader")
+	xlog := d.config().Logger.Slog("loader")
 	d.modeMu.Lock()
 	defer d.modeMu.Unlock()
 	if d.handedOver && mode != loader.ModeOff {
@@ -380,9 +404,10 @@ func checkRelayRange(addr netip.Addr, lo, hi uint16) error {
 }
 
 func (d *Daemon) serveHTTP() error {
+	cfg := d.config() // the endpoints' addresses need a restart to change
 	mm := http.NewServeMux()
 	mm.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{}))
-	if err := d.serve(d.cfg.MetricsAddr, mm, "metrics"); err != nil {
+	if err := d.serve(cfg.MetricsAddr, mm, "metrics"); err != nil {
 		return err
 	}
 	hm := http.NewServeMux()
@@ -394,7 +419,7 @@ func (d *Daemon) serveHTTP() error {
 		w.Header().Set("Content-Type", "application/json")
 		// Clusters that blackhole UDP to unready pods would cut live sessions
 		// during the drain: --force-ready-status keeps it green for them.
-		if d.draining.Load() && !d.cfg.ForceReady {
+		if d.draining.Load() && !d.config().ForceReady {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = w.Write([]byte(`{"status":"terminating"}` + "\n"))
 			return
@@ -405,10 +430,10 @@ func (d *Daemon) serveHTTP() error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(d.Status())
 	})
-	if err := d.serve(d.cfg.HealthAddr, hm, "health"); err != nil {
+	if err := d.serve(cfg.HealthAddr, hm, "health"); err != nil {
 		return err
 	}
-	return d.serveUnix(d.cfg.HealthSocket, hm)
+	return d.serveUnix(cfg.HealthSocket, hm)
 }
 
 // Attached returns the XDP mode of every interface it runs on.
@@ -452,6 +477,7 @@ func (d *Daemon) Close() error {
 			_ = s.Close()
 		}
 		d.closeListeners()
+		d.hooks.close()
 		d.closeSteering()
 		d.wg.Wait()
 		if d.sw != nil {

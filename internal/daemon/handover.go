@@ -33,10 +33,10 @@ import (
 // openSteering joins the node's steering maps. Without them the listeners are
 // bound exclusively, as before: everything works except a hitless overlap.
 func (d *Daemon) openSteering() {
-	if d.cfg.HandoverDir == "" {
+	if d.config().HandoverDir == "" {
 		return
 	}
-	dir, err := handover.DirFor(d.cfg.HandoverDir)
+	dir, err := handover.DirFor(d.config().HandoverDir)
 	if err == nil {
 		d.steer, err = handover.Open(dir)
 	}
@@ -52,13 +52,14 @@ func (d *Daemon) openSteering() {
 // array does not take).
 func (d *Daemon) listenConfig() net.ListenConfig {
 	reuse := d.steer != nil
+	buf := d.config().SocketBuffer
 	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
 			// Bigger buffers absorb bursts on the userspace path; FORCE works
 			// as root beyond net.core.rmem_max.
-			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, d.cfg.SocketBuffer)
-			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, d.cfg.SocketBuffer)
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, buf)
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, buf)
 			if reuse {
 				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
 			}
@@ -110,7 +111,7 @@ func (d *Daemon) withFlows(ls *listenerServer, h turn.EventHandler) turn.EventHa
 	if !ls.steered || ls.group.Protocol != handover.UDP {
 		return h
 	}
-	log := d.cfg.Logger.Slog("handover")
+	log := d.config().Logger.Slog("handover")
 	created, deleted := h.OnAllocationCreated, h.OnAllocationDeleted
 	h.OnAllocationCreated = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, port int) {
 		if c, ok := udpAddrPort(src); ok {
@@ -145,12 +146,14 @@ func udpAddrPort(a net.Addr) (netip.AddrPort, bool) {
 
 // xdpRetry re-attaches XDP where it is wanted but not attached: another
 // daemon's program still holds the interface during a rolling update, or the
-// interface came later. Sessions are served from userspace meanwhile.
+// interface came later, or was deleted and created again. It runs every
+// interval and at once on a link event. Sessions are served from userspace
+// meanwhile.
 func (d *Daemon) xdpRetry(every time.Duration) {
-	d.tick(every, func() bool {
+	d.tickOr(every, d.linkEvents, func() bool {
 		d.modeMu.Lock()
 		defer d.modeMu.Unlock()
-		if mode := d.wantMode(); mode != loader.ModeOff && len(d.sw.Attached()) < len(d.sw.Interfaces()) {
+		if mode := d.wantMode(); mode != loader.ModeOff && len(d.sw.Missing()) > 0 {
 			_, _ = d.sw.Enable(mode) // the switch logs what changed
 		}
 		return false
@@ -158,7 +161,10 @@ func (d *Daemon) xdpRetry(every time.Duration) {
 }
 
 // tick calls f every interval until it returns true or the daemon stops.
-func (d *Daemon) tick(every time.Duration, f func() bool) {
+func (d *Daemon) tick(every time.Duration, f func() bool) { d.tickOr(every, nil, f) }
+
+// tickOr is tick that also calls f whenever wake fires.
+func (d *Daemon) tickOr(every time.Duration, wake <-chan struct{}, f func() bool) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -166,6 +172,7 @@ func (d *Daemon) tick(every time.Duration, f func() bool) {
 		case <-d.stop:
 			return
 		case <-t.C:
+		case <-wake:
 		}
 		if f() {
 			return

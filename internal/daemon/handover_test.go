@@ -15,7 +15,9 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
-// freePort finds a UDP port on loopback that is free now.
+// freePort finds a UDP port on loopback that is free now: an ephemeral one,
+// so the tests' relay ranges lie above net.ipv4.ip_local_port_range
+// (32768-60999 by default).
 func freePort(t *testing.T) uint16 {
 	t.Helper()
 	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
@@ -40,7 +42,7 @@ func startOn(t *testing.T, listen netip.AddrPort, dir string) (*Daemon, *testenv
 		},
 		Users:        map[string]string{"u": "p"},
 		RelayAddress: netip.MustParseAddr("127.0.0.1"),
-		MinRelayPort: 40000, MaxRelayPort: 40999,
+		MinRelayPort: 61000, MaxRelayPort: 61999,
 		XDPMode:     loader.ModeOff,
 		HandoverDir: dir,
 		Logger:      lf,

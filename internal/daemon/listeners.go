@@ -51,35 +51,37 @@ type listenerServer struct {
 }
 
 func (d *Daemon) policyFor(l Listener) *control.PeerPolicy {
-	allow := append(append([]netip.Prefix(nil), l.AllowPeers...), d.cfg.AllowPeers...)
-	return control.NewPeerPolicy(allow, d.cfg.DenyPeers, l.Allowlist, d.cfg.Logger.Slog("auth"))
+	cfg := d.config()
+	allow := append(append([]netip.Prefix(nil), l.AllowPeers...), cfg.AllowPeers...)
+	return control.NewPeerPolicy(allow, cfg.DenyPeers, l.Allowlist, cfg.Logger.Slog("auth"))
 }
 
 // startListener opens the listener's socket and starts its pion/turn server.
 // Called with lmu held or before the daemon runs.
 func (d *Daemon) startListener(l Listener) error {
+	cfg := d.config()
 	ls := &listenerServer{l: l}
 	ls.policy.Store(d.policyFor(l))
 	permit := func(client net.Addr, peer net.IP) bool { return ls.policy.Load().Handler(client, peer) }
 	relay := &fallback.RelayAddressGenerator{
 		RelayAddressGeneratorPortRange: turn.RelayAddressGeneratorPortRange{
-			RelayAddress: net.IP(d.cfg.RelayAddress.AsSlice()),
-			Address:      d.cfg.RelayAddress.String(),
-			MinPort:      d.cfg.MinRelayPort,
-			MaxPort:      d.cfg.MaxRelayPort,
+			RelayAddress: net.IP(cfg.RelayAddress.AsSlice()),
+			Address:      cfg.RelayAddress.String(),
+			MinPort:      cfg.MinRelayPort,
+			MaxPort:      cfg.MaxRelayPort,
 		},
 		Counters: d.counters,
 	}
 	sc := turn.ServerConfig{
-		Realm:              d.cfg.Realm,
-		LoggerFactory:      d.cfg.Logger,
-		ChannelBindTimeout: d.cfg.ChannelBindTimeout,
+		Realm:              cfg.Realm,
+		LoggerFactory:      cfg.Logger,
+		ChannelBindTimeout: cfg.ChannelBindTimeout,
 		AuthHandler:        d.authenticate,
 		// While draining, new allocations get 486 (Allocation Quota Reached);
 		// existing ones keep refreshing and relaying.
 		QuotaHandler: func(username, _ string, src net.Addr) bool {
 			if d.draining.Load() {
-				d.cfg.Logger.Slog("auth").Info("allocation refused: draining", "user", username, "client", src.String())
+				cfg.Logger.Slog("auth").Info("allocation refused: draining", "user", username, "client", src.String())
 				return false
 			}
 			return true
@@ -110,7 +112,7 @@ func (d *Daemon) startListener(l Listener) error {
 			conn.Close()
 			return fmt.Errorf("listener %q: %w", l.Name, err)
 		}
-		sc.EventHandler = d.withFlows(ls, sc.EventHandler)
+		sc.EventHandler = d.hooks.wrap(d.withFlows(ls, sc.EventHandler))
 		sc.PacketConnConfigs = []turn.PacketConnConfig{{
 			PacketConn:            &fallback.ListenerConn{PacketConn: conn, Counters: d.counters},
 			PermissionHandler:     permit,
@@ -154,7 +156,7 @@ func (d *Daemon) startListener(l Listener) error {
 		path = "xdp+userspace"
 	}
 	d.log.Info("TURN listener up", "listener", l.Name, "protocol", string(l.Protocol), "addr", addr, "path", path,
-		"relay-address", d.cfg.RelayAddress.String(), "relay-ports", fmt.Sprintf("%d-%d", d.cfg.MinRelayPort, d.cfg.MaxRelayPort))
+		"relay-address", cfg.RelayAddress.String(), "relay-ports", fmt.Sprintf("%d-%d", cfg.MinRelayPort, cfg.MaxRelayPort))
 	return nil
 }
 
@@ -190,7 +192,7 @@ func (d *Daemon) authenticate(username, realm string, src net.Addr) ([]byte, boo
 	}
 	key, ok := a.keys[username]
 	if !ok {
-		d.cfg.Logger.Slog("auth").Info("unknown user", "user", username, "client", src.String())
+		d.config().Logger.Slog("auth").Info("unknown user", "user", username, "client", src.String())
 	}
 	return key, ok
 }

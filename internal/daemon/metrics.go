@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
@@ -100,7 +102,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(c.label, v, s.String())
 	}
-	for _, iface := range c.d.sw.Interfaces() {
+	// The managed interfaces, and any renamed since the attach (the program
+	// runs there still).
+	ifaces := c.d.sw.Interfaces()
+	for iface := range attached {
+		if !slices.Contains(ifaces, iface) {
+			ifaces = append(ifaces, iface)
+		}
+	}
+	for _, iface := range ifaces {
 		for _, mode := range []loader.Mode{loader.ModeNative, loader.ModeGeneric} {
 			v := 0.0
 			if attached[iface] == mode {

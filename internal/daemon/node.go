@@ -15,7 +15,7 @@ import (
 // auto when that is off), detach, or back to the configured --xdp-mode. It is
 // the NodeWatcher's callback; sessions move between paths without loss.
 func (d *Daemon) FollowNode(_ context.Context, want control.NodeOffload) error {
-	mode := d.cfg.XDPMode
+	mode := d.config().XDPMode
 	switch want {
 	case control.NodeOffloadAttach:
 		if mode == loader.ModeOff {
@@ -35,7 +35,7 @@ func (d *Daemon) FollowNode(_ context.Context, want control.NodeOffload) error {
 // daemon closes. It returns once the node was first listed, or with an error
 // when that takes longer than timeout.
 func (d *Daemon) WatchNode(client kubernetes.Interface, node string, timeout time.Duration) error {
-	w := control.NewNodeWatcher(client, node, d.FollowNode, d.cfg.Logger.Slog("k8s"))
+	w := control.NewNodeWatcher(client, node, d.FollowNode, d.config().Logger.Slog("k8s"))
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan error, 1)
 	go func() { started <- w.Start(ctx) }()

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-
-	"github.com/l7mp/stunnerd-xdp/internal/loader"
 )
 
 // Reconfigure applies a new configuration to the running daemon without
@@ -23,13 +21,13 @@ import (
 // bindings, metrics and health addresses, interfaces) are kept, with an error
 // naming them; everything else is applied.
 func (d *Daemon) Reconfigure(next Config) error {
-	next.Logger = d.cfg.Logger
+	d.lmu.Lock() // one reload at a time, and the listeners with it
+	defer d.lmu.Unlock()
+	cur := *d.config()
+	next.Logger = cur.Logger
 	if err := next.validate(); err != nil {
 		return fmt.Errorf("new configuration: %w", err)
 	}
-	d.lmu.Lock()
-	defer d.lmu.Unlock()
-	cur := d.cfg
 	var kept []string
 	if next.RelayAddress != cur.RelayAddress {
 		kept = append(kept, "relay address")
@@ -52,7 +50,7 @@ func (d *Daemon) Reconfigure(next Config) error {
 	next.SocketBuffer, next.ReconcileInterval, next.ChannelBindTimeout = cur.SocketBuffer, cur.ReconcileInterval, cur.ChannelBindTimeout
 
 	realmChanged := next.Realm != cur.Realm
-	d.cfg = next
+	d.cfg.Store(&next)
 	d.auth.Store(newAuthState(next, next.Logger))
 
 	var errs []error
@@ -67,8 +65,7 @@ func (d *Daemon) Reconfigure(next Config) error {
 	}
 	// Reprogram XDP for the new UDP ports before new listeners take traffic.
 	if !slices.Equal(next.udpPorts(), cur.udpPorts()) {
-		if err := d.sw.Reconfigure(loader.Config{ListenerPorts: next.udpPorts(), MinRelayPort: next.MinRelayPort,
-			MaxRelayPort: next.MaxRelayPort, MaxBindings: next.MaxBindings}); err != nil {
+		if err := d.sw.Reconfigure(next.loaderConfig()); err != nil {
 			errs = append(errs, fmt.Errorf("reprogram XDP for the new UDP listeners: %w", err))
 		}
 	}

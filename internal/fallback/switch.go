@@ -22,27 +22,35 @@ type Switch struct {
 	cfg    loader.Config
 	ifaces []string
 
-	mu       sync.Mutex
-	prog     *loader.Program
-	maps     *channelmap.Maps
-	attached map[string]loader.Mode
-	failed   map[string]string // last attach error per interface, to log each once
+	mu   sync.Mutex
+	prog *loader.Program
+	maps *channelmap.Maps
+	// offloaded says the mirror writes into maps. It changes only when the
+	// program starts or stops running anywhere: moving the bindings costs a
+	// write per binding and forgets what the program learned about each.
+	offloaded bool
+	failed    map[string]string // last attach error per interface, to log each once
 }
 
 // NewSwitch builds a switch that starts on the userspace path.
 func NewSwitch(log *slog.Logger, mirror *control.Mirror, cfg loader.Config, ifaces []string) *Switch {
-	return &Switch{log: log, mirror: mirror, cfg: cfg, ifaces: ifaces, attached: map[string]loader.Mode{}, failed: map[string]string{}}
+	return &Switch{log: log, mirror: mirror, cfg: cfg, ifaces: ifaces, failed: map[string]string{}}
 }
 
 // Enable attaches XDP to the interfaces in the given mode (auto: native, else
-// generic). Bindings are installed before the first attach so the kernel path is
-// complete when it starts. An interface that cannot attach stays on userspace;
-// Enable fails only when none could, and then everything stays in userspace.
+// generic). An interface that cannot attach stays on userspace; Enable fails
+// only when none could, and then everything stays in userspace. It is called
+// again while an interface is missing: what is attached stays as it is.
+//
+// The bindings go into the maps after the first attach: until then the
+// program passes every packet to pion/turn (it knows no binding), which is the
+// userspace path, so nothing is lost; installing first would move every
+// binding in and out again on each failed retry.
 func (s *Switch) Enable(mode loader.Mode) (map[string]loader.Mode, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if mode == loader.ModeOff {
-		return s.attachedCopy(), s.disableLocked()
+		return s.attachedLocked(), s.disableLocked()
 	}
 	if len(s.ifaces) == 0 {
 		return nil, errors.New("no interfaces to attach XDP to")
@@ -54,19 +62,19 @@ func (s *Switch) Enable(mode loader.Mode) (map[string]loader.Mode, error) {
 		}
 		s.prog, s.maps = prog, channelmap.New(prog.Maps())
 	}
-	s.mirror.SetOffload(s.maps)
+	attached := s.prog.Attached()
 	var errs []error
 	for _, iface := range s.ifaces {
-		if got, ok := s.attached[iface]; ok && (got == mode || mode == loader.ModeAuto) {
+		if got, ok := attached[iface]; ok && (got == mode || mode == loader.ModeAuto) {
 			continue
 		}
-		if _, ok := s.attached[iface]; ok {
+		if _, ok := attached[iface]; ok {
 			// A different mode was asked for: reattach.
 			if err := s.prog.Detach(iface); err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			delete(s.attached, iface)
+			delete(attached, iface)
 		}
 		got, err := s.prog.Attach(iface, mode)
 		if err != nil {
@@ -82,14 +90,29 @@ func (s *Switch) Enable(mode loader.Mode) (map[string]loader.Mode, error) {
 			continue
 		}
 		delete(s.failed, iface)
-		s.attached[iface] = got
+		attached[iface] = got
 		s.log.Info("XDP attached", "iface", iface, "mode", string(got))
 	}
-	if len(s.attached) == 0 {
-		s.mirror.SetOffload(nil)
+	if len(attached) == 0 {
+		s.setOffloadLocked(false)
 		return nil, fmt.Errorf("no interface took the XDP program: %w", errors.Join(errs...))
 	}
-	return s.attachedCopy(), nil
+	s.setOffloadLocked(true)
+	return attached, nil
+}
+
+// setOffloadLocked points the mirror at the maps (on) or at nothing, when
+// that is a change.
+func (s *Switch) setOffloadLocked(on bool) {
+	if on == s.offloaded {
+		return
+	}
+	s.offloaded = on
+	if on {
+		s.mirror.SetOffload(s.maps)
+		return
+	}
+	s.mirror.SetOffload(nil)
 }
 
 // Disable detaches XDP everywhere and empties the maps: pion/turn relays all.
@@ -103,14 +126,13 @@ func (s *Switch) disableLocked() error {
 	var errs []error
 	// Detach first: until then the kernel relays with complete maps, and after
 	// it pion/turn's relay sockets see every packet.
-	for iface := range s.attached {
+	for iface := range s.attachedLocked() {
 		if err := s.prog.Detach(iface); err != nil {
 			errs = append(errs, err)
 		}
 		s.log.Info("XDP detached", "iface", iface)
 	}
-	s.attached = map[string]loader.Mode{}
-	s.mirror.SetOffload(nil)
+	s.setOffloadLocked(false)
 	return errors.Join(errs...)
 }
 
@@ -126,17 +148,30 @@ func (s *Switch) Close() error {
 	return err
 }
 
-// Attached returns the mode each interface runs in.
+// Attached returns the mode of each interface the program runs on now, by the
+// interfaces' current names: one renamed since the attach is listed under its
+// new name, one deleted is not listed.
 func (s *Switch) Attached() map[string]loader.Mode {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.attachedCopy()
+	return s.attachedLocked()
 }
 
-func (s *Switch) attachedCopy() map[string]loader.Mode {
-	out := make(map[string]loader.Mode, len(s.attached))
-	for k, v := range s.attached {
-		out[k] = v
+func (s *Switch) attachedLocked() map[string]loader.Mode {
+	if s.prog == nil {
+		return map[string]loader.Mode{}
+	}
+	return s.prog.Attached()
+}
+
+// Missing returns the managed interfaces the program is not attached to.
+func (s *Switch) Missing() []string {
+	attached := s.Attached()
+	var out []string
+	for _, iface := range s.ifaces {
+		if _, ok := attached[iface]; !ok {
+			out = append(out, iface)
+		}
 	}
 	return out
 }

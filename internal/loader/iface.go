@@ -2,8 +2,12 @@ package loader
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
+	"time"
+
+	"github.com/vishvananda/netlink"
 )
 
 func interfaceByName(name string) (*net.Interface, error) {
@@ -51,4 +55,48 @@ func InterfacesFor(addrs ...netip.Addr) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// WatchLinks calls changed after every link event of the network namespace (a
+// device added, deleted, renamed or changed) until stop is closed. A broken
+// subscription is made again after a second; the caller's periodic check
+// covers the gap.
+func WatchLinks(stop <-chan struct{}, changed func(), log *slog.Logger) {
+	for {
+		updates := make(chan netlink.LinkUpdate, 64)
+		done := make(chan struct{})
+		err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
+			ErrorCallback: func(err error) { log.Debug("netlink link events", "error", err) },
+		})
+		if err != nil {
+			log.Warn("no netlink link events: interface changes are seen at the next attach retry", "error", err)
+		} else if !follow(stop, updates, changed) {
+			close(done)
+			for range updates { // closed by the receiver once the socket is
+			}
+			return
+		}
+		close(done)
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// follow calls changed for each update until stop (false) or the end of the
+// subscription (true).
+func follow(stop <-chan struct{}, updates <-chan netlink.LinkUpdate, changed func()) bool {
+	for {
+		select {
+		case <-stop:
+			return false
+		case _, ok := <-updates:
+			if !ok {
+				return true
+			}
+			changed()
+		}
+	}
 }

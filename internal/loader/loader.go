@@ -15,6 +15,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 )
@@ -56,14 +58,19 @@ type Program struct {
 	log         *slog.Logger
 	ipv6Clients bool
 
-	mu    sync.Mutex
-	links map[string]attachment
+	mu sync.Mutex
+	// links are keyed by ifindex: a bpf_link holds a device, not a name. A
+	// renamed interface keeps its attachment; a deleted one loses it.
+	links map[int]attachment
 }
 
 type attachment struct {
-	link    link.Link
-	mode    Mode
-	ifindex int
+	link link.Link
+	mode Mode
+	name string // the device's name when last looked at
+	// rtnl looks the device up in the namespace it was attached in, whatever
+	// thread asks.
+	rtnl *netlink.Handle
 }
 
 // Load loads the program and creates its maps.
@@ -72,7 +79,7 @@ func Load(cfg Config, log *slog.Logger) (*Program, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("remove memlock limit: %w", err)
 	}
-	p := &Program{log: log, links: make(map[string]attachment), ipv6Clients: cfg.IPv6Clients}
+	p := &Program{log: log, links: make(map[int]attachment), ipv6Clients: cfg.IPv6Clients}
 	if err := load(cfg, &p.objs, nil); err != nil {
 		return nil, err
 	}
@@ -143,8 +150,9 @@ func (p *Program) Reconfigure(cfg Config) error {
 	if err := load(cfg, &next, &p.objs.RelayMaps); err != nil {
 		return err
 	}
+	p.refreshLocked()
 	var moved []link.Link
-	for name, a := range p.links {
+	for _, a := range p.links {
 		if err := a.link.Update(next.XdpTurnRelay); err != nil {
 			// Put the links already moved back on the old program: one
 			// program everywhere, with the old configuration.
@@ -152,7 +160,7 @@ func (p *Program) Reconfigure(cfg Config) error {
 				_ = l.Update(p.objs.XdpTurnRelay)
 			}
 			_ = next.Close()
-			return fmt.Errorf("swap the program on %s: %w", name, err)
+			return fmt.Errorf("swap the program on %s: %w", a.name, err)
 		}
 		moved = append(moved, a.link)
 	}
@@ -179,12 +187,15 @@ func (p *Program) XDP() *ebpf.Program { return p.objs.XdpTurnRelay }
 func (p *Program) Attach(iface string, mode Mode) (Mode, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if a, ok := p.links[iface]; ok {
-		return a.mode, nil
-	}
+	// An attachment to a device that is gone must not hide a new device of
+	// the same name (or a reused ifindex).
+	p.refreshLocked()
 	ifc, err := interfaceByName(iface)
 	if err != nil {
 		return ModeOff, err
+	}
+	if a, ok := p.links[ifc.Index]; ok {
+		return a.mode, nil
 	}
 	var tries []Mode
 	switch mode {
@@ -206,12 +217,18 @@ func (p *Program) Attach(iface string, mode Mode) (Mode, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", m, err))
 			continue
 		}
+		rtnl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err != nil {
+			_ = l.Close()
+			return ModeOff, fmt.Errorf("attach XDP to %s: netlink: %w", iface, err)
+		}
 		// The devmap resolves the ifindex in the writer's namespace: ours.
 		if err := p.objs.TxPorts.Put(uint32(ifc.Index), uint32(ifc.Index)); err != nil {
+			rtnl.Close()
 			_ = l.Close()
 			return ModeOff, fmt.Errorf("add %s to the redirect map: %w", iface, err)
 		}
-		p.links[iface] = attachment{link: l, mode: m, ifindex: ifc.Index}
+		p.links[ifc.Index] = attachment{link: l, mode: m, name: iface, rtnl: rtnl}
 		if !forwardingOn("ipv4", iface) {
 			p.log.Warn("IPv4 forwarding is off on the interface: bpf_fib_lookup answers FWD_DISABLED and every packet goes to userspace; set net.ipv4.conf."+iface+".forwarding=1",
 				"iface", iface)
@@ -225,36 +242,73 @@ func (p *Program) Attach(iface string, mode Mode) (Mode, error) {
 	return ModeOff, fmt.Errorf("attach XDP to %s: %w", iface, errors.Join(errs...))
 }
 
-// Detach detaches the program from one interface.
+// Detach detaches the program from the interface of that name (its current
+// name, as Attached reports it).
 func (p *Program) Detach(iface string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.detachLocked(iface)
+	p.refreshLocked()
+	for ifindex, a := range p.links {
+		if a.name == iface {
+			return p.detachLocked(ifindex)
+		}
+	}
+	return nil
 }
 
-func (p *Program) detachLocked(iface string) error {
-	a, ok := p.links[iface]
+func (p *Program) detachLocked(ifindex int) error {
+	a, ok := p.links[ifindex]
 	if !ok {
 		return nil
 	}
-	delete(p.links, iface)
+	delete(p.links, ifindex)
+	a.rtnl.Close()
 	var errs []error
-	if err := p.objs.TxPorts.Delete(uint32(a.ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		errs = append(errs, fmt.Errorf("remove %s from the redirect map: %w", iface, err))
+	if err := p.objs.TxPorts.Delete(uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		errs = append(errs, fmt.Errorf("remove %s from the redirect map: %w", a.name, err))
 	}
 	if err := a.link.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("detach XDP from %s: %w", iface, err))
+		errs = append(errs, fmt.Errorf("detach XDP from %s: %w", a.name, err))
 	}
 	return errors.Join(errs...)
 }
 
-// Attached returns the mode of every interface the program is attached to.
+// refreshLocked asks the kernel where each link still is. A deleted device
+// takes its XDP program with it (the link stays, pointing nowhere: ifindex 0);
+// such links are closed and forgotten. A renamed device keeps its program and
+// is reported under its new name.
+func (p *Program) refreshLocked() {
+	for ifindex, a := range p.links {
+		info, err := a.link.Info()
+		if err != nil {
+			p.log.Debug("cannot read the XDP link; assuming it still holds", "iface", a.name, "error", err)
+			continue
+		}
+		if x := info.XDP(); x == nil || int(x.Ifindex) != ifindex {
+			// The kernel removed the device's devmap entry with the device.
+			p.log.Warn("XDP program gone with its interface", "iface", a.name, "ifindex", ifindex)
+			if err := p.detachLocked(ifindex); err != nil {
+				p.log.Debug("closing the link of a gone interface", "iface", a.name, "error", err)
+			}
+			continue
+		}
+		if l, err := a.rtnl.LinkByIndex(ifindex); err == nil && l.Attrs().Name != a.name {
+			p.log.Info("XDP interface renamed, still attached", "from", a.name, "to", l.Attrs().Name, "ifindex", ifindex)
+			a.name = l.Attrs().Name
+			p.links[ifindex] = a
+		}
+	}
+}
+
+// Attached returns the mode of every interface the program is attached to
+// now, under the interfaces' current names.
 func (p *Program) Attached() map[string]Mode {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.refreshLocked()
 	out := make(map[string]Mode, len(p.links))
-	for name, a := range p.links {
-		out[name] = a.mode
+	for _, a := range p.links {
+		out[a.name] = a.mode
 	}
 	return out
 }
@@ -264,8 +318,8 @@ func (p *Program) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var errs []error
-	for name := range p.links {
-		errs = append(errs, p.detachLocked(name))
+	for ifindex := range p.links {
+		errs = append(errs, p.detachLocked(ifindex))
 	}
 	errs = append(errs, p.objs.Close())
 	return errors.Join(errs...)

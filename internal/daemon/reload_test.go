@@ -1,0 +1,195 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pion/turn/v4"
+
+	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/internal/control"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/logging"
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+)
+
+// TestConfigReadDuringReload: the configuration is read by goroutines other
+// than the reload's (the node-label watcher, pion/turn's auth and quota
+// callbacks, the health endpoint) while reloads replace it. Under -race (make
+// test) any read not ordered with the reload's write fails the test.
+func TestConfigReadDuringReload(t *testing.T) {
+	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+	health := filepath.Join(t.TempDir(), "health.sock")
+	lf, err := logging.New("all:WARN", "text", t.Output())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := func(users map[string]string) Config {
+		return Config{
+			Listeners:    []Listener{{Name: "udp", Protocol: config.UDP, Addr: listen}},
+			Users:        users,
+			RelayAddress: netip.MustParseAddr("127.0.0.1"),
+			MinRelayPort: 62000, MaxRelayPort: 62999,
+			XDPMode:      loader.ModeOff,
+			HealthSocket: health,
+			Logger:       lf,
+		}
+	}
+	d, err := Start(cfg(map[string]string{"u": "p"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+
+	// duringReloads runs readers while reloads run back to back, and returns
+	// the user the last reload added.
+	duringReloads := func(readers ...func()) string {
+		stop := make(chan struct{})
+		last := make(chan string, 1)
+		go func() {
+			for i := 0; ; i++ {
+				user := fmt.Sprint("u", i)
+				if err := d.Reconfigure(cfg(map[string]string{"u": "p", user: "p"})); err != nil {
+					t.Errorf("reload %d: %v", i, err)
+				}
+				select {
+				case <-stop:
+					last <- user
+					return
+				default:
+				}
+			}
+		}()
+		var wg sync.WaitGroup
+		for _, r := range readers {
+			wg.Go(r)
+		}
+		wg.Wait()
+		close(stop)
+		return <-last
+	}
+	const rounds = 5
+	last := duringReloads(
+		func() {
+			for range rounds {
+				if err := d.FollowNode(context.Background(), control.NodeOffloadDefault); err != nil {
+					t.Errorf("node label: %v", err)
+				}
+			}
+		},
+		func() {
+			for range rounds {
+				if _, err := allocateAs(t, listen, "nobody"); err == nil {
+					t.Error("an unknown user allocated")
+				}
+			}
+		})
+	if _, err := allocateAs(t, listen, last); err != nil {
+		t.Errorf("the user of the last reload cannot allocate: %v", err)
+	}
+
+	// Draining: /ready and the quota callback look at the configuration.
+	d.Drain()
+	duringReloads(
+		func() {
+			for range rounds {
+				if code := getUnix(t, health, "/ready"); code != http.StatusServiceUnavailable {
+					t.Errorf("/ready while draining: %d, want %d", code, http.StatusServiceUnavailable)
+				}
+			}
+		},
+		func() {
+			for range rounds {
+				if _, err := allocateAs(t, listen, "u"); err == nil {
+					t.Error("allocated while draining")
+				}
+			}
+		})
+}
+
+// getUnix GETs path from the HTTP server on a unix socket; 0 on errors.
+func getUnix(t *testing.T, socket, path string) int {
+	c := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+	}}}
+	resp, err := c.Get("http://daemon" + path)
+	if err != nil {
+		t.Errorf("GET %s: %v", path, err)
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// allocateAs tries a pion/turn allocation from loopback as user (password p);
+// it returns the client's socket.
+func allocateAs(t *testing.T, server netip.AddrPort, user string) (net.PacketConn, error) {
+	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = testenv.Allocate(t, &turn.ClientConfig{
+		TURNServerAddr: server.String(), STUNServerAddr: server.String(),
+		Username: user, Password: "p", Realm: DefaultRealm, Conn: conn,
+	})
+	return conn, err
+}
+
+// TestCloseWithLiveAllocations: closing the daemon closes pion/turn's
+// allocations, whose goroutines report their deletion after Server.Close has
+// returned; those late hooks must not reach the closed mirror (under -race a
+// send racing the close fails the test; without it, it may panic).
+func TestCloseWithLiveAllocations(t *testing.T) {
+	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+	lf, err := logging.New("all:WARN", "text", t.Output())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Start(Config{
+		Listeners:    []Listener{{Name: "udp", Protocol: config.UDP, Addr: listen}},
+		Users:        map[string]string{"u": "p"},
+		RelayAddress: netip.MustParseAddr("127.0.0.1"),
+		MinRelayPort: 63000, MaxRelayPort: 63999,
+		XDPMode: loader.ModeOff,
+		Logger:  lf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clients []net.PacketConn
+	for range 10 {
+		c, err := allocateAs(t, listen, "u")
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+	}
+	if n := d.AllocationCount(); n != 10 {
+		t.Fatalf("%d allocations, want 10", n)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	closed := d.Mirror().Stats().Events
+	// The clients' deallocations would wait for a server that is gone.
+	for _, c := range clients {
+		c.Close()
+	}
+	// Wait for the allocations' goroutines to report and end.
+	eventually(t, 5*time.Second, "pion's allocation goroutines ended", func() bool {
+		buf := make([]byte, 1<<20)
+		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "(*Allocation).packetHandler")
+	})
+	if late := d.Mirror().Stats().Events - closed; late != 0 {
+		t.Errorf("%d pion/turn events reached the mirror after the daemon closed", late)
+	}
+}

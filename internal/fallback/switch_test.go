@@ -1,0 +1,111 @@
+package fallback
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/l7mp/stunnerd-xdp/internal/control"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+)
+
+// TestAttachRetryKeepsBindings: while one interface cannot take the program,
+// the daemon calls Enable again every retry interval. Those calls must leave
+// the bindings where they are (no removal, no re-install: either would forget
+// what the program learned about each and hold pion's hooks behind the
+// mirror); only a real change of path moves them.
+func TestAttachRetryKeepsBindings(t *testing.T) {
+	if testing.Short() {
+		t.Skip("XDP in a network namespace: not in -short mode")
+	}
+	testenv.RequireRoot(t)
+	ns := testenv.NewNSWorker(t)
+	if err := ns.Do(func() error { return addVeth("sw0", "sw1") }); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	m := control.New(log)
+	t.Cleanup(m.Close)
+	// "missing0" does not exist: the retry keeps trying it.
+	sw := NewSwitch(log, m, loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 64},
+		[]string{"sw0", "missing0"})
+	// Cleanups run last-in first-out: the switch closes inside the namespace.
+	t.Cleanup(func() { _ = ns.Do(sw.Close) })
+	enable := func() map[string]loader.Mode {
+		t.Helper()
+		var got map[string]loader.Mode
+		if err := ns.Do(func() (err error) { got, err = sw.Enable(loader.ModeGeneric); return err }); err != nil {
+			t.Fatalf("enable: %v", err)
+		}
+		return got
+	}
+	if got := enable(); len(got) != 1 || got["sw0"] != loader.ModeGeneric {
+		t.Fatalf("attached %v, want sw0 in generic mode", got)
+	}
+
+	// One channel binding, reported through pion's hooks.
+	client := &net.UDPAddr{IP: net.ParseIP("10.0.0.2"), Port: 40000}
+	listener := &net.UDPAddr{IP: net.ParseIP("10.0.0.1"), Port: 3478}
+	relay := &net.UDPAddr{IP: net.ParseIP("10.0.0.1"), Port: 50000}
+	peer := &net.UDPAddr{IP: net.ParseIP("10.1.0.2"), Port: 5000}
+	h := m.EventHandler()
+	h.OnAllocationCreated(client, listener, "UDP", "u", "r", relay, 0)
+	h.OnChannelCreated(client, listener, "UDP", "u", "r", relay, peer, 0x4000)
+	m.Sync()
+	before := m.Stats()
+	if before.Installs != 1 || before.Removals != 0 || sw.Maps().Len() != 1 {
+		t.Fatalf("after one channel: %+v, %d in the maps; want one install", before, sw.Maps().Len())
+	}
+
+	for range 3 {
+		if missing := sw.Missing(); len(missing) != 1 || missing[0] != "missing0" {
+			t.Fatalf("missing %v, want [missing0]", missing)
+		}
+		enable()
+	}
+	m.Sync()
+	if after := m.Stats(); after.Installs != before.Installs || after.Removals != before.Removals {
+		t.Errorf("the attach retries moved the bindings: installs %d -> %d, removals %d -> %d",
+			before.Installs, after.Installs, before.Removals, after.Removals)
+	}
+	if n := sw.Maps().Len(); n != 1 {
+		t.Errorf("%d bindings in the maps after the retries, want 1", n)
+	}
+
+	// A real change of path does move them: out on Disable, back on Enable.
+	if err := ns.Do(sw.Disable); err != nil {
+		t.Fatal(err)
+	}
+	m.Sync()
+	if st := m.Stats(); st.Removals != before.Removals+1 || sw.Maps().Len() != 0 {
+		t.Errorf("after Disable: %+v, %d in the maps; want the binding removed", st, sw.Maps().Len())
+	}
+	enable()
+	m.Sync()
+	if st := m.Stats(); st.Installs != before.Installs+1 || sw.Maps().Len() != 1 {
+		t.Errorf("after Enable: %+v, %d in the maps; want the binding installed again", st, sw.Maps().Len())
+	}
+}
+
+// addVeth adds a veth pair, both ends up, in the calling thread's namespace.
+func addVeth(name, peer string) error {
+	la := netlink.NewLinkAttrs()
+	la.Name = name
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: peer}); err != nil {
+		return err
+	}
+	for _, n := range []string{name, peer} {
+		l, err := netlink.LinkByName(n)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
