@@ -1,0 +1,332 @@
+package destinations
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	vnetns "github.com/vishvananda/netns"
+
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/netns"
+)
+
+// recorder is a sink that keeps what it was given.
+type recorder struct {
+	mu     sync.Mutex
+	last   Table
+	pushes int
+	fail   int // refuse this many pushes first
+}
+
+func (r *recorder) sink(t Table) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail > 0 {
+		r.fail--
+		return errors.New("maps not ready")
+	}
+	r.last, r.pushes = t, r.pushes+1
+	return nil
+}
+
+func (r *recorder) get() (Table, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.last), r.pushes
+}
+
+// waitFor waits until the sink was given want.
+func (r *recorder) waitFor(t *testing.T, what string, want Table) {
+	t.Helper()
+	start := time.Now()
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 5*time.Second, true,
+		func(context.Context) (bool, error) {
+			got, _ := r.get()
+			return maps.Equal(got, want), nil
+		})
+	if got, _ := r.get(); err != nil {
+		t.Fatalf("%s: the sink has %v, want %v", what, got, want)
+	}
+	t.Logf("%s: pushed after %v", what, time.Since(start).Round(time.Millisecond))
+}
+
+func newTracker(t *testing.T, ns *netns.NS, listeners ...netip.AddrPort) (*Tracker, *recorder, *testenv.LockedBuffer) {
+	t.Helper()
+	var h vnetns.NsHandle
+	if ns != nil {
+		var err error
+		if h, err = vnetns.GetFromName(ns.Name); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+	}
+	rec := &recorder{}
+	var logs testenv.LockedBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	tr := New(Config{Sink: rec.sink, Log: log, NetNS: h}, listeners)
+	t.Cleanup(func() {
+		tr.Close()
+		t.Logf("tracker log:\n%s", logs.String())
+	})
+	return tr, rec, &logs
+}
+
+// noFailures fails the test when the tracker logged a failure.
+func noFailures(t *testing.T, logs *testenv.LockedBuffer) {
+	t.Helper()
+	if s := logs.String(); strings.Contains(s, "level=WARN") || strings.Contains(s, "level=ERROR") {
+		t.Errorf("the tracker logged a failure:\n%s", s)
+	}
+}
+
+var (
+	ap = netip.MustParseAddrPort
+)
+
+// TestTrackerFollowsAddresses: addresses added to and removed from the
+// namespace reach the table, tentative IPv6 addresses only once DAD is done.
+func TestTrackerFollowsAddresses(t *testing.T) {
+	netns.RequirePrivileged(t)
+	ns := netns.NewNS(t, "dest")
+	// IPv6 on, but no link-local addresses: the test names every address.
+	ns.Run(t, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=0", "net.ipv6.conf.default.disable_ipv6=0",
+		"net.ipv6.conf.default.addr_gen_mode=1")
+	ns.IP(t, "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+	ns.IP(t, "link", "set", "d1", "up")
+	ns.IP(t, "link", "set", "d0", "up")
+	ns.IP(t, "addr", "add", "10.10.0.1/24", "dev", "d0")
+
+	w4, w6, spec := ap("0.0.0.0:3478"), ap("[::]:3478"), ap("10.10.0.1:3479")
+	tr, rec, logs := newTracker(t, ns, w4, w6, spec)
+	rec.waitFor(t, "start", Table{ap("10.10.0.1:3478"): w4, spec: spec})
+
+	ns.IP(t, "addr", "add", "10.20.0.2/24", "dev", "d0")
+	rec.waitFor(t, "IPv4 address added", Table{ap("10.10.0.1:3478"): w4, ap("10.20.0.2:3478"): w4, spec: spec})
+	ns.IP(t, "addr", "add", "fd00:10::1/64", "dev", "d0", "nodad")
+	rec.waitFor(t, "IPv6 address added", Table{ap("10.10.0.1:3478"): w4, ap("10.20.0.2:3478"): w4,
+		ap("[fd00:10::1]:3478"): w6, spec: spec})
+	ns.IP(t, "addr", "del", "10.10.0.1/24", "dev", "d0")
+	// The specific listener keeps its address: a datagram to it still
+	// reaches its socket if the address comes back, and the kernel drops it
+	// otherwise; the wildcard's entry goes.
+	rec.waitFor(t, "IPv4 address removed", Table{ap("10.20.0.2:3478"): w4, ap("[fd00:10::1]:3478"): w6, spec: spec})
+
+	// An address under duplicate address detection does not take traffic
+	// yet: a veth whose peer is down keeps it tentative.
+	ns.IP(t, "link", "add", "v0", "type", "veth", "peer", "name", "v1")
+	ns.Run(t, "sysctl", "-q", "-w", "net.ipv6.conf.v0.accept_dad=1", "net.ipv6.conf.v0.dad_transmits=1")
+	ns.IP(t, "link", "set", "v0", "up")
+	ns.IP(t, "addr", "add", "fd00:20::1/64", "dev", "v0")
+	if out := ns.IP(t, "-6", "addr", "show", "dev", "v0"); !strings.Contains(out, "tentative") {
+		t.Fatalf("the address is not tentative:\n%s", out)
+	}
+	tr.Resync() // a push after the address appeared, to look at
+	_, pushes := rec.get()
+	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 5*time.Second, true,
+		func(context.Context) (bool, error) { _, n := rec.get(); return n > pushes, nil }); err != nil {
+		t.Fatal("Resync pushed nothing")
+	}
+	if got, _ := rec.get(); !maps.Equal(got, Table{ap("10.20.0.2:3478"): w4, ap("[fd00:10::1]:3478"): w6, spec: spec}) {
+		t.Errorf("with a tentative address the sink has %v", got)
+	}
+	ns.IP(t, "link", "set", "v1", "up")
+	rec.waitFor(t, "DAD done", Table{ap("10.20.0.2:3478"): w4, ap("[fd00:10::1]:3478"): w6,
+		ap("[fd00:20::1]:3478"): w6, spec: spec})
+
+	// A reload drops the IPv6 wildcard.
+	tr.SetListeners([]netip.AddrPort{w4, spec})
+	rec.waitFor(t, "listeners changed", Table{ap("10.20.0.2:3478"): w4, spec: spec})
+	if got := tr.Table(); !maps.Equal(got, Table{ap("10.20.0.2:3478"): w4, spec: spec}) {
+		t.Errorf("Table() = %v", got)
+	}
+	noFailures(t, logs)
+	if !strings.Contains(logs.String(), `msg="destination dropped" dest=[fd00:10::1]:3478`) {
+		t.Errorf("the change was not logged")
+	}
+}
+
+// TestTrackerRetriesTheSink: a sink that fails is retried, and the failure
+// is logged once.
+func TestTrackerRetriesTheSink(t *testing.T) {
+	netns.RequirePrivileged(t)
+	ns := netns.NewNS(t, "dest")
+	spec := ap("10.10.0.1:3478")
+	rec := &recorder{fail: 2}
+	var logs testenv.LockedBuffer
+	h, err := vnetns.GetFromName(ns.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	tr := New(Config{Sink: rec.sink, Log: slog.New(slog.NewTextHandler(&logs, nil)), NetNS: h}, []netip.AddrPort{spec})
+	defer tr.Close()
+	err = wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) {
+			got, _ := rec.get()
+			return maps.Equal(got, Table{spec: spec}), nil
+		})
+	if err != nil {
+		t.Fatalf("the table never reached the sink:\n%s", logs.String())
+	}
+	if n := strings.Count(logs.String(), "push failed"); n != 1 {
+		t.Errorf("the failure was logged %d times, want once:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "push works again") {
+		t.Errorf("the recovery was not logged:\n%s", logs.String())
+	}
+}
+
+// vipRig is a node with a UDP listener reached through a VIP the node DNATs
+// to it, as kube-proxy or a cloud load balancer does.
+type vipRig struct {
+	*netns.Rig
+	vip netip.Addr
+}
+
+func newVIPRig(t *testing.T) *vipRig {
+	t.Helper()
+	netns.RequirePrivileged(t, "iptables")
+	r := &vipRig{Rig: netns.NewRouted(t), vip: netip.MustParseAddr("192.0.2.10")}
+	// Like a node: a default route, and the NAT rules in the server.
+	r.Server.IP(t, "route", "add", "default", "via", r.PeerIf.Addr.String())
+	r.Client.IP(t, "route", "add", r.vip.String()+"/32", "via", r.ServerClientIf.Addr.String())
+	for _, port := range []string{"3478", "3479"} {
+		r.Server.Run(t, "iptables", "-t", "nat", "-A", "PREROUTING", "-d", r.vip.String(), "-p", "udp",
+			"--dport", port, "-j", "DNAT", "--to-destination", r.ServerClientIf.Addr.String()+":"+port)
+	}
+	return r
+}
+
+// echo serves UDP on addr in ns, answering each datagram, until the test ends.
+func echo(t *testing.T, ns *netns.NS, addr string) {
+	t.Helper()
+	var conn net.PacketConn
+	if err := ns.Do(func() (err error) { conn, err = net.ListenPacket("udp4", addr); return err }); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { conn.Close(); <-done })
+	go func() {
+		defer close(done)
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := conn.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = conn.WriteTo(buf[:n], from)
+		}
+	}()
+}
+
+// exchange sends one datagram from a new socket in the client namespace to
+// dst and returns the client's address and where the answer came from.
+func exchange(t *testing.T, r *vipRig, dst netip.AddrPort) (client, from netip.AddrPort) {
+	t.Helper()
+	var conn *net.UDPConn
+	if err := r.Client.Do(func() (err error) {
+		conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(r.ClientIf.Addr, 0)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := conn.WriteToUDPAddrPort([]byte("hello"), dst); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 100)
+	_, from, err := conn.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("no answer from %v: %v", dst, err)
+	}
+	return conn.LocalAddr().(*net.UDPAddr).AddrPort(), netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+}
+
+// TestTrackerLearnsVIPs: an allocation that came through a VIP the node
+// DNATs to the listener teaches the VIP, for a specific and a wildcard
+// listener, while an allocation through it lives.
+func TestTrackerLearnsVIPs(t *testing.T) {
+	r := newVIPRig(t)
+	spec := netip.AddrPortFrom(r.ServerClientIf.Addr, 3478)
+	wild := ap("0.0.0.0:3479")
+	echo(t, r.Server, spec.String())
+	echo(t, r.Server, wild.String())
+	tr, rec, logs := newTracker(t, r.Server, spec, wild)
+	static := Table{spec: spec, netip.AddrPortFrom(r.ServerClientIf.Addr, 3479): wild,
+		netip.AddrPortFrom(r.ServerPeerIf.Addr, 3479): wild}
+	rec.waitFor(t, "start", static)
+
+	// Straight to the listener: nothing to learn.
+	direct, from := exchange(t, r, spec)
+	if from != spec {
+		t.Fatalf("direct answer from %v", from)
+	}
+	tr.AllocationCreated(direct, spec)
+
+	viaVIP := func(l netip.AddrPort) netip.AddrPort {
+		vip := netip.AddrPortFrom(r.vip, l.Port())
+		client, from := exchange(t, r, vip)
+		if from != vip {
+			t.Fatalf("the answer through the VIP came from %v, want %v", from, vip)
+		}
+		tr.AllocationCreated(client, l)
+		return client
+	}
+	c1 := viaVIP(spec)
+	c2 := viaVIP(spec)
+	c3 := viaVIP(wild)
+	learned := maps.Clone(static)
+	learned[netip.AddrPortFrom(r.vip, 3478)] = spec
+	learned[netip.AddrPortFrom(r.vip, 3479)] = wild
+	rec.waitFor(t, "VIPs learned", learned)
+
+	tr.AllocationDeleted(c1, spec)
+	tr.AllocationDeleted(direct, spec)
+	tr.AllocationDeleted(c3, wild)
+	delete(learned, netip.AddrPortFrom(r.vip, 3479))
+	rec.waitFor(t, "the wildcard's VIP forgotten, the other kept by its second allocation", learned)
+	tr.ListenerClosed(spec)
+	rec.waitFor(t, "the listener closed", static)
+	tr.AllocationDeleted(c2, spec) // already forgotten: a no-op
+	noFailures(t, logs)
+	if !strings.Contains(logs.String(), "learned a VIP from conntrack") {
+		t.Errorf("no learning logged")
+	}
+}
+
+// TestTrackerWithoutConntrack: without NAT rules nothing hooks conntrack in
+// the namespace; an allocation teaches nothing and is no error.
+func TestTrackerWithoutConntrack(t *testing.T) {
+	netns.RequirePrivileged(t, "conntrack")
+	r := netns.NewRouted(t)
+	spec := netip.AddrPortFrom(r.ServerClientIf.Addr, 3478)
+	echo(t, r.Server, spec.String())
+	tr, rec, logs := newTracker(t, r.Server, spec)
+	rec.waitFor(t, "start", Table{spec: spec})
+	client, _ := exchange(t, &vipRig{Rig: r}, spec)
+	if out := r.Server.Run(t, "conntrack", "-L"); strings.Contains(out, "dport=3478") {
+		t.Fatalf("conntrack tracks the flow: the premise does not hold\n%s", out)
+	}
+	tr.AllocationCreated(client, spec)
+	_, pushes := rec.get()
+	tr.Resync()
+	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 5*time.Second, true,
+		func(context.Context) (bool, error) { _, n := rec.get(); return n > pushes, nil }); err != nil {
+		t.Fatal("Resync pushed nothing")
+	}
+	if got, _ := rec.get(); !maps.Equal(got, Table{spec: spec}) {
+		t.Errorf("the sink has %v", got)
+	}
+	noFailures(t, logs)
+}
