@@ -82,6 +82,7 @@ func (d *Daemon) Reconfigure(next Config) error {
 			errs = append(errs, err)
 		}
 	}
+	d.dests.tracker.SetListeners(next.udpListenerAddrs())
 	if len(kept) > 0 {
 		errs = append(errs, fmt.Errorf("kept the running %v: changing them needs a restart", kept))
 	}

@@ -54,6 +54,7 @@ type Tracker struct {
 	events    []event
 	force     bool // push even if the table did not change
 	wake      chan struct{}
+	subErr    chan error // from the netlink subscription's goroutine
 	current   Table
 
 	stop, stopped chan struct{}
@@ -75,7 +76,6 @@ type eventKind int
 const (
 	allocated eventKind = iota
 	deallocated
-	listenerGone
 )
 
 type event struct {
@@ -105,6 +105,7 @@ func New(cfg Config, listeners []netip.AddrPort) *Tracker {
 		listeners: normalizeAll(listeners),
 		force:     true,
 		wake:      make(chan struct{}, 1),
+		subErr:    make(chan error, 1),
 		current:   Table{},
 		stop:      make(chan struct{}),
 		stopped:   make(chan struct{}),
@@ -126,12 +127,6 @@ func (t *Tracker) SetListeners(listeners []netip.AddrPort) {
 	t.poke()
 }
 
-// ListenerClosed forgets the allocations of a listener whose server stopped:
-// pion/turn closes them without reporting each deletion.
-func (t *Tracker) ListenerClosed(listener netip.AddrPort) {
-	t.queue(event{kind: listenerGone, allocation: allocation{listener: normalize(listener)}})
-}
-
 // AllocationCreated reports a new allocation of client on listener (its
 // socket address): the tracker looks the flow up in conntrack and learns the
 // VIP it came through, if any.
@@ -140,7 +135,9 @@ func (t *Tracker) AllocationCreated(client, listener netip.AddrPort) {
 }
 
 // AllocationDeleted reports that an allocation is gone; a VIP learned for it
-// is forgotten with the last allocation through it.
+// is forgotten with the last allocation through it. (pion/turn reports the
+// deletion of every allocation, also of those a closing server drops: their
+// relay socket's read loop ends in DeleteAllocation.)
 func (t *Tracker) AllocationDeleted(client, listener netip.AddrPort) {
 	t.queue(event{kind: deallocated, allocation: allocation{normalize(client), normalize(listener)}})
 }
@@ -197,7 +194,13 @@ func (t *Tracker) run() {
 			Namespace: &t.cfg.NetNS,
 			// The library closes ch after a receive error (an overflow,
 			// ENOBUFS): the loop then subscribes again and re-lists.
-			ErrorCallback: func(err error) { t.report("subscription", err) },
+			ErrorCallback: func(err error) {
+				select {
+				case <-done: // closed by us
+				case t.subErr <- err:
+				default:
+				}
+			},
 		})
 		if err != nil {
 			close(done)
@@ -239,6 +242,8 @@ func (t *Tracker) run() {
 				close(subDone)
 			}
 			return
+		case err := <-t.subErr:
+			t.report("address subscription", err)
 		case _, ok := <-updates:
 			if !ok {
 				close(subDone)
@@ -307,12 +312,6 @@ func (t *Tracker) processEvents() {
 			}
 		case deallocated:
 			t.forget(e.allocation)
-		case listenerGone:
-			for a := range t.allocs {
-				if a.listener == e.listener {
-					t.forget(a)
-				}
-			}
 		}
 	}
 }

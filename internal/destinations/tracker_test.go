@@ -296,8 +296,12 @@ func TestTrackerLearnsVIPs(t *testing.T) {
 	tr.AllocationDeleted(c3, wild)
 	delete(learned, netip.AddrPortFrom(r.vip, 3479))
 	rec.waitFor(t, "the wildcard's VIP forgotten, the other kept by its second allocation", learned)
-	tr.ListenerClosed(spec)
-	rec.waitFor(t, "the listener closed", static)
+	// A reload removes the specific listener: what it learned goes.
+	tr.SetListeners([]netip.AddrPort{wild})
+	rec.waitFor(t, "the listener removed", Table{netip.AddrPortFrom(r.ServerClientIf.Addr, 3479): wild,
+		netip.AddrPortFrom(r.ServerPeerIf.Addr, 3479): wild})
+	tr.SetListeners([]netip.AddrPort{spec, wild})
+	rec.waitFor(t, "the listener back", static)
 	tr.AllocationDeleted(c2, spec) // already forgotten: a no-op
 	noFailures(t, logs)
 	if !strings.Contains(logs.String(), "learned a VIP from conntrack") {
