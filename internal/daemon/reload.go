@@ -65,6 +65,8 @@ func (d *Daemon) Reconfigure(next Config) error {
 			errs = append(errs, d.stopListener(name))
 		}
 	}
+	// Before the new listeners take allocations, which it learns from.
+	d.dests.tracker.SetListeners(next.udpListenerAddrs())
 	// Reprogram XDP for the new UDP ports before new listeners take traffic.
 	if !slices.Equal(next.udpPorts(), cur.udpPorts()) {
 		if err := d.sw.Reconfigure(loader.Config{ListenerPorts: next.udpPorts(), MinRelayPort: next.MinRelayPort,
@@ -82,7 +84,6 @@ func (d *Daemon) Reconfigure(next Config) error {
 			errs = append(errs, err)
 		}
 	}
-	d.dests.tracker.SetListeners(next.udpListenerAddrs())
 	if len(kept) > 0 {
 		errs = append(errs, fmt.Errorf("kept the running %v: changing them needs a restart", kept))
 	}

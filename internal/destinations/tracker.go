@@ -240,6 +240,10 @@ func (t *Tracker) run() {
 		case <-t.stop:
 			if subDone != nil {
 				close(subDone)
+				// The subscription's goroutine may be blocked on a send:
+				// let it see the closed socket and close updates.
+				for range updates {
+				}
 			}
 			return
 		case err := <-t.subErr:

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	vnetns "github.com/vishvananda/netns"
@@ -333,4 +334,8 @@ func TestTrackerWithoutConntrack(t *testing.T) {
 		t.Errorf("the sink has %v", got)
 	}
 	noFailures(t, logs)
+}
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
 }
