@@ -30,6 +30,10 @@ type Config struct {
 	Coalesce time.Duration
 	// MaxLearned bounds the learned VIPs (default DefaultMaxLearned).
 	MaxLearned int
+	// ReceiveBuffer is the size of the socket buffer address notifications
+	// queue in; 0: net.core.rmem_default. A burst that overruns it costs a
+	// re-list.
+	ReceiveBuffer int
 }
 
 // Defaults for the zero fields of Config.
@@ -191,7 +195,8 @@ func (t *Tracker) run() {
 	subscribe := func() bool {
 		ch, done := make(chan netlink.AddrUpdate, 64), make(chan struct{})
 		err := netlink.AddrSubscribeWithOptions(ch, done, netlink.AddrSubscribeOptions{
-			Namespace: &t.cfg.NetNS,
+			Namespace:         &t.cfg.NetNS,
+			ReceiveBufferSize: t.cfg.ReceiveBuffer,
 			// The library closes ch after a receive error (an overflow,
 			// ENOBUFS): the loop then subscribes again and re-lists.
 			ErrorCallback: func(err error) {
@@ -235,6 +240,7 @@ func (t *Tracker) run() {
 	retry := time.NewTicker(retryInterval)
 	defer retry.Stop()
 	addrsChanged := false
+	var subErr error // the subscription's last error, logged when it ends
 	for {
 		select {
 		case <-t.stop:
@@ -247,12 +253,17 @@ func (t *Tracker) run() {
 			}
 			return
 		case err := <-t.subErr:
-			t.report("address subscription", err)
+			subErr = err
 		case _, ok := <-updates:
 			if !ok {
+				// Changes were lost (typically ENOBUFS: a burst overran the
+				// socket): subscribe again and re-list at once.
 				close(subDone)
-				updates, subDone, healthy = nil, nil, false
-				continue // subscribed again and re-listed on the next tick
+				updates, subDone = nil, nil
+				t.log.Info("destinations: address changes were lost; re-listing", "error", subErr)
+				healthy = subscribe() && relist()
+				schedule()
+				continue
 			}
 			addrsChanged = true
 			schedule()

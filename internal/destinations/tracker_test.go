@@ -3,10 +3,12 @@ package destinations
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -27,9 +29,20 @@ type recorder struct {
 	last   Table
 	pushes int
 	fail   int // refuse this many pushes first
+	// stall, when set, holds the next push (and the tracker) until closed;
+	// stalled is closed when it starts waiting.
+	stall, stalled chan struct{}
 }
 
 func (r *recorder) sink(t Table) error {
+	r.mu.Lock()
+	stall, stalled := r.stall, r.stalled
+	r.stall = nil
+	r.mu.Unlock()
+	if stall != nil {
+		close(stalled)
+		<-stall
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.fail > 0 {
@@ -61,25 +74,24 @@ func (r *recorder) waitFor(t *testing.T, what string, want Table) {
 	t.Logf("%s: pushed after %v", what, time.Since(start).Round(time.Millisecond))
 }
 
-func newTracker(t *testing.T, ns *netns.NS, listeners ...netip.AddrPort) (*Tracker, *recorder, *testenv.LockedBuffer) {
+// newTracker starts a tracker on ns that pushes to rec, with cfg's other
+// settings.
+func newTracker(t *testing.T, ns *netns.NS, rec *recorder, cfg Config, listeners ...netip.AddrPort) (*Tracker, *testenv.LockedBuffer) {
 	t.Helper()
-	var h vnetns.NsHandle
-	if ns != nil {
-		var err error
-		if h, err = vnetns.GetFromName(ns.Name); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { h.Close() })
+	h, err := vnetns.GetFromName(ns.Name)
+	if err != nil {
+		t.Fatal(err)
 	}
-	rec := &recorder{}
+	t.Cleanup(func() { h.Close() })
 	var logs testenv.LockedBuffer
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	tr := New(Config{Sink: rec.sink, Log: log, NetNS: h}, listeners)
+	cfg.Sink, cfg.NetNS = rec.sink, h
+	cfg.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	tr := New(cfg, listeners)
 	t.Cleanup(func() {
 		tr.Close()
 		t.Logf("tracker log:\n%s", logs.String())
 	})
-	return tr, rec, &logs
+	return tr, &logs
 }
 
 // noFailures fails the test when the tracker logged a failure.
@@ -108,7 +120,8 @@ func TestTrackerFollowsAddresses(t *testing.T) {
 	ns.IP(t, "addr", "add", "10.10.0.1/24", "dev", "d0")
 
 	w4, w6, spec := ap("0.0.0.0:3478"), ap("[::]:3478"), ap("10.10.0.1:3479")
-	tr, rec, logs := newTracker(t, ns, w4, w6, spec)
+	rec := &recorder{}
+	tr, logs := newTracker(t, ns, rec, Config{}, w4, w6, spec)
 	rec.waitFor(t, "start", Table{ap("10.10.0.1:3478"): w4, spec: spec})
 
 	ns.IP(t, "addr", "add", "10.20.0.2/24", "dev", "d0")
@@ -163,15 +176,8 @@ func TestTrackerRetriesTheSink(t *testing.T) {
 	ns := netns.NewNS(t, "dest")
 	spec := ap("10.10.0.1:3478")
 	rec := &recorder{fail: 2}
-	var logs testenv.LockedBuffer
-	h, err := vnetns.GetFromName(ns.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	tr := New(Config{Sink: rec.sink, Log: slog.New(slog.NewTextHandler(&logs, nil)), NetNS: h}, []netip.AddrPort{spec})
-	defer tr.Close()
-	err = wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true,
+	_, logs := newTracker(t, ns, rec, Config{}, spec)
+	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true,
 		func(context.Context) (bool, error) {
 			got, _ := rec.get()
 			return maps.Equal(got, Table{spec: spec}), nil
@@ -263,7 +269,8 @@ func TestTrackerLearnsVIPs(t *testing.T) {
 	wild := ap("0.0.0.0:3479")
 	echo(t, r.Server, spec.String())
 	echo(t, r.Server, wild.String())
-	tr, rec, logs := newTracker(t, r.Server, spec, wild)
+	rec := &recorder{}
+	tr, logs := newTracker(t, r.Server, rec, Config{}, spec, wild)
 	static := Table{spec: spec, netip.AddrPortFrom(r.ServerClientIf.Addr, 3479): wild,
 		netip.AddrPortFrom(r.ServerPeerIf.Addr, 3479): wild}
 	rec.waitFor(t, "start", static)
@@ -317,7 +324,8 @@ func TestTrackerWithoutConntrack(t *testing.T) {
 	r := netns.NewRouted(t)
 	spec := netip.AddrPortFrom(r.ServerClientIf.Addr, 3478)
 	echo(t, r.Server, spec.String())
-	tr, rec, logs := newTracker(t, r.Server, spec)
+	rec := &recorder{}
+	tr, logs := newTracker(t, r.Server, rec, Config{}, spec)
 	rec.waitFor(t, "start", Table{spec: spec})
 	client, _ := exchange(t, &vipRig{Rig: r}, spec)
 	if out := r.Server.Run(t, "conntrack", "-L"); strings.Contains(out, "dport=3478") {
@@ -338,4 +346,52 @@ func TestTrackerWithoutConntrack(t *testing.T) {
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
+}
+
+// TestTrackerRelistsAfterLoss: a burst of address changes while the tracker
+// is busy overruns its netlink socket (ENOBUFS); the tracker subscribes again
+// and re-lists, so the table ends up complete and later changes still reach it.
+func TestTrackerRelistsAfterLoss(t *testing.T) {
+	netns.RequirePrivileged(t)
+	ns := netns.NewNS(t, "dest")
+	ns.IP(t, "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+	ns.IP(t, "link", "set", "d0", "up")
+	w4 := ap("0.0.0.0:3478")
+	rec := &recorder{}
+	// A small buffer, which a thousand notifications overrun.
+	tr, logs := newTracker(t, ns, rec, Config{ReceiveBuffer: 16 << 10}, w4)
+	rec.waitFor(t, "start", Table{})
+	const n = 1000
+
+	// Hold the tracker in its sink while the burst fills the socket.
+	stall := make(chan struct{})
+	rec.mu.Lock()
+	rec.stall, rec.stalled = stall, make(chan struct{})
+	stalled := rec.stalled
+	rec.mu.Unlock()
+	tr.Resync()
+	<-stalled
+	var batch strings.Builder
+	want := Table{}
+	for i := range n {
+		a := netip.AddrFrom4([4]byte{10, 30, byte(i >> 8), byte(i)})
+		fmt.Fprintf(&batch, "addr add %s/32 dev d0\n", a)
+		want[netip.AddrPortFrom(a, w4.Port())] = w4
+	}
+	cmd := exec.Command("ip", "-n", ns.Name, "-batch", "-")
+	cmd.Stdin = strings.NewReader(batch.String())
+	out, err := cmd.CombinedOutput()
+	close(stall)
+	if err != nil {
+		t.Fatalf("ip -batch: %v\n%s", err, out)
+	}
+	rec.waitFor(t, "burst of addresses", want)
+	// The loss shows once the subscription has handed over what it held.
+	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 5*time.Second, true,
+		func(context.Context) (bool, error) { return strings.Contains(logs.String(), "re-listing"), nil }); err != nil {
+		t.Fatalf("the burst did not overrun the subscription: the re-listing went untested")
+	}
+	ns.IP(t, "addr", "add", "10.40.0.1/32", "dev", "d0")
+	want[ap("10.40.0.1:3478")] = w4
+	rec.waitFor(t, "an address after the loss", want)
 }
