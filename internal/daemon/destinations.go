@@ -21,11 +21,6 @@ type destinationSync struct {
 	maps atomic.Pointer[channelmap.Maps]
 }
 
-// destinationSetter is channelmap.Maps.SetDestinations.
-type destinationSetter interface {
-	SetDestinations(map[netip.AddrPort]netip.AddrPort) error
-}
-
 // startDestinations starts the tracker for the configured UDP listeners; it
 // runs before the listeners so that their first allocations are seen.
 func (d *Daemon) startDestinations() {
@@ -41,10 +36,7 @@ func (s *destinationSync) push(t destinations.Table) error {
 	if m == nil {
 		return nil // no maps yet: syncDestinations pushes when they come
 	}
-	if ds, ok := any(m).(destinationSetter); ok {
-		return ds.SetDestinations(t)
-	}
-	return nil
+	return m.SetDestinations(t)
 }
 
 // syncDestinations pushes the table into maps the switch created since the

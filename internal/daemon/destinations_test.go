@@ -62,8 +62,9 @@ func TestDaemonLearnsVIPs(t *testing.T) {
 		Users:        map[string]string{"u": "p"},
 		RelayAddress: server,
 		MinRelayPort: 40000, MaxRelayPort: 40999,
-		XDPMode: loader.ModeOff,
-		Logger:  lf,
+		XDPMode:    loader.ModeNative,
+		Interfaces: []string{"srv0", "srv1"},
+		Logger:     lf,
 	}
 	d, err := Start(cfg)
 	if err != nil {
@@ -113,12 +114,21 @@ func TestDaemonLearnsVIPs(t *testing.T) {
 	}
 }
 
+// waitDestinations waits until the daemon's table and the XDP program's are
+// want.
 func waitDestinations(t *testing.T, d *Daemon, what string, want destinations.Table) {
 	t.Helper()
+	var inMaps map[netip.AddrPort]netip.AddrPort
 	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 5*time.Second, true,
-		func(context.Context) (bool, error) { return maps.Equal(d.Destinations(), want), nil })
+		func(context.Context) (bool, error) {
+			var err error
+			if inMaps, err = d.Maps().Destinations(); err != nil {
+				return false, err
+			}
+			return maps.Equal(d.Destinations(), want) && maps.Equal(inMaps, want), nil
+		})
 	if err != nil {
-		t.Fatalf("%s: destinations %v, want %v", what, d.Destinations(), want)
+		t.Fatalf("%s: %v: destinations %v, in the maps %v, want %v", what, err, d.Destinations(), inMaps, want)
 	}
 }
 
