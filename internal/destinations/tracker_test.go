@@ -214,28 +214,6 @@ func newVIPRig(t *testing.T) *vipRig {
 	return r
 }
 
-// echo serves UDP on addr in ns, answering each datagram, until the test ends.
-func echo(t *testing.T, ns *netns.NS, addr string) {
-	t.Helper()
-	var conn net.PacketConn
-	if err := ns.Do(func() (err error) { conn, err = net.ListenPacket("udp4", addr); return err }); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	t.Cleanup(func() { conn.Close(); <-done })
-	go func() {
-		defer close(done)
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := conn.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = conn.WriteTo(buf[:n], from)
-		}
-	}()
-}
-
 // exchange sends one datagram from a new socket in the client namespace to
 // dst and returns the client's address and where the answer came from.
 func exchange(t *testing.T, r *vipRig, dst netip.AddrPort) (client, from netip.AddrPort) {
@@ -267,8 +245,8 @@ func TestTrackerLearnsVIPs(t *testing.T) {
 	r := newVIPRig(t)
 	spec := netip.AddrPortFrom(r.ServerClientIf.Addr, 3478)
 	wild := ap("0.0.0.0:3479")
-	echo(t, r.Server, spec.String())
-	echo(t, r.Server, wild.String())
+	r.Server.ServeUDPEcho(t, spec)
+	r.Server.ServeUDPEcho(t, wild)
 	rec := &recorder{}
 	tr, logs := newTracker(t, r.Server, rec, Config{}, spec, wild)
 	static := Table{spec: spec, netip.AddrPortFrom(r.ServerClientIf.Addr, 3479): wild,
@@ -323,7 +301,7 @@ func TestTrackerWithoutConntrack(t *testing.T) {
 	netns.RequirePrivileged(t, "conntrack")
 	r := netns.NewRouted(t)
 	spec := netip.AddrPortFrom(r.ServerClientIf.Addr, 3478)
-	echo(t, r.Server, spec.String())
+	r.Server.ServeUDPEcho(t, spec)
 	rec := &recorder{}
 	tr, logs := newTracker(t, r.Server, rec, Config{}, spec)
 	rec.waitFor(t, "start", Table{spec: spec})
