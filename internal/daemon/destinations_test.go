@@ -143,25 +143,26 @@ func testDaemonLearnsVIPs(t *testing.T, client, _ *netns.NS) {
 }
 
 // TestDaemonRelaysThroughVIP: ChannelData a client sends to a VIP the node
-// DNATs to the listener is relayed to the peer, and the peer's answers reach
-// the client from the VIP; with XDP, in the kernel (the VIP was learned),
-// and with XDP off, by pion/turn, which is the expectation.
+// DNATs to a specific or a wildcard listener is relayed to the peer, and the
+// peer's answers reach the client from the VIP; with XDP, in the kernel (the
+// VIP was learned), and with XDP off, by pion/turn, which is the expectation.
 func TestDaemonRelaysThroughVIP(t *testing.T) {
 	for _, mode := range []loader.Mode{loader.ModeNative, loader.ModeOff} {
-		t.Run(string(mode), func(t *testing.T) {
-			inVIPRig(t, func(t *testing.T, client, peer *netns.NS) {
-				testDaemonRelaysThroughVIP(t, mode, client, peer)
+		for _, listen := range []netip.AddrPort{netip.AddrPortFrom(srvClient, 3478), netip.MustParseAddrPort("0.0.0.0:3479")} {
+			t.Run(fmt.Sprintf("%s/%v", mode, listen), func(t *testing.T) {
+				inVIPRig(t, func(t *testing.T, client, peer *netns.NS) {
+					testDaemonRelaysThroughVIP(t, mode, listen, client, peer)
+				})
 			})
-		})
+		}
 	}
 }
 
-func testDaemonRelaysThroughVIP(t *testing.T, mode loader.Mode, client, peer *netns.NS) {
-	spec := netip.AddrPortFrom(srvClient, 3478)
+func testDaemonRelaysThroughVIP(t *testing.T, mode loader.Mode, listen netip.AddrPort, client, peer *netns.NS) {
 	echo := netip.MustParseAddrPort("10.200.0.2:5001") // the rig's peer0
 	peer.ServeUDPEcho(t, echo)
-	d, _, _ := startInRig(t, mode, Listener{Name: "specific", Protocol: config.UDP, Addr: spec})
-	relay := allocateFrom(t, client, netip.AddrPortFrom(vip, spec.Port()))
+	d, _, _ := startInRig(t, mode, Listener{Name: "udp", Protocol: config.UDP, Addr: listen})
+	relay := allocateFrom(t, client, netip.AddrPortFrom(vip, listen.Port()))
 
 	// A datagram every 5ms for a second; pion/turn's client sends the first
 	// ones in Send indications, the rest as ChannelData once it has bound a
