@@ -26,8 +26,7 @@
 //     program only looks at listener ports;
 //   - a VIP reaching a wildcard listener through a local address beyond the
 //     first 64 the listener owns (IPVS puts every ClusterIP on kube-ipvs0);
-//   - conntrack zones other than 0;
-//   - a VIP whose allocations arrived before the daemon started.
+//   - conntrack zones other than 0.
 //
 // A learned VIP stays while an allocation through it lives, even if the DNAT
 // rule goes: the flow's conntrack entry keeps translating it until it
