@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -193,34 +194,53 @@ func TestTrackerRetriesTheSink(t *testing.T) {
 	}
 }
 
-// vipRig is a node with a UDP listener reached through a VIP the node DNATs
-// to it, as kube-proxy or a cloud load balancer does.
+// vipRig is a node with UDP listeners reached through a VIP the node DNATs
+// to them, as kube-proxy or a cloud load balancer does.
 type vipRig struct {
 	*netns.Rig
-	vip netip.Addr
+	vip    netip.Addr
+	local  netip.Addr   // the listeners' address, srv0's
+	locals []netip.Addr // the server's addresses of the VIP's family
 }
 
-func newVIPRig(t *testing.T) *vipRig {
+// newVIPRig DNATs vip:3478 and vip:3479 to srv0's address in the server of a
+// routed rig, over IPv4 or (WithIPv6) IPv6.
+func newVIPRig(t *testing.T, ipv6 bool) *vipRig {
 	t.Helper()
-	netns.RequirePrivileged(t, "iptables")
-	r := &vipRig{Rig: netns.NewRouted(t), vip: netip.MustParseAddr("192.0.2.10")}
+	netns.RequirePrivileged(t, "iptables", "ip6tables")
+	var r *vipRig
+	iptables, family := "iptables", "-4"
+	if ipv6 {
+		r = &vipRig{Rig: netns.NewRoutedWith(t, netns.WithIPv6()), vip: netip.MustParseAddr("fd00:99::10")}
+		iptables, family = "ip6tables", "-6"
+		r.local = r.ServerClientIf.Addr6
+		r.locals = []netip.Addr{r.ServerClientIf.Addr6}
+	} else {
+		r = &vipRig{Rig: netns.NewRouted(t), vip: netip.MustParseAddr("192.0.2.10")}
+		r.local = r.ServerClientIf.Addr
+		r.locals = []netip.Addr{r.ServerClientIf.Addr, r.ServerPeerIf.Addr}
+	}
 	// Like a node: a default route, and the NAT rules in the server.
 	r.Server.IP(t, "route", "add", "default", "via", r.PeerIf.Addr.String())
-	r.Client.IP(t, "route", "add", r.vip.String()+"/32", "via", r.ServerClientIf.Addr.String())
-	for _, port := range []string{"3478", "3479"} {
-		r.Server.Run(t, "iptables", "-t", "nat", "-A", "PREROUTING", "-d", r.vip.String(), "-p", "udp",
-			"--dport", port, "-j", "DNAT", "--to-destination", r.ServerClientIf.Addr.String()+":"+port)
+	r.Client.IP(t, family, "route", "add", r.vip.String(), "via", r.local.String())
+	for _, port := range []uint16{3478, 3479} {
+		r.Server.Run(t, iptables, "-t", "nat", "-A", "PREROUTING", "-d", r.vip.String(), "-p", "udp",
+			"--dport", strconv.Itoa(int(port)), "-j", "DNAT", "--to-destination", netip.AddrPortFrom(r.local, port).String())
 	}
 	return r
 }
 
 // exchange sends one datagram from a new socket in the client namespace to
 // dst and returns the client's address and where the answer came from.
-func exchange(t *testing.T, r *vipRig, dst netip.AddrPort) (client, from netip.AddrPort) {
+func exchange(t *testing.T, r *netns.Rig, dst netip.AddrPort) (client, from netip.AddrPort) {
 	t.Helper()
+	src, network := r.ClientIf.Addr, "udp4"
+	if dst.Addr().Is6() {
+		src, network = r.ClientIf.Addr6, "udp6"
+	}
 	var conn *net.UDPConn
 	if err := r.Client.Do(func() (err error) {
-		conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(r.ClientIf.Addr, 0)))
+		conn, err = net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0)))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -240,21 +260,35 @@ func exchange(t *testing.T, r *vipRig, dst netip.AddrPort) (client, from netip.A
 
 // TestTrackerLearnsVIPs: an allocation that came through a VIP the node
 // DNATs to the listener teaches the VIP, for a specific and a wildcard
-// listener, while an allocation through it lives.
+// listener, over IPv4 and IPv6, while an allocation through it lives.
 func TestTrackerLearnsVIPs(t *testing.T) {
-	r := newVIPRig(t)
-	spec := netip.AddrPortFrom(r.ServerClientIf.Addr, 3478)
+	for _, ipv6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "IPv4", true: "IPv6"}[ipv6], func(t *testing.T) {
+			testTrackerLearnsVIPs(t, newVIPRig(t, ipv6))
+		})
+	}
+}
+
+func testTrackerLearnsVIPs(t *testing.T, r *vipRig) {
+	spec := netip.AddrPortFrom(r.local, 3478)
 	wild := ap("0.0.0.0:3479")
+	if r.vip.Is6() {
+		wild = ap("[::]:3479")
+	}
 	r.Server.ServeUDPEcho(t, spec)
 	r.Server.ServeUDPEcho(t, wild)
 	rec := &recorder{}
 	tr, logs := newTracker(t, r.Server, rec, Config{}, spec, wild)
-	static := Table{spec: spec, netip.AddrPortFrom(r.ServerClientIf.Addr, 3479): wild,
-		netip.AddrPortFrom(r.ServerPeerIf.Addr, 3479): wild}
+	wildOnly := Table{}
+	for _, a := range r.locals {
+		wildOnly[netip.AddrPortFrom(a, 3479)] = wild
+	}
+	static := maps.Clone(wildOnly)
+	static[spec] = spec
 	rec.waitFor(t, "start", static)
 
 	// Straight to the listener: nothing to learn.
-	direct, from := exchange(t, r, spec)
+	direct, from := exchange(t, r.Rig, spec)
 	if from != spec {
 		t.Fatalf("direct answer from %v", from)
 	}
@@ -262,7 +296,7 @@ func TestTrackerLearnsVIPs(t *testing.T) {
 
 	viaVIP := func(l netip.AddrPort) netip.AddrPort {
 		vip := netip.AddrPortFrom(r.vip, l.Port())
-		client, from := exchange(t, r, vip)
+		client, from := exchange(t, r.Rig, vip)
 		if from != vip {
 			t.Fatalf("the answer through the VIP came from %v, want %v", from, vip)
 		}
@@ -284,8 +318,7 @@ func TestTrackerLearnsVIPs(t *testing.T) {
 	rec.waitFor(t, "the wildcard's VIP forgotten, the other kept by its second allocation", learned)
 	// A reload removes the specific listener: what it learned goes.
 	tr.SetListeners([]netip.AddrPort{wild})
-	rec.waitFor(t, "the listener removed", Table{netip.AddrPortFrom(r.ServerClientIf.Addr, 3479): wild,
-		netip.AddrPortFrom(r.ServerPeerIf.Addr, 3479): wild})
+	rec.waitFor(t, "the listener removed", wildOnly)
 	tr.SetListeners([]netip.AddrPort{spec, wild})
 	rec.waitFor(t, "the listener back", static)
 	tr.AllocationDeleted(c2, spec) // already forgotten: a no-op
@@ -305,7 +338,7 @@ func TestTrackerWithoutConntrack(t *testing.T) {
 	rec := &recorder{}
 	tr, logs := newTracker(t, r.Server, rec, Config{}, spec)
 	rec.waitFor(t, "start", Table{spec: spec})
-	client, _ := exchange(t, &vipRig{Rig: r}, spec)
+	client, _ := exchange(t, r, spec)
 	if out := r.Server.Run(t, "conntrack", "-L"); strings.Contains(out, "dport=3478") {
 		t.Fatalf("conntrack tracks the flow: the premise does not hold\n%s", out)
 	}
