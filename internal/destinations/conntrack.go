@@ -103,7 +103,7 @@ func (t *Tracker) learn(a allocation, listeners []netip.AddrPort) netip.AddrPort
 			t.log.Debug("no conntrack: nothing to learn", "client", a.client.String(), "error", err)
 			return netip.AddrPort{}
 		}
-		t.report("conntrack look-up", err)
+		t.report(problemConntrack, err)
 		if err != nil || !found {
 			continue
 		}

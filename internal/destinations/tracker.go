@@ -209,16 +209,16 @@ func (t *Tracker) run() {
 		})
 		if err != nil {
 			close(done)
-			t.report("subscribe to address changes", err)
+			t.report(problemSubscribe, err)
 			return false
 		}
-		t.report("subscribe to address changes", nil)
+		t.report(problemSubscribe, nil)
 		updates, subDone = ch, done
 		return true
 	}
 	relist := func() bool {
 		local, err := listLocal(t.cfg.NetNS)
-		t.report("list addresses", err)
+		t.report(problemList, err)
 		if err != nil {
 			return false
 		}
@@ -319,7 +319,7 @@ func (t *Tracker) processEvents() {
 			if d.IsValid() {
 				l := Learned{Dest: d, Listener: e.listener}
 				if t.refs[l] == 0 && len(t.refs) >= t.cfg.MaxLearned {
-					t.report("learn", errTooManyLearned)
+					t.report(problemLearn, errTooManyLearned)
 					t.allocs[e.allocation] = netip.AddrPort{}
 					continue
 				}
@@ -348,7 +348,7 @@ func (t *Tracker) forget(a allocation) {
 	}
 }
 
-var errTooManyLearned = errors.New("too many learned VIPs: new ones stay on the userspace path")
+var errTooManyLearned = errors.New("too many learned VIPs")
 
 // publish computes the table and pushes it when it changed or a push is due.
 func (t *Tracker) publish() {
@@ -369,7 +369,7 @@ func (t *Tracker) publish() {
 	}
 	t.logDiff(t.pushed, next)
 	t.pushErr = t.cfg.Sink(maps.Clone(next))
-	t.report("push", t.pushErr)
+	t.report(problemPush, t.pushErr)
 	if t.pushErr == nil {
 		t.pushed = next
 	}
@@ -391,16 +391,27 @@ func (t *Tracker) logDiff(prev, next Table) {
 	}
 }
 
-// report logs an error the first time it is seen for what, and its end.
-func (t *Tracker) report(what string, err error) {
-	prev, had := t.reported[what]
+// problem is something that can fail, and what its failure costs.
+type problem struct{ what, effect string }
+
+var (
+	problemSubscribe = problem{"subscribing to address changes", "the table follows the node's addresses only as often as it is re-listed"}
+	problemList      = problem{"listing the node's addresses", "the wildcard listeners' entries may be stale"}
+	problemConntrack = problem{"conntrack look-up", "VIPs go unlearned and their ChannelData stays on the userspace path"}
+	problemLearn     = problem{"learning a VIP", "new VIPs stay on the userspace path"}
+	problemPush      = problem{"pushing the table", "the XDP program's table is stale until a push succeeds"}
+)
+
+// report logs an error of p the first time it is seen, and its end.
+func (t *Tracker) report(p problem, err error) {
+	prev, had := t.reported[p.what]
 	switch {
 	case err == nil && had:
-		delete(t.reported, what)
-		t.log.Info("destinations: "+what+" works again", "was", prev)
+		delete(t.reported, p.what)
+		t.log.Info("destinations: "+p.what+" works again", "was", prev)
 	case err != nil && prev != err.Error():
-		t.reported[what] = err.Error()
-		t.log.Warn("destinations: "+what+" failed; ChannelData to addresses not in the table stays on the userspace path", "error", err)
+		t.reported[p.what] = err.Error()
+		t.log.Warn("destinations: "+p.what+" failed: "+p.effect, "error", err)
 	}
 }
 
@@ -424,7 +435,9 @@ func listLocal(ns netns.NsHandle) ([]netip.Addr, error) {
 	}
 	var out []netip.Addr
 	for _, a := range addrs {
-		if a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) != 0 && a.Flags&unix.IFA_F_OPTIMISTIC == 0 {
+		// The kernel delivers to an optimistic address during DAD, never to
+		// a failed one.
+		if a.Flags&unix.IFA_F_DADFAILED != 0 || a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_OPTIMISTIC) == unix.IFA_F_TENTATIVE {
 			continue
 		}
 		if ip, ok := netip.AddrFromSlice(a.IP); ok {

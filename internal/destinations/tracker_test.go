@@ -186,10 +186,10 @@ func TestTrackerRetriesTheSink(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the table never reached the sink:\n%s", logs.String())
 	}
-	if n := strings.Count(logs.String(), "push failed"); n != 1 {
+	if n := strings.Count(logs.String(), "pushing the table failed"); n != 1 {
 		t.Errorf("the failure was logged %d times, want once:\n%s", n, logs.String())
 	}
-	if !strings.Contains(logs.String(), "push works again") {
+	if !strings.Contains(logs.String(), "pushing the table works again") {
 		t.Errorf("the recovery was not logged:\n%s", logs.String())
 	}
 }
