@@ -244,6 +244,7 @@ type Daemon struct {
 	lmu        sync.Mutex // guards listeners and cfg.Listeners
 	listeners  map[string]*listenerServer
 	sw         *fallback.Switch
+	dests      *destinationSync
 	modeMu     sync.Mutex   // serialises SetMode and the attach retry
 	handedOver bool         // under modeMu: XDP given up for a successor
 	want       atomic.Value // loader.Mode asked for by --xdp-mode or the node label
@@ -287,10 +288,12 @@ func Start(cfg Config) (*Daemon, error) {
 	d.auth.Store(newAuthState(cfg, cfg.Logger))
 	d.listeners = map[string]*listenerServer{}
 	d.openSteering()
+	d.startDestinations()
 	for _, l := range cfg.Listeners {
 		if err := d.startListener(l); err != nil {
 			d.closeListeners()
 			d.hooks.close()
+			d.closeDestinations()
 			d.closeSteering()
 			d.mirror.Close()
 			return nil, err
@@ -384,6 +387,7 @@ func (d *Daemon) SetMode(mode loader.Mode) error {
 		return nil
 	}
 	_, err := d.sw.Enable(mode)
+	d.syncDestinations()
 	return err
 }
 
@@ -478,6 +482,7 @@ func (d *Daemon) Close() error {
 		}
 		d.closeListeners()
 		d.hooks.close()
+		d.closeDestinations()
 		d.closeSteering()
 		d.wg.Wait()
 		if d.sw != nil {

@@ -112,25 +112,35 @@ func (d *Daemon) withFlows(ls *listenerServer, h turn.EventHandler) turn.EventHa
 		return h
 	}
 	log := d.config().Logger.Slog("handover")
-	created, deleted := h.OnAllocationCreated, h.OnAllocationDeleted
+	return onAllocations(h, func(c netip.AddrPort) {
+		if err := d.steer.AddFlow(ls.group, c, ls.slot); err != nil {
+			log.Warn("allocation not steered: it breaks if a second daemon starts on this node while it lives", "error", err)
+		}
+	}, func(c netip.AddrPort) {
+		if err := d.steer.RemoveFlow(ls.group, c, ls.slot); err != nil {
+			log.Warn("steering", "error", err)
+		}
+	})
+}
+
+// onAllocations runs created and deleted with the client's address before
+// h's own allocation hooks.
+func onAllocations(h turn.EventHandler, created, deleted func(client netip.AddrPort)) turn.EventHandler {
+	nextCreated, nextDeleted := h.OnAllocationCreated, h.OnAllocationDeleted
 	h.OnAllocationCreated = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, port int) {
 		if c, ok := udpAddrPort(src); ok {
-			if err := d.steer.AddFlow(ls.group, c, ls.slot); err != nil {
-				log.Warn("allocation not steered: it breaks if a second daemon starts on this node while it lives", "error", err)
-			}
+			created(c)
 		}
-		if created != nil {
-			created(src, dst, proto, user, realm, relay, port)
+		if nextCreated != nil {
+			nextCreated(src, dst, proto, user, realm, relay, port)
 		}
 	}
 	h.OnAllocationDeleted = func(src, dst net.Addr, proto, user, realm string) {
 		if c, ok := udpAddrPort(src); ok {
-			if err := d.steer.RemoveFlow(ls.group, c, ls.slot); err != nil {
-				log.Warn("steering", "error", err)
-			}
+			deleted(c)
 		}
-		if deleted != nil {
-			deleted(src, dst, proto, user, realm)
+		if nextDeleted != nil {
+			nextDeleted(src, dst, proto, user, realm)
 		}
 	}
 	return h
@@ -155,6 +165,7 @@ func (d *Daemon) xdpRetry(every time.Duration) {
 		defer d.modeMu.Unlock()
 		if mode := d.wantMode(); mode != loader.ModeOff && len(d.sw.Missing()) > 0 {
 			_, _ = d.sw.Enable(mode) // the switch logs what changed
+			d.syncDestinations()
 		}
 		return false
 	})

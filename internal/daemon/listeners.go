@@ -112,7 +112,7 @@ func (d *Daemon) startListener(l Listener) error {
 			conn.Close()
 			return fmt.Errorf("listener %q: %w", l.Name, err)
 		}
-		sc.EventHandler = d.hooks.wrap(d.withFlows(ls, sc.EventHandler))
+		sc.EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, sc.EventHandler)))
 		sc.PacketConnConfigs = []turn.PacketConnConfig{{
 			PacketConn:            &fallback.ListenerConn{PacketConn: conn, Counters: d.counters},
 			PermissionHandler:     permit,

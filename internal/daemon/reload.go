@@ -63,6 +63,8 @@ func (d *Daemon) Reconfigure(next Config) error {
 			errs = append(errs, d.stopListener(name))
 		}
 	}
+	// Before the new listeners take allocations, which it learns from.
+	d.dests.tracker.SetListeners(next.udpListenerAddrs())
 	// Reprogram XDP for the new UDP ports before new listeners take traffic.
 	if !slices.Equal(next.udpPorts(), cur.udpPorts()) {
 		if err := d.sw.Reconfigure(next.loaderConfig()); err != nil {

@@ -1,0 +1,77 @@
+package daemon
+
+import (
+	"net/netip"
+	"sync/atomic"
+
+	"github.com/pion/turn/v4"
+
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/internal/destinations"
+)
+
+// destinationSync keeps the XDP program's table of accepted destinations
+// (which wire address:port reaches which UDP listener) in step with the
+// listeners, the node's addresses and the VIPs allocations come through.
+type destinationSync struct {
+	tracker *destinations.Tracker
+	// maps is the switch's binding maps once it created them: the tracker
+	// pushes there from its own goroutine.
+	maps atomic.Pointer[channelmap.Maps]
+}
+
+// startDestinations starts the tracker for the configured UDP listeners; it
+// runs before the listeners so that their first allocations are seen.
+func (d *Daemon) startDestinations() {
+	d.dests = &destinationSync{}
+	d.dests.tracker = destinations.New(destinations.Config{
+		Sink: d.dests.push,
+		Log:  d.config().Logger.Slog("destinations"),
+	}, d.config().udpListenerAddrs())
+}
+
+func (s *destinationSync) push(t destinations.Table) error {
+	m := s.maps.Load()
+	if m == nil {
+		return nil // no maps yet: syncDestinations pushes when they come
+	}
+	return m.SetDestinations(t)
+}
+
+// syncDestinations pushes the table into maps the switch created since the
+// last call. Called after every XDP enable.
+func (d *Daemon) syncDestinations() {
+	if m := d.sw.Maps(); d.dests.maps.Swap(m) != m {
+		d.dests.tracker.Resync()
+	}
+}
+
+// closeDestinations stops the tracker before the switch frees the maps.
+func (d *Daemon) closeDestinations() {
+	d.dests.maps.Store(nil)
+	d.dests.tracker.Close()
+}
+
+// Destinations returns the accepted destinations the daemon computed last.
+func (d *Daemon) Destinations() destinations.Table { return d.dests.tracker.Table() }
+
+// udpListenerAddrs are the socket addresses of the UDP listeners.
+func (c *Config) udpListenerAddrs() []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, l := range c.Listeners {
+		if l.Protocol == config.UDP {
+			out = append(out, l.Addr)
+		}
+	}
+	return out
+}
+
+// withDestinations reports a UDP listener's allocations to the tracker,
+// which learns from conntrack the VIP a client came through. The tracker
+// only queues them: pion/turn calls its hooks under its locks.
+func (d *Daemon) withDestinations(ls *listenerServer, h turn.EventHandler) turn.EventHandler {
+	return onAllocations(h,
+		func(c netip.AddrPort) { d.dests.tracker.AllocationCreated(c, ls.l.Addr) },
+		func(c netip.AddrPort) { d.dests.tracker.AllocationDeleted(c, ls.l.Addr) })
+}
