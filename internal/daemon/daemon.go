@@ -49,6 +49,9 @@ type Config struct {
 	// listener (see control.PeerPolicy); by default loopback, link-local,
 	// multicast and the node's own addresses are refused.
 	AllowPeers, DenyPeers []netip.Prefix
+	// NoOffloadPeers are relayed in userspace only (see natgate.go); the
+	// cluster's Service CIDRs join them when the Kubernetes API lists them.
+	NoOffloadPeers []netip.Prefix
 
 	XDPMode     loader.Mode
 	Interfaces  []string // empty: those carrying the listener and relay addresses
