@@ -3,6 +3,7 @@ package control
 import (
 	"log/slog"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
@@ -76,8 +77,8 @@ type gate struct {
 
 	loggedNAT map[netip.AddrPort]bool // peers logged as NATed
 
-	full      int    // entries with full set
-	fullTotal uint64 // entries that ever got full set
+	full      int           // entries with full set
+	fullTotal atomic.Uint64 // entries that ever got full set (read by Stats)
 
 	checkErrs    uint64
 	lastCheckErr time.Time
@@ -87,8 +88,8 @@ type gate struct {
 // set starts over and a peer may be logged again.
 const maxLoggedNAT = 4096
 
-func newGate(log *slog.Logger) gate {
-	return gate{log: log, entries: map[channelmap.Key]*gateEntry{}, loggedNAT: map[netip.AddrPort]bool{}}
+func newGate(log *slog.Logger) *gate {
+	return &gate{log: log, entries: map[channelmap.Key]*gateEntry{}, loggedNAT: map[netip.AddrPort]bool{}}
 }
 
 // admit reports whether binding b may be offloaded, deciding (and caching)
@@ -224,7 +225,7 @@ func (g *gate) setFull(e *gateEntry, full bool) {
 	e.full = full
 	if full {
 		g.full++
-		g.fullTotal++
+		g.fullTotal.Add(1)
 		if g.full == 1 {
 			g.log.Warn("the XDP binding maps are full (--max-bindings): new bindings stay on the userspace path until there is room")
 		}
