@@ -55,6 +55,24 @@ func newGatedMirror(t *testing.T) (*Mirror, *fakeOffload, *fakeChecker, *testenv
 	return m, f, c, &logs
 }
 
+// settle applies the queued events, one recheck and one reconcile.
+func settle(t *testing.T, m *Mirror) {
+	t.Helper()
+	m.Sync()
+	m.RecheckPending()
+	if _, err := m.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// onlyOffloaded checks that the maps hold one binding: channel ch to peer.
+func onlyOffloaded(t *testing.T, f *fakeOffload, ch uint16, peer *net.UDPAddr) {
+	t.Helper()
+	if got := f.keys(); len(got) != 1 || got[chKey(ch)].Peer != addrPort(peer) {
+		t.Fatalf("offloaded %v, want channel %#x to %v only", got, ch, peer)
+	}
+}
+
 func wantUserspace(t *testing.T, m *Mirror, want map[string]int) {
 	t.Helper()
 	got := m.UserspaceBindings()
@@ -90,9 +108,7 @@ func TestGatePendingThenDirect(t *testing.T) {
 	if n := m.RecheckPending(); n != 1 {
 		t.Fatalf("recheck offloaded %d, want 1", n)
 	}
-	if got := f.keys(); len(got) != 1 || got[chKey(0x4000)].Peer != addrPort(peerA) {
-		t.Fatalf("offloaded %v, want peer A's binding only", got)
-	}
+	onlyOffloaded(t, f, 0x4000, peerA)
 	wantUserspace(t, m, nil)
 	// Direct is remembered: a reconcile asks no more.
 	calls := c.callsFor(peerA)
@@ -112,14 +128,8 @@ func TestGateNATedNeverInstalls(t *testing.T) {
 	bind(m, listener, peerA, 0x4000)
 	bind(m, listener, peerA, 0x4001)
 	bind(m, listener, peerB, 0x4002)
-	m.Sync()
-	m.RecheckPending()
-	if _, err := m.Reconcile(); err != nil {
-		t.Fatal(err)
-	}
-	if got := f.keys(); len(got) != 1 || got[chKey(0x4002)].Peer != addrPort(peerB) {
-		t.Fatalf("offloaded %v, want peer B's binding only", got)
-	}
+	settle(t, m)
+	onlyOffloaded(t, f, 0x4002, peerB)
 	wantUserspace(t, m, map[string]int{ReasonNAT: 2})
 	if n := strings.Count(logs.String(), "the kernel NATs this peer"); n != 1 {
 		t.Fatalf("NAT logged %d times, want once:\n%s", n, logs.String())
@@ -135,23 +145,15 @@ func TestGateNoOffloadPeer(t *testing.T) {
 	m.SetNoOffloadPeers([]netip.Prefix{netip.MustParsePrefix("10.200.0.2/32")})
 	bind(m, listener, peerA, 0x4000)
 	bind(m, listener, peerB, 0x4001)
-	m.Sync()
-	m.RecheckPending()
-	if _, err := m.Reconcile(); err != nil {
-		t.Fatal(err)
-	}
-	if got := f.keys(); len(got) != 1 || got[chKey(0x4001)].Peer != addrPort(peerB) {
-		t.Fatalf("offloaded %v, want peer B's binding only", got)
-	}
+	settle(t, m)
+	onlyOffloaded(t, f, 0x4001, peerB)
 	if c.callsFor(peerA) != 0 {
 		t.Fatal("a no-offload peer was checked")
 	}
 	wantUserspace(t, m, map[string]int{ReasonNoOffloadPeer: 1})
 
 	m.SetNoOffloadPeers([]netip.Prefix{netip.MustParsePrefix("10.200.0.3/32")})
-	if got := f.keys(); len(got) != 1 || got[chKey(0x4000)].Peer != addrPort(peerA) {
-		t.Fatalf("after moving the prefix: %v, want peer A's binding only", got)
-	}
+	onlyOffloaded(t, f, 0x4000, peerA)
 	wantUserspace(t, m, map[string]int{ReasonNoOffloadPeer: 1})
 }
 
@@ -216,4 +218,3 @@ func TestFullMapsLogOnce(t *testing.T) {
 		t.Fatalf("the end of the shortage is not logged:\n%s", logs.String())
 	}
 }
-
