@@ -1,6 +1,7 @@
 package control
 
 import (
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -216,5 +217,26 @@ func TestFullMapsLogOnce(t *testing.T) {
 	wantUserspace(t, m, nil)
 	if !strings.Contains(logs.String(), "no binding waits for room") {
 		t.Fatalf("the end of the shortage is not logged:\n%s", logs.String())
+	}
+}
+
+type closingChecker struct {
+	*fakeChecker
+	closed int
+}
+
+func (c *closingChecker) Close() error { c.closed++; return nil }
+
+// The mirror owns its checker: replaced or at Close, it is closed once.
+func TestGateClosesChecker(t *testing.T) {
+	m := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c1, c2 := &closingChecker{fakeChecker: newChecker()}, &closingChecker{fakeChecker: newChecker()}
+	m.SetGate(c1)
+	m.SetGate(c1)
+	m.SetGate(c2)
+	m.Close()
+	m.Close()
+	if c1.closed != 1 || c2.closed != 1 {
+		t.Fatalf("closed %d and %d times, want once each", c1.closed, c2.closed)
 	}
 }

@@ -13,6 +13,7 @@ package control
 
 import (
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -242,7 +243,8 @@ func (m *Mirror) SetOffload(o Offload) {
 }
 
 // SetGate makes c the judge of which flows the kernel NATs (nil: none) and
-// waits until that is done. Verdicts already given stand.
+// waits until that is done. Verdicts already given stand. The mirror owns c:
+// a checker that is an io.Closer is closed when it is replaced and by Close.
 func (m *Mirror) SetGate(c NATChecker) {
 	done := make(chan struct{})
 	m.push(event{kind: evSetGate, checker: c, done: done})
@@ -269,6 +271,21 @@ func (m *Mirror) Close() {
 		close(m.wake)
 	}
 	<-m.done
+	if !already {
+		m.smu.Lock()
+		m.closeChecker()
+		m.smu.Unlock()
+	}
+}
+
+// closeChecker closes the checker and leaves it in place: a closed checker
+// fails its checks, which keeps bindings in userspace (nil would admit them).
+func (m *Mirror) closeChecker() {
+	if c, ok := m.gate.checker.(io.Closer); ok {
+		if err := c.Close(); err != nil {
+			m.log.Warn("closing the NAT checker", "error", err)
+		}
+	}
 }
 
 func (m *Mirror) apply(e event) {
@@ -276,6 +293,9 @@ func (m *Mirror) apply(e event) {
 	case evSync:
 		close(e.done)
 	case evSetGate:
+		if m.gate.checker != e.checker {
+			m.closeChecker()
+		}
 		m.gate.checker = e.checker
 		close(e.done)
 	case evSetNoOffload:

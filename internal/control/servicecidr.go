@@ -27,10 +27,11 @@ import (
 // let the daemon list it (RBAC) is logged once at INFO and not asked again:
 // stop is then a no-op and onChange is never called. Other errors are left to
 // the informer, which retries. onChange is called from one goroutine at a
-// time; stop ends the watch and waits for its goroutines.
-func FollowServiceCIDRs(client kubernetes.Interface, log *slog.Logger, onChange func([]netip.Prefix)) (stop func()) {
+// time; stop ends the watch and waits for its goroutines. ctx bounds the
+// first list only.
+func FollowServiceCIDRs(ctx context.Context, client kubernetes.Interface, log *slog.Logger, onChange func([]netip.Prefix)) (stop func()) {
 	w := &serviceCIDRs{log: log, onChange: onChange}
-	list, err := client.NetworkingV1().ServiceCIDRs().List(context.Background(), metav1.ListOptions{})
+	list, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
 	switch {
 	case apierrors.IsNotFound(err), apierrors.IsForbidden(err), apierrors.IsMethodNotSupported(err):
 		log.Info("cannot list the cluster's Service CIDRs; ClusterIP peers are kept in userspace by conntrack evidence and --no-offload-peer only",

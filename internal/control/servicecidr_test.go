@@ -59,7 +59,7 @@ func TestFollowServiceCIDRs(t *testing.T) {
 	)
 	var logs testenv.LockedBuffer
 	var rec cidrRecorder
-	stop := control.FollowServiceCIDRs(client, slog.New(slog.NewTextHandler(&logs, nil)), rec.fn)
+	stop := control.FollowServiceCIDRs(context.Background(), client, slog.New(slog.NewTextHandler(&logs, nil)), rec.fn)
 	defer stop()
 
 	// The first list is delivered before FollowServiceCIDRs returns.
@@ -113,7 +113,7 @@ func TestFollowServiceCIDRsUnavailable(t *testing.T) {
 			})
 			var logs testenv.LockedBuffer
 			var rec cidrRecorder
-			stop := control.FollowServiceCIDRs(client, slog.New(slog.NewTextHandler(&logs, nil)), rec.fn)
+			stop := control.FollowServiceCIDRs(context.Background(), client, slog.New(slog.NewTextHandler(&logs, nil)), rec.fn)
 			stop()
 			if lines := strings.Count(logs.String(), "\n"); lines != 1 || !strings.Contains(logs.String(), "level=INFO") {
 				t.Errorf("want one INFO line, have:\n%s", logs.String())

@@ -264,6 +264,7 @@ func Start(cfg Config) (*Daemon, error) {
 		drained:  make(chan struct{}),
 	}
 	d.mirror = control.New(cfg.Logger.Slog("control"))
+	d.startGate()
 
 	// Relay ports are host ports: make sure the range is usable before pion
 	// fails on it allocation by allocation.
@@ -285,7 +286,7 @@ func Start(cfg Config) (*Daemon, error) {
 	d.startXDP()
 
 	d.registry = prometheus.NewRegistry()
-	d.registry.MustRegister(newCollector(d))
+	d.registry.MustRegister(newCollector(d), newGateCollector(d))
 	if err := d.serveHTTP(); err != nil {
 		d.Close()
 		return nil, err

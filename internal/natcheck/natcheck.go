@@ -75,6 +75,9 @@ type Result struct {
 	Why     string
 }
 
+// ErrClosed is returned by Check after Close.
+var ErrClosed = errors.New("natcheck: checker closed")
+
 // CountSysctl exists in a network namespace while the conntrack module is loaded.
 const CountSysctl = "/proc/sys/net/netfilter/nf_conntrack_count"
 
@@ -83,8 +86,9 @@ const CountSysctl = "/proc/sys/net/netfilter/nf_conntrack_count"
 type Checker struct {
 	sysctl string
 
-	mu   sync.Mutex
-	conn *conntrack.Conn // nil while conntrack is not loaded
+	mu     sync.Mutex
+	conn   *conntrack.Conn // nil while conntrack is not loaded
+	closed bool
 }
 
 // New returns a checker for the calling thread's network namespace. It opens
@@ -103,6 +107,9 @@ func New() (*Checker, error) {
 func (c *Checker) dial() (*conntrack.Conn, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
 	if c.conn != nil {
 		return c.conn, nil
 	}
@@ -120,10 +127,11 @@ func (c *Checker) dial() (*conntrack.Conn, error) {
 	return conn, nil
 }
 
-// Close closes the netlink socket.
+// Close closes the netlink socket; Check fails with ErrClosed after it.
 func (c *Checker) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.closed = true
 	if c.conn == nil {
 		return nil
 	}

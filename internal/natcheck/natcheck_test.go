@@ -1,6 +1,7 @@
 package natcheck
 
 import (
+	"errors"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -59,6 +60,12 @@ func TestCheckWithoutConntrack(t *testing.T) {
 	}
 	if c.conn != nil {
 		t.Fatal("the checker opened ctnetlink although conntrack is not loaded")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Check(netip.MustParseAddrPort("10.0.0.5:50000"), netip.MustParseAddrPort("10.96.0.10:5001")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Check after Close: %v, want ErrClosed", err)
 	}
 }
 
