@@ -240,3 +240,20 @@ func TestGateClosesChecker(t *testing.T) {
 		t.Fatalf("closed %d and %d times, want once each", c1.closed, c2.closed)
 	}
 }
+
+// A channel reported again with another peer (its deletion missed) does not
+// leave the old peer's entry behind when the new peer stays in userspace.
+func TestGateChannelRebound(t *testing.T) {
+	m, f, c, _ := newGatedMirror(t)
+	c.set(peerA, natcheck.Direct)
+	c.set(peerB, natcheck.NATed)
+	bind(m, listener, peerA, 0x4000)
+	settle(t, m)
+	onlyOffloaded(t, f, 0x4000, peerA)
+	bind(m, listener, peerB, 0x4000)
+	m.Sync() // not left to the reconcile
+	if len(f.keys()) != 0 {
+		t.Fatalf("offloaded %v after the channel moved to a NATed peer", f.keys())
+	}
+	wantUserspace(t, m, map[string]int{ReasonNAT: 1})
+}

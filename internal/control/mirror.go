@@ -359,6 +359,12 @@ func (m *Mirror) apply(e event) {
 		}
 	case evChannelCreated:
 		a := m.alloc(e)
+		if old, ok := a.channels[e.channel]; ok && old != e.peer {
+			// A missed deletion: the old peer's entry must not outlive it
+			// when the gate keeps the new peer in userspace.
+			m.remove(bindingKey(e.alloc, e.channel))
+			m.gate.forget(bindingKey(e.alloc, e.channel))
+		}
 		a.channels[e.channel] = e.peer
 		// pion grants (or refreshes) the permission before it reports the channel.
 		a.permissions[e.peer.Addr().Unmap()] = true
