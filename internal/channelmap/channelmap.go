@@ -79,9 +79,19 @@ var ErrFull = errors.New("binding maps are full")
 // in microseconds; this is generous.
 const idQuarantine = 100 * time.Millisecond
 
+// bindingMap is what Maps uses of the two binding maps: *ebpf.Map, or a test's
+// wrapper that makes a write fail.
+type bindingMap interface {
+	Put(key, value any) error
+	Delete(key any) error
+	Lookup(key, valueOut any) error
+	Iterate() *ebpf.MapIterator
+}
+
 // Maps writes bindings into the program's maps.
 type Maps struct {
-	c2p, p2c, counters, verdicts, dsts *ebpf.Map
+	c2p, p2c                 bindingMap
+	counters, verdicts, dsts *ebpf.Map
 
 	mu       sync.Mutex
 	bindings map[Key]entry
