@@ -3,6 +3,7 @@ package control
 import (
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -36,10 +37,14 @@ var UserspaceReasons = []string{ReasonNAT, ReasonNoOffloadPeer, ReasonPending, R
 
 // RecheckInterval is how often pending bindings are checked again, and
 // RecheckBudget how many of them at most per tick: a burst of new bindings
-// is worked off over a few ticks instead of holding the mirror's lock.
+// is worked off over a few ticks instead of holding the mirror's lock. A
+// binding that stays pending (no traffic yet, or a NOTRACK flow) is checked
+// ever less often, down to every MaxRecheckBackoff, so that idle bindings do
+// not cost a steady stream of netlink requests.
 const (
-	RecheckInterval = 250 * time.Millisecond
-	RecheckBudget   = 256
+	RecheckInterval   = 250 * time.Millisecond
+	RecheckBudget     = 256
+	MaxRecheckBackoff = 4 * time.Second
 )
 
 type gateState uint8
@@ -56,7 +61,9 @@ type gateEntry struct {
 	relay, peer netip.AddrPort
 	state       gateState
 	gen         uint64 // tells a queued recheck of this entry from one of a predecessor
-	full        bool   // offloadable, but Upsert said channelmap.ErrFull
+	backoff     time.Duration
+	due         time.Time // pending: when to check again
+	full        bool      // offloadable, but Upsert said channelmap.ErrFull
 }
 
 type queuedCheck struct {
@@ -68,6 +75,7 @@ type queuedCheck struct {
 // worker (under Mirror.smu).
 type gate struct {
 	log       *slog.Logger
+	now       func() time.Time
 	checker   NATChecker // nil: nothing is checked, every flow is direct
 	noOffload []netip.Prefix
 
@@ -89,7 +97,7 @@ type gate struct {
 const maxLoggedNAT = 4096
 
 func newGate(log *slog.Logger) *gate {
-	return &gate{log: log, entries: map[channelmap.Key]*gateEntry{}, loggedNAT: map[netip.AddrPort]bool{}}
+	return &gate{log: log, now: time.Now, entries: map[channelmap.Key]*gateEntry{}, loggedNAT: map[netip.AddrPort]bool{}}
 }
 
 // admit reports whether binding b may be offloaded, deciding (and caching)
@@ -113,8 +121,7 @@ func (g *gate) classify(k channelmap.Key, e *gateEntry) {
 		e.state = gateNoOffload
 		return
 	}
-	e.state = g.check(e)
-	if e.state == gatePending {
+	if e.state = g.check(e); e.state == gatePending {
 		g.queue = append(g.queue, queuedCheck{key: k, gen: e.gen})
 	}
 }
@@ -128,12 +135,12 @@ func (g *gate) check(e *gateEntry) gateState {
 		g.checkErrs++
 		// One line a minute at most: the check runs for every pending binding
 		// four times a second.
-		if now := time.Now(); now.Sub(g.lastCheckErr) >= time.Minute {
+		if now := g.now(); now.Sub(g.lastCheckErr) >= time.Minute {
 			g.lastCheckErr = now
 			g.log.Warn("cannot tell whether the kernel NATs a peer; its bindings stay in userspace until it can",
 				"relay", e.relay.String(), "peer", e.peer.String(), "error", err, "errors", g.checkErrs)
 		}
-		return gatePending
+		return g.pending(e)
 	}
 	switch r.Verdict {
 	case natcheck.Direct:
@@ -149,8 +156,15 @@ func (g *gate) check(e *gateEntry) gateState {
 		}
 		return gateNAT
 	default:
-		return gatePending
+		return g.pending(e)
 	}
+}
+
+// pending schedules the entry's next check, each one later than the last.
+func (g *gate) pending(e *gateEntry) gateState {
+	e.backoff = min(max(2*e.backoff, RecheckInterval), MaxRecheckBackoff)
+	e.due = g.now().Add(e.backoff)
+	return gatePending
 }
 
 func (g *gate) noOffloadPeer(a netip.Addr) bool {
@@ -172,25 +186,33 @@ func (g *gate) forget(k channelmap.Key) {
 	}
 }
 
-// recheck checks up to budget pending entries again and returns the keys that
-// turned direct.
+// recheck checks up to budget pending entries that are due again, round
+// robin, and returns the keys that turned direct.
 func (g *gate) recheck(budget int) []channelmap.Key {
 	var direct []channelmap.Key
-	n := min(budget, len(g.queue))
-	batch := g.queue[:n:n]
-	g.queue = g.queue[n:]
-	for _, q := range batch {
+	now := g.now()
+	queue := g.queue
+	var seen []queuedCheck // go to the back: the next tick starts where this one stopped
+	for len(queue) > 0 && budget > 0 {
+		q := queue[0]
+		queue = queue[1:]
 		e := g.entries[q.key]
 		if e == nil || e.gen != q.gen || e.state != gatePending {
 			continue // forgotten or replaced since it was queued
 		}
+		if now.Before(e.due) {
+			seen = append(seen, q)
+			continue
+		}
+		budget--
 		switch e.state = g.check(e); e.state {
 		case gatePending:
-			g.queue = append(g.queue, q)
+			seen = append(seen, q)
 		case gateDirect:
 			direct = append(direct, q.key)
 		}
 	}
+	g.queue = append(slices.Clip(queue), seen...)
 	return direct
 }
 

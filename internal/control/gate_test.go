@@ -5,9 +5,11 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/l7mp/stunnerd-xdp/internal/natcheck"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
@@ -44,11 +46,29 @@ func (c *fakeChecker) callsFor(peer *net.UDPAddr) int {
 	return c.calls[addrPort(peer)]
 }
 
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) advance(d time.Duration) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+	return c.t
+}
+
 func newGatedMirror(t *testing.T) (*Mirror, *fakeOffload, *fakeChecker, *testenv.LockedBuffer) {
 	t.Helper()
 	var logs testenv.LockedBuffer
 	m := New(slog.New(slog.NewTextHandler(&logs, nil)))
 	t.Cleanup(m.Close)
+	// Every recheck finds every pending binding due; TestGateRecheckBackoff
+	// tests the schedule.
+	var clock fakeClock
+	m.smu.Lock()
+	m.gate.now = func() time.Time { return clock.advance(MaxRecheckBackoff) }
+	m.smu.Unlock()
 	c := newChecker()
 	m.SetGate(c)
 	f := newFake()
@@ -256,4 +276,31 @@ func TestGateChannelRebound(t *testing.T) {
 		t.Fatalf("offloaded %v after the channel moved to a NATed peer", f.keys())
 	}
 	wantUserspace(t, m, map[string]int{ReasonNAT: 1})
+}
+
+// A binding that stays pending is checked ever less often, down to every
+// MaxRecheckBackoff.
+func TestGateRecheckBackoff(t *testing.T) {
+	m, _, c, _ := newGatedMirror(t)
+	var clock fakeClock
+	m.smu.Lock()
+	m.gate.now = func() time.Time { return clock.advance(0) }
+	m.smu.Unlock()
+	bind(m, listener, peerA, 0x4000)
+	m.Sync()
+	var checkedAt []time.Duration
+	start := clock.advance(0)
+	for range 200 { // 20 s in steps of 100 ms
+		before := c.callsFor(peerA)
+		m.RecheckPending()
+		if c.callsFor(peerA) > before {
+			checkedAt = append(checkedAt, clock.advance(0).Sub(start))
+		}
+		clock.advance(100 * time.Millisecond)
+	}
+	const ms = time.Millisecond
+	want := []time.Duration{300 * ms, 800 * ms, 1800 * ms, 3800 * ms, 7800 * ms, 11800 * ms, 15800 * ms, 19800 * ms}
+	if !slices.Equal(checkedAt, want) {
+		t.Fatalf("rechecked at %v after the first check, want at %v", checkedAt, want)
+	}
 }
