@@ -10,7 +10,12 @@
 // peer->relay (the peer sent first). NAT status bits (IPS_SRC_NAT,
 // IPS_DST_NAT) or a reply tuple that does not mirror the original one mean the
 // kernel rewrites the flow. NAT needs conntrack, so where conntrack is not in
-// use in the namespace nothing is NATed.
+// use in the namespace nothing is NATed: the module is not loaded, or the
+// namespace's table is empty. Conntrack hooks into a namespace only once a
+// rule there needs it, and then tracks the binding's own TURN traffic, so an
+// empty table right after a ChannelBind means nothing is tracked. (It would
+// be wrong only where conntrack is hooked in but tracks none of the node's
+// traffic yet, e.g. the TURN ports are NOTRACKed and pion has not relayed.)
 //
 // What this cannot see:
 //   - translation outside netfilter: Cilium's socket load balancer rewrites a

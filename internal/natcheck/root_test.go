@@ -3,6 +3,7 @@ package natcheck_test
 import (
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -21,14 +22,18 @@ import (
 //
 // With nat rules (as kube-proxy's): the ClusterIP 10.96.0.10:5001 is DNATed in
 // OUTPUT to 10.210.0.2:5001, and what goes to 10.210.0.3 is SNATed to
-// 10.210.0.9. The pion/turn server runs in the server namespace (the test
-// re-executes itself there), relays from 10.210.0.1, and its client talks to it
-// over loopback.
+// 10.210.0.9; a VIP 10.96.1.50 in front of the relay address is DNATed in
+// PREROUTING to 10.210.0.1 (the peer routes 10.96.1.0/24 to the server). The
+// pion/turn server runs in the server namespace (the test re-executes itself
+// there), relays from 10.210.0.1, and its client talks to it over loopback.
 const (
 	relayIP   = "10.210.0.1"
 	clusterIP = "10.96.0.10:5001"
 	plainPeer = "10.210.0.2:5002"
 	snatPeer  = "10.210.0.3:5003"
+	relayVIP  = "10.96.1.50"
+
+	peerNSEnv = "NATCHECK_PEER_NS"
 )
 
 func TestCheckRoot(t *testing.T) {
@@ -62,8 +67,11 @@ func TestCheckRoot(t *testing.T) {
 					"-j", "DNAT", "--to-destination", "10.210.0.2:5001")
 				srv.Run(t, "iptables", "-t", "nat", "-A", "POSTROUTING", "-p", "udp", "-d", "10.210.0.3",
 					"-j", "SNAT", "--to-source", "10.210.0.9")
+				srv.Run(t, "iptables", "-t", "nat", "-A", "PREROUTING", "-p", "udp", "-d", relayVIP,
+					"-j", "DNAT", "--to-destination", relayIP)
+				peer.IP(t, "route", "add", "10.96.1.0/24", "via", relayIP)
 			}
-			testenv.RunInNetns(t, srv.Name, time.Minute)
+			testenv.RunInNetns(t, srv.Name, time.Minute, peerNSEnv+"="+peer.Name)
 		})
 	}
 }
@@ -159,6 +167,33 @@ func checkWithNAT(t *testing.T) {
 		t.Logf("%s: %v (%s)", tc.peer, r.Verdict, r.Why)
 		if r.Verdict.String() != tc.want || !strings.HasPrefix(r.Why, tc.why) {
 			t.Errorf("%s after pion's first datagram: %v (%s); want %s (%s...)", tc.peer, r.Verdict, r.Why, tc.want, tc.why)
+		}
+	}
+
+	// The peer sends first: straight to the relay address, or to a VIP the
+	// node DNATs to it (pion's replies would then leave from the VIP).
+	peerNS := &netns.NS{Name: os.Getenv(peerNSEnv)}
+	for _, tc := range []struct {
+		peer, to, want, why string
+	}{
+		{"10.210.0.2:6001", relay.String(), "direct", "not translated"},
+		{"10.210.0.2:6002", netip.AddrPortFrom(netip.MustParseAddr(relayVIP), relay.Port()).String(), "nat", "DNAT"},
+	} {
+		if err := peerNS.Do(func() error {
+			conn, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(tc.peer)))
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			_, err = conn.WriteToUDPAddrPort([]byte("peer first"), netip.MustParseAddrPort(tc.to))
+			return err
+		}); err != nil {
+			t.Fatalf("send from %s to %s: %v", tc.peer, tc.to, err)
+		}
+		r := check(t, c, relay, tc.peer)
+		t.Logf("%s first, to %s: %v (%s)", tc.peer, tc.to, r.Verdict, r.Why)
+		if r.Verdict.String() != tc.want || !strings.HasPrefix(r.Why, tc.why) {
+			t.Errorf("%s sent first to %s: %v (%s); want %s (%s...)", tc.peer, tc.to, r.Verdict, r.Why, tc.want, tc.why)
 		}
 	}
 }
