@@ -261,6 +261,13 @@ func (g *gate) setFull(e *gateEntry, full bool) {
 
 func (g *gate) markFull(k channelmap.Key, full bool) { g.setFull(g.entries[k], full) }
 
+// clearFull forgets which bindings the maps refused.
+func (g *gate) clearFull() {
+	for _, e := range g.entries {
+		g.setFull(e, false)
+	}
+}
+
 // counts returns the bindings kept in userspace, by reason.
 func (g *gate) counts() map[string]int {
 	out := make(map[string]int, len(UserspaceReasons))

@@ -227,12 +227,21 @@ func TestFullMapsLogOnce(t *testing.T) {
 		t.Fatalf("errors logged:\n%s", logs.String())
 	}
 
+	// Detached, nothing waits for room; attached again, the maps say anew.
+	m.SetOffload(nil)
+	wantUserspace(t, m, nil)
+	m.SetOffload(f)
+	wantUserspace(t, m, map[string]int{ReasonFull: 3})
+	if m.Stats().Full != 6 {
+		t.Fatalf("full %d after the maps refused the same 3 again, want 6", m.Stats().Full)
+	}
+
 	f.capacity = 0
 	if _, err := m.Reconcile(); err != nil {
 		t.Fatal(err)
 	}
-	if len(f.keys()) != 5 || m.Stats().Full != 3 {
-		t.Fatalf("after room was made: maps hold %d, full %d; want 5, 3", len(f.keys()), m.Stats().Full)
+	if len(f.keys()) != 5 || m.Stats().Full != 6 {
+		t.Fatalf("after room was made: maps hold %d, full %d; want 5, 6", len(f.keys()), m.Stats().Full)
 	}
 	wantUserspace(t, m, nil)
 	if !strings.Contains(logs.String(), "no binding waits for room") {

@@ -314,6 +314,8 @@ func (m *Mirror) apply(e event) {
 			m.forEachInstalled(func(b channelmap.Binding) { m.remove(b.Key()) })
 		}
 		m.offload = e.offload
+		// Waiting for room was about the old maps; the new ones say anew.
+		m.gate.clearFull()
 		m.forEachInstalled(func(b channelmap.Binding) { m.install(b) })
 		close(e.done)
 	case evAllocationCreated:
