@@ -59,7 +59,7 @@ type options struct {
 	maxBindings                                          uint
 	forceReady                                           bool
 	gracePeriod                                          time.Duration
-	allowPeers, denyPeers                                prefixList
+	allowPeers, denyPeers, noOffloadPeers                prefixList
 	configFile, nodeName, kubeconfig                     string
 	watch                                                bool
 	set                                                  map[string]bool // flags given on the command line
@@ -114,6 +114,9 @@ func run(args []string, stderr io.Writer) int {
 	fs.BoolVar(&o.forceReady, "force-ready-status", false, "keep /ready green while draining, for clusters that blackhole UDP to unready pods")
 	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist,\nand it also admits peers the defaults refuse (loopback, link-local, multicast, this node's addresses)")
 	fs.Var(&o.denyPeers, "deny-peer", "`CIDR` of peers clients may not relay to (repeatable); the most specific prefix wins")
+	fs.Var(&o.noOffloadPeers, "no-offload-peer", "`CIDR` of peers relayed by pion/turn in userspace only, never by XDP (repeatable): ranges the node\n"+
+		"NATs (the XDP path runs before netfilter) or whose firewall rules must apply; the cluster's Service CIDRs\n"+
+		"are added when --node-name gives access to the Kubernetes API")
 	fs.StringVar(&o.configFile, "c", "", "read STUNner's dataplane config `FILE` (version v1, YAML or JSON) instead of a URI:\nlisteners, auth (static or ephemeral), clusters as peer allowlists, admin log level and endpoints;\nflags given on the command line win over it")
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "`NODE` whose label stunner.l7mp.io/xdp-offload (enabled|disabled) attaches or detaches XDP live;\nempty: no label, --xdp-mode decides (default: $NODE_NAME, set by the downward API)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig `FILE` for --node-name outside a cluster (default: in-cluster config)")
@@ -258,7 +261,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 	cfg.MaxBindings = uint32(o.maxBindings)
 	cfg.MetricsAddr, cfg.HealthAddr, cfg.ForceReady = o.metricsAddr, o.healthAddr, o.forceReady
 	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
-	cfg.AllowPeers, cfg.DenyPeers = o.allowPeers, o.denyPeers
+	cfg.AllowPeers, cfg.DenyPeers, cfg.NoOffloadPeers = o.allowPeers, o.denyPeers, o.noOffloadPeers
 	return cfg, nil
 }
 

@@ -4,13 +4,20 @@
 // pion holds both the channel and a permission for its peer's IP, so the kernel
 // path never relays what pion/turn would refuse. A failed map write is logged
 // and leaves the flow on the userspace path; a periodic reconcile repairs drift.
+//
+// XDP runs before netfilter, so a binding is offloaded only when the kernel
+// would not translate its relay<->peer flow (see gate.go and
+// internal/natcheck): peers in a no-offload prefix and NATed flows stay in
+// userspace, flows without evidence yet wait there and are checked again.
 package control
 
 import (
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,7 +57,9 @@ const (
 	evChannelCreated
 	evChannelDeleted
 	evSetOffload
-	evSync // a barrier: closes done when every earlier event is applied
+	evSetGate      // a new NATChecker
+	evSetNoOffload // new no-offload prefixes
+	evSync         // a barrier: closes done when every earlier event is applied
 )
 
 type event struct {
@@ -61,12 +70,17 @@ type event struct {
 	peerIP  netip.Addr
 	channel uint16
 	offload Offload
+	checker NATChecker
+	noOff   []netip.Prefix
 	done    chan struct{}
 }
 
 // Stats are the mirror's own counters.
 type Stats struct {
 	Events, Installs, Removals, Errors, Drift uint64
+	// Full counts bindings the full maps refused (each once until it is
+	// offloaded or gone).
+	Full uint64
 }
 
 // Mirror keeps pion's allocations, permissions and channels and the offload in step.
@@ -83,6 +97,7 @@ type Mirror struct {
 	smu     sync.RWMutex
 	allocs  map[allocKey]*allocation
 	offload Offload
+	gate    *gate
 
 	events, installs, removals, errs, drift atomic.Uint64
 }
@@ -95,6 +110,7 @@ func New(log *slog.Logger) *Mirror {
 		wake:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
 		allocs: make(map[allocKey]*allocation),
+		gate:   newGate(log),
 	}
 	go m.run()
 	return m
@@ -226,6 +242,24 @@ func (m *Mirror) SetOffload(o Offload) {
 	<-done
 }
 
+// SetGate makes c the judge of which flows the kernel NATs (nil: none) and
+// waits until that is done. Verdicts already given stand. The mirror owns c:
+// a checker that is an io.Closer is closed when it is replaced and by Close.
+func (m *Mirror) SetGate(c NATChecker) {
+	done := make(chan struct{})
+	m.push(event{kind: evSetGate, checker: c, done: done})
+	<-done
+}
+
+// SetNoOffloadPeers replaces the prefixes whose peers stay in userspace and
+// waits until bindings moved accordingly: those now inside leave the offload,
+// those now outside are checked and offloaded if they may be.
+func (m *Mirror) SetNoOffloadPeers(prefixes []netip.Prefix) {
+	done := make(chan struct{})
+	m.push(event{kind: evSetNoOffload, noOff: slices.Clone(prefixes), done: done})
+	<-done
+}
+
 // Close stops the worker after the queued events; the offload is left as is
 // (the caller detaches and frees the maps).
 func (m *Mirror) Close() {
@@ -237,17 +271,51 @@ func (m *Mirror) Close() {
 		close(m.wake)
 	}
 	<-m.done
+	if !already {
+		m.smu.Lock()
+		m.closeChecker()
+		m.smu.Unlock()
+	}
+}
+
+// closeChecker closes the checker and leaves it in place: a closed checker
+// fails its checks, which keeps bindings in userspace (nil would admit them).
+func (m *Mirror) closeChecker() {
+	if c, ok := m.gate.checker.(io.Closer); ok {
+		if err := c.Close(); err != nil {
+			m.log.Warn("closing the NAT checker", "error", err)
+		}
+	}
 }
 
 func (m *Mirror) apply(e event) {
 	switch e.kind {
 	case evSync:
 		close(e.done)
+	case evSetGate:
+		if m.gate.checker != e.checker {
+			m.closeChecker()
+		}
+		m.gate.checker = e.checker
+		close(e.done)
+	case evSetNoOffload:
+		readmit, evict := m.gate.setNoOffload(e.noOff)
+		for _, k := range evict {
+			m.remove(k)
+		}
+		for _, k := range readmit {
+			if b, ok := m.held(k); ok {
+				m.install(b)
+			}
+		}
+		close(e.done)
 	case evSetOffload:
 		if m.offload != nil {
 			m.forEachInstalled(func(b channelmap.Binding) { m.remove(b.Key()) })
 		}
 		m.offload = e.offload
+		// Waiting for room was about the old maps; the new ones say anew.
+		m.gate.clearFull()
 		m.forEachInstalled(func(b channelmap.Binding) { m.install(b) })
 		close(e.done)
 	case evAllocationCreated:
@@ -263,6 +331,7 @@ func (m *Mirror) apply(e event) {
 			if a.permissions[peer.Addr().Unmap()] { // else it left with its permission
 				m.remove(bindingKey(e.alloc, ch))
 			}
+			m.gate.forget(bindingKey(e.alloc, ch))
 		}
 		delete(m.allocs, e.alloc)
 	case evPermissionCreated:
@@ -287,10 +356,17 @@ func (m *Mirror) apply(e event) {
 		for ch, peer := range a.channels {
 			if peer.Addr().Unmap() == e.peerIP {
 				m.remove(bindingKey(e.alloc, ch))
+				m.gate.forget(bindingKey(e.alloc, ch))
 			}
 		}
 	case evChannelCreated:
 		a := m.alloc(e)
+		if old, ok := a.channels[e.channel]; ok && old != e.peer {
+			// A missed deletion: the old peer's entry must not outlive it
+			// when the gate keeps the new peer in userspace.
+			m.remove(bindingKey(e.alloc, e.channel))
+			m.gate.forget(bindingKey(e.alloc, e.channel))
+		}
 		a.channels[e.channel] = e.peer
 		// pion grants (or refreshes) the permission before it reports the channel.
 		a.permissions[e.peer.Addr().Unmap()] = true
@@ -305,6 +381,7 @@ func (m *Mirror) apply(e event) {
 			if a.permissions[peer.Addr().Unmap()] { // else it left with its permission
 				m.remove(bindingKey(e.alloc, e.channel))
 			}
+			m.gate.forget(bindingKey(e.alloc, e.channel))
 		}
 	}
 }
@@ -338,14 +415,31 @@ func (m *Mirror) binding(k allocKey, a *allocation, ch uint16) channelmap.Bindin
 	}
 }
 
-// desired returns every binding that should be offloaded now.
+// held returns the binding pion holds under k, if it holds the channel and a
+// permission for its peer.
+func (m *Mirror) held(k channelmap.Key) (channelmap.Binding, bool) {
+	ak := allocKey{client: k.Client, listener: k.Listener}
+	a, ok := m.allocs[ak]
+	if !ok {
+		return channelmap.Binding{}, false
+	}
+	peer, ok := a.channels[k.Channel]
+	if !ok || !a.permissions[peer.Addr().Unmap()] {
+		return channelmap.Binding{}, false
+	}
+	return m.binding(ak, a, k.Channel), true
+}
+
+// desired returns every binding that should be offloaded now: pion holds it
+// and the gate admits it.
 func (m *Mirror) desired() map[channelmap.Key]channelmap.Binding {
 	out := map[channelmap.Key]channelmap.Binding{}
 	for k, a := range m.allocs {
 		for ch, peer := range a.channels {
 			if a.permissions[peer.Addr().Unmap()] {
-				b := m.binding(k, a, ch)
-				out[b.Key()] = b
+				if b := m.binding(k, a, ch); m.gate.admit(b) {
+					out[b.Key()] = b
+				}
 			}
 		}
 	}
@@ -358,17 +452,25 @@ func (m *Mirror) forEachInstalled(f func(channelmap.Binding)) {
 	}
 }
 
-func (m *Mirror) install(b channelmap.Binding) {
-	if m.offload == nil {
-		return
+// install offloads b if the gate admits it and reports whether it did.
+func (m *Mirror) install(b channelmap.Binding) bool {
+	if m.offload == nil || !m.gate.admit(b) {
+		return false
 	}
 	if err := m.offload.Upsert(b); err != nil {
+		if errors.Is(err, channelmap.ErrFull) {
+			// Counted and logged once by the gate; the reconcile retries.
+			m.gate.markFull(b.Key(), true)
+			return false
+		}
 		m.errs.Add(1)
 		m.log.Warn("binding stays on the userspace path", "binding", b.String(), "error", err)
-		return
+		return false
 	}
+	m.gate.markFull(b.Key(), false)
 	m.installs.Add(1)
 	m.log.Debug("binding offloaded", "binding", b.String())
+	return true
 }
 
 func (m *Mirror) remove(k channelmap.Key) {
@@ -403,11 +505,18 @@ func (m *Mirror) Reconcile() (int, error) {
 	for k, b := range want {
 		if hb, ok := have[k]; !ok || hb.Peer != b.Peer || hb.Relay != b.Relay {
 			if err := m.offload.Upsert(b); err != nil {
-				errs = append(errs, err)
+				// Full maps are no drift: the gate counts the waiting bindings
+				// and logs once, not one error per binding per interval.
+				if errors.Is(err, channelmap.ErrFull) {
+					m.gate.markFull(k, true)
+				} else {
+					errs = append(errs, err)
+				}
 				continue
 			}
 			repaired++
 		}
+		m.gate.markFull(k, false)
 	}
 	for _, b := range m.offload.Installed() {
 		if _, ok := want[b.Key()]; !ok {
@@ -430,14 +539,37 @@ func (m *Mirror) Reconcile() (int, error) {
 	return repaired, errors.Join(errs...)
 }
 
-// RunReconcile reconciles every interval until stop is closed.
+// RecheckPending asks the NAT checker again about up to RecheckBudget
+// bindings that had no evidence yet and offloads those found direct. It
+// returns how many it offloaded.
+func (m *Mirror) RecheckPending() int {
+	m.smu.Lock()
+	defer m.smu.Unlock()
+	if m.offload == nil {
+		return 0 // they wait: SetOffload admits them when it comes
+	}
+	n := 0
+	for _, k := range m.gate.recheck(RecheckBudget) {
+		if b, ok := m.held(k); ok && m.install(b) {
+			n++
+		}
+	}
+	return n
+}
+
+// RunReconcile reconciles every interval, and rechecks pending bindings
+// every RecheckInterval, until stop is closed.
 func (m *Mirror) RunReconcile(interval time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	recheck := time.NewTicker(RecheckInterval)
+	defer recheck.Stop()
 	for {
 		select {
 		case <-stop:
 			return
+		case <-recheck.C:
+			m.RecheckPending()
 		case <-t.C:
 			if _, err := m.Reconcile(); err != nil {
 				m.errs.Add(1)
@@ -460,5 +592,14 @@ func (m *Mirror) Counts() (allocations, channels int) {
 // Stats returns the mirror's counters.
 func (m *Mirror) Stats() Stats {
 	return Stats{Events: m.events.Load(), Installs: m.installs.Load(), Removals: m.removals.Load(),
-		Errors: m.errs.Load(), Drift: m.drift.Load()}
+		Errors: m.errs.Load(), Drift: m.drift.Load(), Full: m.gate.fullTotal.Load()}
+}
+
+// UserspaceBindings returns how many bindings pion holds stay in userspace,
+// by reason (every reason of UserspaceReasons is present). Bindings are
+// judged while an offload is set.
+func (m *Mirror) UserspaceBindings() map[string]int {
+	m.smu.RLock()
+	defer m.smu.RUnlock()
+	return m.gate.counts()
 }

@@ -2,6 +2,7 @@ package control
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -20,6 +21,8 @@ type fakeOffload struct {
 	m       map[channelmap.Key]channelmap.Binding
 	failPut bool
 	block   chan struct{}
+	// capacity > 0: Upserts of new keys beyond it fail with ErrFull, as the maps do.
+	capacity int
 }
 
 func newFake() *fakeOffload { return &fakeOffload{m: map[channelmap.Key]channelmap.Binding{}} }
@@ -31,7 +34,10 @@ func (f *fakeOffload) Upsert(b channelmap.Binding) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.failPut {
-		return errors.New("map full")
+		return errors.New("map write failed")
+	}
+	if _, ok := f.m[b.Key()]; !ok && f.capacity > 0 && len(f.m) >= f.capacity {
+		return fmt.Errorf("upsert %v: %w", b, channelmap.ErrFull)
 	}
 	f.m[b.Key()] = b
 	return nil

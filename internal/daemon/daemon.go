@@ -49,6 +49,9 @@ type Config struct {
 	// listener (see control.PeerPolicy); by default loopback, link-local,
 	// multicast and the node's own addresses are refused.
 	AllowPeers, DenyPeers []netip.Prefix
+	// NoOffloadPeers are relayed in userspace only (see natgate.go); the
+	// cluster's Service CIDRs join them when the Kubernetes API lists them.
+	NoOffloadPeers []netip.Prefix
 
 	XDPMode     loader.Mode
 	Interfaces  []string // empty: those carrying the listener and relay addresses
@@ -278,6 +281,7 @@ func Start(cfg Config) (*Daemon, error) {
 	}
 	d.cfg.Store(&cfg)
 	d.mirror = control.New(cfg.Logger.Slog("control"))
+	d.startGate()
 
 	// Relay ports are host ports: make sure the range is usable before pion
 	// fails on it allocation by allocation.
@@ -302,7 +306,7 @@ func Start(cfg Config) (*Daemon, error) {
 	d.startXDP()
 
 	d.registry = prometheus.NewRegistry()
-	d.registry.MustRegister(newCollector(d))
+	d.registry.MustRegister(newCollector(d), newGateCollector(d))
 	if err := d.serveHTTP(); err != nil {
 		d.Close()
 		return nil, err

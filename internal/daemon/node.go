@@ -51,6 +51,7 @@ func (d *Daemon) WatchNode(client kubernetes.Interface, node string, timeout tim
 		return fmt.Errorf("watch node %q: no answer from the Kubernetes API in %v", node, timeout)
 	}
 	d.nodeWatcher.Store(w)
+	d.followServiceCIDRs(client, timeout)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()

@@ -1,0 +1,289 @@
+package control
+
+import (
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/natcheck"
+)
+
+// NATChecker tells whether the kernel translates a relay<->peer flow
+// (natcheck.Checker).
+type NATChecker interface {
+	Check(relay, peer netip.AddrPort) (natcheck.Result, error)
+}
+
+// Reasons a binding pion/turn holds stays on the userspace path, the label of
+// stunnerd_xdp_bindings_userspace.
+const (
+	// ReasonNAT: the kernel NATs the relay<->peer flow (a ClusterIP peer
+	// DNATed by kube-proxy, a masquerade rule), which XDP would skip.
+	ReasonNAT = "nat"
+	// ReasonNoOffloadPeer: the peer is in a --no-offload-peer or Service CIDR.
+	ReasonNoOffloadPeer = "no_offload_peer"
+	// ReasonPending: no conntrack evidence yet; pion relays the flow (which
+	// creates the evidence) and the mirror asks again every RecheckInterval.
+	ReasonPending = "pending"
+	// ReasonFull: the XDP maps are full (--max-bindings).
+	ReasonFull = "full"
+)
+
+// UserspaceReasons lists every reason, so that a gauge exports all of them.
+var UserspaceReasons = []string{ReasonNAT, ReasonNoOffloadPeer, ReasonPending, ReasonFull}
+
+// RecheckInterval is how often pending bindings are checked again, and
+// RecheckBudget how many of them at most per tick: a burst of new bindings
+// is worked off over a few ticks instead of holding the mirror's lock. A
+// binding that stays pending (no traffic yet, or a NOTRACK flow) is checked
+// ever less often, down to every MaxRecheckBackoff, so that idle bindings do
+// not cost a steady stream of netlink requests.
+const (
+	RecheckInterval   = 250 * time.Millisecond
+	RecheckBudget     = 256
+	MaxRecheckBackoff = 4 * time.Second
+)
+
+type gateState uint8
+
+const (
+	gateDirect gateState = iota + 1
+	gateNAT
+	gateNoOffload
+	gatePending
+)
+
+// gateEntry is the verdict for one binding pion holds with a permission.
+type gateEntry struct {
+	relay, peer netip.AddrPort
+	state       gateState
+	gen         uint64 // tells a queued recheck of this entry from one of a predecessor
+	backoff     time.Duration
+	due         time.Time // pending: when to check again
+	full        bool      // offloadable, but Upsert said channelmap.ErrFull
+}
+
+type queuedCheck struct {
+	key channelmap.Key
+	gen uint64
+}
+
+// gate decides which bindings may be offloaded. It is owned by the mirror's
+// worker (under Mirror.smu).
+type gate struct {
+	log       *slog.Logger
+	now       func() time.Time
+	checker   NATChecker // nil: nothing is checked, every flow is direct
+	noOffload []netip.Prefix
+
+	entries map[channelmap.Key]*gateEntry
+	queue   []queuedCheck // pending entries, checked round robin
+	gen     uint64
+
+	loggedNAT map[netip.AddrPort]bool // peers logged as NATed
+
+	full      int           // entries with full set
+	fullTotal atomic.Uint64 // entries that ever got full set (read by Stats)
+
+	checkErrs    uint64
+	lastCheckErr time.Time
+}
+
+// maxLoggedNAT bounds the memory spent on "logged once per peer"; past it the
+// set starts over and a peer may be logged again.
+const maxLoggedNAT = 4096
+
+func newGate(log *slog.Logger) *gate {
+	return &gate{log: log, now: time.Now, entries: map[channelmap.Key]*gateEntry{}, loggedNAT: map[netip.AddrPort]bool{}}
+}
+
+// admit reports whether binding b may be offloaded, deciding (and caching)
+// its verdict when b is new or its relay or peer changed.
+func (g *gate) admit(b channelmap.Binding) bool {
+	k := b.Key()
+	if e := g.entries[k]; e != nil && e.relay == b.Relay && e.peer == b.Peer {
+		return e.state == gateDirect
+	}
+	g.forget(k)
+	g.gen++
+	e := &gateEntry{relay: b.Relay, peer: b.Peer, gen: g.gen}
+	g.entries[k] = e
+	g.classify(k, e)
+	return e.state == gateDirect
+}
+
+// classify sets a fresh entry's state; a pending entry joins the queue.
+func (g *gate) classify(k channelmap.Key, e *gateEntry) {
+	if g.noOffloadPeer(e.peer.Addr()) {
+		e.state = gateNoOffload
+		return
+	}
+	if e.state = g.check(e); e.state == gatePending {
+		g.queue = append(g.queue, queuedCheck{key: k, gen: e.gen})
+	}
+}
+
+func (g *gate) check(e *gateEntry) gateState {
+	if g.checker == nil {
+		return gateDirect
+	}
+	r, err := g.checker.Check(e.relay, e.peer)
+	if err != nil {
+		g.checkErrs++
+		// One line a minute at most: the check runs for every pending binding
+		// four times a second.
+		if now := g.now(); now.Sub(g.lastCheckErr) >= time.Minute {
+			g.lastCheckErr = now
+			g.log.Warn("cannot tell whether the kernel NATs a peer; its bindings stay in userspace until it can",
+				"relay", e.relay.String(), "peer", e.peer.String(), "error", err, "errors", g.checkErrs)
+		}
+		return g.pending(e)
+	}
+	switch r.Verdict {
+	case natcheck.Direct:
+		return gateDirect
+	case natcheck.NATed:
+		if !g.loggedNAT[e.peer] {
+			if len(g.loggedNAT) >= maxLoggedNAT {
+				clear(g.loggedNAT)
+			}
+			g.loggedNAT[e.peer] = true
+			g.log.Info("the kernel NATs this peer: its bindings stay on the userspace path",
+				"peer", e.peer.String(), "relay", e.relay.String(), "evidence", r.Why)
+		}
+		return gateNAT
+	default:
+		return g.pending(e)
+	}
+}
+
+// pending schedules the entry's next check, each one later than the last.
+func (g *gate) pending(e *gateEntry) gateState {
+	e.backoff = min(max(2*e.backoff, RecheckInterval), MaxRecheckBackoff)
+	e.due = g.now().Add(e.backoff)
+	return gatePending
+}
+
+func (g *gate) noOffloadPeer(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, p := range g.noOffload {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// forget drops the verdict of a binding that is no longer offloadable (its
+// channel, permission or allocation is gone).
+func (g *gate) forget(k channelmap.Key) {
+	if e := g.entries[k]; e != nil {
+		g.setFull(e, false)
+		delete(g.entries, k)
+	}
+}
+
+// recheck checks up to budget pending entries that are due again, round
+// robin, and returns the keys that turned direct.
+func (g *gate) recheck(budget int) []channelmap.Key {
+	var direct []channelmap.Key
+	now := g.now()
+	queue := g.queue
+	var seen []queuedCheck // go to the back: the next tick starts where this one stopped
+	for len(queue) > 0 && budget > 0 {
+		q := queue[0]
+		queue = queue[1:]
+		e := g.entries[q.key]
+		if e == nil || e.gen != q.gen || e.state != gatePending {
+			continue // forgotten or replaced since it was queued
+		}
+		if now.Before(e.due) {
+			seen = append(seen, q)
+			continue
+		}
+		budget--
+		switch e.state = g.check(e); e.state {
+		case gatePending:
+			seen = append(seen, q)
+		case gateDirect:
+			direct = append(direct, q.key)
+		}
+	}
+	g.queue = append(slices.Clip(queue), seen...)
+	return direct
+}
+
+// setNoOffload replaces the no-offload prefixes and returns the keys of
+// entries that moved: out of the prefixes (to be admitted again) and into
+// them (to be removed from the offload).
+func (g *gate) setNoOffload(prefixes []netip.Prefix) (readmit, evict []channelmap.Key) {
+	g.noOffload = prefixes
+	for k, e := range g.entries {
+		in := g.noOffloadPeer(e.peer.Addr())
+		switch {
+		case in && e.state != gateNoOffload:
+			if e.state == gateDirect {
+				evict = append(evict, k)
+			}
+			g.setFull(e, false)
+			e.state = gateNoOffload
+		case !in && e.state == gateNoOffload:
+			g.forget(k)
+			readmit = append(readmit, k)
+		}
+	}
+	return readmit, evict
+}
+
+// setFull records whether the maps refused the entry's binding; it logs when
+// the maps fill up and when they have room again, not per binding.
+func (g *gate) setFull(e *gateEntry, full bool) {
+	if e == nil || e.full == full {
+		return
+	}
+	e.full = full
+	if full {
+		g.full++
+		g.fullTotal.Add(1)
+		if g.full == 1 {
+			g.log.Warn("the XDP binding maps are full (--max-bindings): new bindings stay on the userspace path until there is room")
+		}
+		return
+	}
+	g.full--
+	if g.full == 0 {
+		g.log.Info("no binding waits for room in the XDP maps any more")
+	}
+}
+
+func (g *gate) markFull(k channelmap.Key, full bool) { g.setFull(g.entries[k], full) }
+
+// clearFull forgets which bindings the maps refused.
+func (g *gate) clearFull() {
+	for _, e := range g.entries {
+		g.setFull(e, false)
+	}
+}
+
+// counts returns the bindings kept in userspace, by reason.
+func (g *gate) counts() map[string]int {
+	out := make(map[string]int, len(UserspaceReasons))
+	for _, r := range UserspaceReasons {
+		out[r] = 0
+	}
+	for _, e := range g.entries {
+		switch e.state {
+		case gateNAT:
+			out[ReasonNAT]++
+		case gateNoOffload:
+			out[ReasonNoOffloadPeer]++
+		case gatePending:
+			out[ReasonPending]++
+		}
+	}
+	out[ReasonFull] = g.full
+	return out
+}

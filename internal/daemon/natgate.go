@@ -1,0 +1,82 @@
+package daemon
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/l7mp/stunnerd-xdp/internal/control"
+	"github.com/l7mp/stunnerd-xdp/internal/natcheck"
+)
+
+// startGate makes the mirror offload only bindings whose relay<->peer flow
+// the kernel does not NAT (the XDP path runs before netfilter), and never
+// those whose peer is in a --no-offload-peer prefix. It runs before any
+// offload is set, so no binding is offloaded unjudged.
+func (d *Daemon) startGate() {
+	d.mirror.SetNoOffloadPeers(d.cfg.NoOffloadPeers)
+	c, err := natcheck.New()
+	if err != nil {
+		// Every binding then stays pending (in userspace): offloading blind
+		// could send a ClusterIP peer's traffic down the default route.
+		d.cfg.Logger.Slog("control").Error("cannot read conntrack: bindings stay on the userspace path", "error", err)
+		d.mirror.SetGate(failedChecker{err})
+		return
+	}
+	d.mirror.SetGate(c) // the mirror closes it
+}
+
+type failedChecker struct{ err error }
+
+func (f failedChecker) Check(_, _ netip.AddrPort) (natcheck.Result, error) {
+	return natcheck.Result{}, f.err
+}
+
+// followServiceCIDRs keeps the cluster's Service CIDRs out of the kernel
+// path, beside --no-offload-peer, until the daemon closes.
+func (d *Daemon) followServiceCIDRs(client kubernetes.Interface, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	stop := control.FollowServiceCIDRs(ctx, client, d.cfg.Logger.Slog("k8s"), func(cidrs []netip.Prefix) {
+		d.mirror.SetNoOffloadPeers(append(slices.Clone(d.cfg.NoOffloadPeers), cidrs...))
+	})
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		<-d.stop
+		stop()
+	}()
+}
+
+// gateCollector exports why bindings stay in userspace.
+type gateCollector struct {
+	d               *Daemon
+	userspace, full *prometheus.Desc
+}
+
+func newGateCollector(d *Daemon) *gateCollector {
+	return &gateCollector{
+		d: d,
+		userspace: prometheus.NewDesc("stunnerd_xdp_bindings_userspace",
+			"Channel bindings pion/turn holds that stay on the userspace path, by reason: nat (the kernel NATs the flow), "+
+				"no_offload_peer (--no-offload-peer or a Service CIDR), pending (no conntrack evidence yet), full (the maps are full).",
+			[]string{"reason"}, nil),
+		full: prometheus.NewDesc("stunnerd_xdp_bindings_full_total", "Channel bindings the full XDP maps refused (--max-bindings).", nil, nil),
+	}
+}
+
+func (c *gateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.userspace
+	ch <- c.full
+}
+
+func (c *gateCollector) Collect(ch chan<- prometheus.Metric) {
+	for reason, n := range c.d.mirror.UserspaceBindings() {
+		ch <- prometheus.MustNewConstMetric(c.userspace, prometheus.GaugeValue, float64(n), reason)
+	}
+	ch <- prometheus.MustNewConstMetric(c.full, prometheus.CounterValue, float64(c.d.mirror.Stats().Full))
+}

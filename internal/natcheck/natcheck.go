@@ -1,0 +1,208 @@
+// Package natcheck tells whether the kernel translates (NATs) the UDP flow
+// between a relay socket and a peer. XDP runs before netfilter: a frame the
+// relay program rewrites and redirects never meets the DNAT that kube-proxy
+// applies to a Service ClusterIP in OUTPUT, nor a SNAT or masquerade rule.
+// pion/turn's socket does meet them, so a binding whose flow the kernel NATs
+// has to stay on the userspace path.
+//
+// The evidence is the conntrack table of the network namespace, looked up
+// through ctnetlink: the entry of relay->peer (pion sent first) or
+// peer->relay (the peer sent first). NAT status bits (IPS_SRC_NAT,
+// IPS_DST_NAT) or a reply tuple that does not mirror the original one mean the
+// kernel rewrites the flow. NAT needs conntrack, so where conntrack is not in
+// use in the namespace nothing is NATed: the module is not loaded, or the
+// namespace's table is empty. Conntrack hooks into a namespace only once a
+// rule there needs it, and then tracks the binding's own TURN traffic, so an
+// empty table right after a ChannelBind means nothing is tracked. (It would
+// be wrong only where conntrack is hooked in but tracks none of the node's
+// traffic yet, e.g. the TURN ports are NOTRACKed and pion has not relayed.)
+//
+// What this cannot see:
+//   - translation outside netfilter: Cilium's socket load balancer rewrites a
+//     ClusterIP in the sendmsg hook, before conntrack, so the entry names the
+//     backend and no entry names the ClusterIP; eBPF NAT on tc hooks; IPVS
+//     without conntrack=1. Such flows find no entry and stay Unknown (in
+//     userspace) as long as the table holds anything at all; keep their ranges
+//     out with --no-offload-peer (the daemon adds the cluster's Service CIDRs
+//     where it can list them).
+//   - flows exempted from conntrack (NOTRACK, CT notrack): no entry, so they
+//     stay Unknown and in userspace although nothing NATs them;
+//   - conntrack zones other than 0 (OVS, some CNIs): only zone 0 is looked up;
+//   - rules added after the verdict: a flow found Direct and offloaded is not
+//     rechecked, and its packets no longer pass netfilter (see below).
+//
+// What the kernel path skips for an offloaded (Direct) flow: netfilter as a
+// whole, so host firewall rules (OUTPUT/FORWARD/INPUT filters, including a
+// later DROP or REJECT) and conntrack: the entry pion's first packets created
+// is no longer refreshed and expires (UDP: 30 s unreplied, 120 s stream).
+package natcheck
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"sync"
+
+	"github.com/mdlayher/netlink"
+	"github.com/ti-mo/conntrack"
+	"golang.org/x/sys/unix"
+)
+
+// Verdict is what the kernel does with a relay<->peer flow.
+type Verdict int
+
+const (
+	// Unknown: no evidence yet (no conntrack entry for the flow): keep the
+	// binding in userspace, where pion's packets create the entry, and ask
+	// again later.
+	Unknown Verdict = iota
+	// Direct: the kernel does not translate the flow: the XDP path may relay it.
+	Direct
+	// NATed: the kernel translates the flow: relay it in userspace.
+	NATed
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Direct:
+		return "direct"
+	case NATed:
+		return "nat"
+	default:
+		return "unknown"
+	}
+}
+
+// Result is a verdict and the evidence for it, for the logs.
+type Result struct {
+	Verdict Verdict
+	Why     string
+}
+
+// ErrClosed is returned by Check after Close.
+var ErrClosed = errors.New("natcheck: checker closed")
+
+// CountSysctl exists in a network namespace while the conntrack module is loaded.
+const CountSysctl = "/proc/sys/net/netfilter/nf_conntrack_count"
+
+// Checker looks flows up in the conntrack table of the network namespace it
+// was created in. It is safe for concurrent use.
+type Checker struct {
+	sysctl string
+
+	mu     sync.Mutex
+	conn   *conntrack.Conn // nil while conntrack is not loaded
+	closed bool
+}
+
+// New returns a checker for the calling thread's network namespace. It opens
+// no netlink socket while conntrack is not loaded: a ctnetlink request would
+// make the kernel load nf_conntrack just to answer it.
+func New() (*Checker, error) {
+	c := &Checker{sysctl: CountSysctl}
+	if _, err := c.dial(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// dial opens the ctnetlink socket once conntrack is loaded; it returns nil
+// (and no error) while it is not.
+func (c *Checker) dial() (*conntrack.Conn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.conn != nil {
+		return c.conn, nil
+	}
+	if _, err := os.Stat(c.sysctl); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("natcheck: %w", err)
+	}
+	conn, err := conntrack.Dial(&netlink.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("natcheck: conntrack netlink: %w", err)
+	}
+	c.conn = conn
+	return conn, nil
+}
+
+// Close closes the netlink socket; Check fails with ErrClosed after it.
+func (c *Checker) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.conn == nil {
+		return nil
+	}
+	err := c.conn.Close()
+	c.conn = nil
+	return err
+}
+
+// Check returns what the kernel does with the UDP flow between relay and
+// peer. An error leaves the verdict Unknown.
+func (c *Checker) Check(relay, peer netip.AddrPort) (Result, error) {
+	relay = netip.AddrPortFrom(relay.Addr().Unmap(), relay.Port())
+	peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
+	conn, err := c.dial()
+	if err != nil {
+		return Result{}, err
+	}
+	if conn == nil {
+		return Result{Direct, "conntrack is not loaded: nothing can NAT the flow"}, nil
+	}
+	// The kernel looks a tuple up in both directions, so relay->peer also
+	// finds a flow the peer started when nothing translated it.
+	for _, t := range [][2]netip.AddrPort{{relay, peer}, {peer, relay}} {
+		f, err := conn.Get(flow(t[0], t[1]))
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return Result{}, fmt.Errorf("natcheck: conntrack get %v->%v: %w", t[0], t[1], err)
+		}
+		return Classify(f), nil
+	}
+	// Conntrack is loaded but may not be hooked into this namespace (it is
+	// only once a rule needs it). The binding's own TURN traffic passed the
+	// stack moments ago, so an empty table means nothing is tracked here.
+	st, err := conn.StatsGlobal()
+	if err != nil {
+		return Result{}, fmt.Errorf("natcheck: conntrack stats: %w", err)
+	}
+	if st.Entries == 0 {
+		return Result{Direct, "conntrack tracks nothing in this network namespace: nothing can NAT the flow"}, nil
+	}
+	return Result{Unknown, "no conntrack entry for the flow yet"}, nil
+}
+
+func flow(src, dst netip.AddrPort) conntrack.Flow {
+	return conntrack.NewFlow(unix.IPPROTO_UDP, 0, src.Addr(), dst.Addr(), src.Port(), dst.Port(), 0, 0)
+}
+
+// Classify sorts a conntrack entry: translated (NAT status bits, or a reply
+// tuple that is not the original one reversed, as IPVS leaves it) or not.
+func Classify(f conntrack.Flow) Result {
+	o, r := f.TupleOrig, f.TupleReply
+	desc := fmt.Sprintf("%v:%d->%v:%d replies %v:%d->%v:%d",
+		o.IP.SourceAddress, o.Proto.SourcePort, o.IP.DestinationAddress, o.Proto.DestinationPort,
+		r.IP.SourceAddress, r.Proto.SourcePort, r.IP.DestinationAddress, r.Proto.DestinationPort)
+	switch {
+	case f.Status.DstNAT() && f.Status.SrcNAT():
+		return Result{NATed, "SNAT and DNAT: " + desc}
+	case f.Status.DstNAT():
+		return Result{NATed, "DNAT: " + desc}
+	case f.Status.SrcNAT():
+		return Result{NATed, "SNAT: " + desc}
+	case r.IP.SourceAddress != o.IP.DestinationAddress || r.IP.DestinationAddress != o.IP.SourceAddress ||
+		r.Proto.SourcePort != o.Proto.DestinationPort || r.Proto.DestinationPort != o.Proto.SourcePort:
+		return Result{NATed, "reply tuple does not mirror the original: " + desc}
+	}
+	return Result{Direct, "not translated: " + desc}
+}
