@@ -368,6 +368,38 @@ func startPeer(t *testing.T, ns *netns.NS, addr string, echo bool, ttl int) *udp
 	return p
 }
 
+// send sends n datagrams with the tag and a sequence number to addr, a
+// millisecond apart.
+func (p *udpPeer) send(t *testing.T, to net.Addr, tag uint64, n int) {
+	t.Helper()
+	msg := make([]byte, 16)
+	binary.BigEndian.PutUint64(msg, tag)
+	for i := 0; i < n; i++ {
+		binary.BigEndian.PutUint64(msg[8:], uint64(i))
+		if _, err := p.conn.WriteTo(msg, to); err != nil {
+			t.Fatalf("peer %v: %v", p.conn.LocalAddr(), err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// drainRelay reads from a relay until nothing arrives for idle and returns how
+// many of the datagrams carried the tag.
+func drainRelay(relay net.PacketConn, tag uint64, idle time.Duration) int {
+	n := 0
+	buf := make([]byte, 1500)
+	for {
+		_ = relay.SetReadDeadline(time.Now().Add(idle))
+		got, _, err := relay.ReadFrom(buf)
+		if err != nil {
+			return n
+		}
+		if got >= 8 && binary.BigEndian.Uint64(buf) == tag {
+			n++
+		}
+	}
+}
+
 // got is how many datagrams with the tag arrived; received how many in all.
 func (p *udpPeer) got(tag uint64) int {
 	p.mu.Lock()
