@@ -101,14 +101,17 @@ func (h *harness) stageProgRun(t *testing.T) {
 	}
 	defer floor.Close()
 
-	b := channelmap.Binding{Client: netip.MustParseAddrPort("10.100.0.2:40000"), ListenerPort: uint16(listenPort), Channel: 0x4000,
-		Peer: netip.MustParseAddrPort("10.200.0.2:5001"), Relay: netip.MustParseAddrPort("10.200.0.1:50000"),
-		ListenerAddr: netip.MustParseAddr("10.100.0.1")}
+	listen := netip.AddrPortFrom(netip.MustParseAddr("10.100.0.1"), uint16(listenPort))
+	listen6 := netip.AddrPortFrom(netip.MustParseAddr("fd00:100::1"), uint16(listenPort))
+	b := channelmap.Binding{Client: netip.MustParseAddrPort("10.100.0.2:40000"), Listener: listen, Channel: 0x4000,
+		Peer: netip.MustParseAddrPort("10.200.0.2:5001"), Relay: netip.MustParseAddrPort("10.200.0.1:50000")}
 	// The same client over IPv6 (the rig gives cl0/srv0 fd00:100::2 and ::1).
-	b6 := channelmap.Binding{Client: netip.MustParseAddrPort("[fd00:100::2]:40000"), ListenerPort: uint16(listenPort), Channel: 0x4000,
-		Peer: netip.MustParseAddrPort("10.200.0.2:5002"), Relay: netip.MustParseAddrPort("10.200.0.1:50001"),
-		ListenerAddr: netip.MustParseAddr("fd00:100::1")}
+	b6 := channelmap.Binding{Client: netip.MustParseAddrPort("[fd00:100::2]:40000"), Listener: listen6, Channel: 0x4000,
+		Peer: netip.MustParseAddrPort("10.200.0.2:5002"), Relay: netip.MustParseAddrPort("10.200.0.1:50001")}
 	maps := channelmap.New(prog.Maps())
+	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{listen: listen, listen6: listen6}); err != nil {
+		t.Fatal(err)
+	}
 	for _, bb := range []channelmap.Binding{b, b6} {
 		if err := maps.Upsert(bb); err != nil {
 			t.Fatal(err)
@@ -140,14 +143,14 @@ func (h *harness) stageProgRun(t *testing.T) {
 	mac := func(hw net.HardwareAddr) (m [6]byte) { copy(m[:], hw); return }
 	data := make([]byte, 100)
 	c2p := packet.Frame{DstMAC: mac(r.ServerClientIf.MAC), SrcMAC: mac(r.ClientIf.MAC), TTL: 64, ID: 1, FragOff: 0x4000,
-		Src: b.Client, Dst: netip.AddrPortFrom(b.ListenerAddr, b.ListenerPort), Payload: packet.ChannelData(b.Channel, data, nil)}.Marshal()
+		Src: b.Client, Dst: listen, Payload: packet.ChannelData(b.Channel, data, nil)}.Marshal()
 	p2c := packet.Frame{DstMAC: mac(r.ServerPeerIf.MAC), SrcMAC: mac(r.PeerIf.MAC), TTL: 64, ID: 2,
 		Src: b.Peer, Dst: b.Relay, Payload: data}.Marshal()
 	stunReq := packet.Frame{DstMAC: mac(r.ServerClientIf.MAC), SrcMAC: mac(r.ClientIf.MAC), TTL: 64, ID: 3,
-		Src: b.Client, Dst: netip.AddrPortFrom(b.ListenerAddr, b.ListenerPort),
+		Src: b.Client, Dst: listen,
 		Payload: []byte{0x00, 0x01, 0x00, 0x00, 0x21, 0x12, 0xA4, 0x42, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}}.Marshal()
 	ipv6 := packet.Frame{DstMAC: mac(r.ServerClientIf.MAC), SrcMAC: mac(r.ClientIf.MAC), TTL: 64,
-		Src: b6.Client, Dst: netip.AddrPortFrom(b6.ListenerAddr, b6.ListenerPort), Payload: packet.ChannelData(b6.Channel, data, nil)}.Marshal()
+		Src: b6.Client, Dst: listen6, Payload: packet.ChannelData(b6.Channel, data, nil)}.Marshal()
 	ipv6p2c := packet.Frame{DstMAC: mac(r.ServerPeerIf.MAC), SrcMAC: mac(r.PeerIf.MAC), TTL: 64, ID: 4,
 		Src: b6.Peer, Dst: b6.Relay, Payload: data}.Marshal()
 

@@ -219,6 +219,8 @@ func xdpPackets(body string) (xdp, user float64) {
 // ---- stage 2: end to end ----
 
 func (h *harness) stageRelay(t *testing.T) {
+	defer enableBPFStats(t).Close()
+	h.command("sysctl kernel.bpf_stats_enabled=1 while the relay stage runs (BPF_ENABLE_STATS)")
 	for _, spec := range []serverSpec{specFloor, specKernelFwd, specXDPNative, specXDPGeneric, specXDPOff, specXDPOffSteered, specStunnerd, specCoturn} {
 		t.Run(spec.name, func(t *testing.T) { h.relayOne(t, spec) })
 	}
@@ -315,6 +317,10 @@ func (h *harness) measure(t *testing.T, spec serverSpec, streams []*stream, rate
 			t.Fatal(err)
 		}
 	}
+	var progBefore progStats
+	if xdp && spec.xdpMode != "off" {
+		progBefore = h.relayProgStats(t)
+	}
 	cpuBefore, err := takeCPU(pids...)
 	if err != nil {
 		t.Fatal(err)
@@ -325,9 +331,13 @@ func (h *harness) measure(t *testing.T, spec serverSpec, streams []*stream, rate
 	if err != nil {
 		t.Fatal(err)
 	}
+	var progNs float64
+	if xdp && spec.xdpMode != "off" {
+		progNs = h.relayProgStats(t).nsPerRunSince(progBefore)
+	}
 	peerAfter, srvAfter := h.rig.Peer.Snmp(t), h.rig.Server.Snmp(t)
 	p := RelayPoint{Server: spec.name, TargetPPS: rate, Workers: workers, Seconds: g.elapsed.Seconds(), Sent: g.sent,
-		SendErrors: g.retries, XDPShare: -1}
+		SendErrors: g.retries, XDPShare: -1, ProgNsPerRun: progNs}
 	got := delivered(peerAfter) - delivered(peerBefore)
 	if got < 0 {
 		got = 0

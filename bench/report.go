@@ -95,8 +95,12 @@ type RelayPoint struct {
 	TotalUsPerPkt float64 `json:"server_total_us_per_pkt"` // process + softirq
 	BusyUsPerPkt  float64 `json:"system_busy_us_per_pkt"`  // every non-idle tick, both cores
 	XDPShare      float64 `json:"xdp_share"`               // of client->peer packets, stunnerd-xdp only; -1: n/a
-	ServerRcvbuf  int64   `json:"server_rcvbuf_errors"`    // Udp.RcvbufErrors in the server namespace
-	SendErrors    uint64  `json:"generator_send_retries"`  // EAGAIN retries of the generator
+	// ProgNsPerRun is the attached relay program's cost per run during the
+	// rung, from the kernel's BPF run-time statistics (stunnerd-xdp with XDP
+	// only; 0: n/a). Every frame on the attached interfaces is a run.
+	ProgNsPerRun float64 `json:"xdp_prog_ns_per_run"`
+	ServerRcvbuf int64   `json:"server_rcvbuf_errors"`   // Udp.RcvbufErrors in the server namespace
+	SendErrors   uint64  `json:"generator_send_retries"` // EAGAIN retries of the generator
 }
 
 // LatencyRow is the round-trip time of timestamped datagrams echoed by the peer.
@@ -215,6 +219,9 @@ func (r *Report) Validate() error {
 		}
 		if p.Sent == 0 {
 			errs = append(errs, fmt.Errorf("relay %s %d B %.0f pps: nothing sent", p.Server, p.Payload, p.TargetPPS))
+		}
+		if (p.Server == ServerXDPNative || p.Server == ServerXDPGeneric) && !(p.ProgNsPerRun > 0) {
+			errs = append(errs, fmt.Errorf("relay %s %d B %.0f pps: no live program cost", p.Server, p.Payload, p.TargetPPS))
 		}
 	}
 	for _, s := range r.Expected.RelayServers {
@@ -480,17 +487,21 @@ func (r *Report) WriteMarkdown(dir string, lo, hi float64, plots []string) error
 		"for its duration (max = no pacing). Delivered = Udp.InDatagrams + Udp.RcvbufErrors + Udp.NoPorts growth in the peer namespace: " +
 		"the sink socket is never read, so it costs only the kernel's UDP receive and drop. The `kernel forwarding` row sends the " +
 		"same payloads as plain UDP straight to the peer through the server's IP forwarding (no TURN). XDP share = the daemon's " +
-		"stunnerd_xdp_packets_total{path=\"xdp\"} share of client→peer packets during the rung.\n\n")
+		"stunnerd_xdp_packets_total{path=\"xdp\"} share of client→peer packets during the rung. XDP program ns/run = the " +
+		"attached relay program's run_time_ns / run_cnt growth during the rung (kernel.bpf_stats_enabled): its live cost per frame.\n\n")
 	rt := table{head: []string{"server", "payload B", "target pps", "offered pps", "delivered pps", "loss %", "server process µs/pkt",
-		"softirq µs/pkt (system)", "server total µs/pkt", "busy µs/pkt (all CPUs)", "XDP share", "server rcvbuf drops"}}
+		"softirq µs/pkt (system)", "server total µs/pkt", "busy µs/pkt (all CPUs)", "XDP share", "XDP program ns/run", "server rcvbuf drops"}}
 	for _, p := range r.Relay {
-		share := "–"
+		share, prog := "–", "–"
 		if p.XDPShare >= 0 {
 			share = f(100*p.XDPShare, 1) + " %"
 		}
+		if p.ProgNsPerRun > 0 {
+			prog = f(p.ProgNsPerRun, 0)
+		}
 		rt.add(p.Server, f(float64(p.Payload), 0), rateLabel(p.TargetPPS), f(p.OfferedPPS, 0), f(p.DeliveredPPS, 0),
 			f(p.LossPercent, 2), f(p.ProcUsPerPkt, 2), f(p.SoftUsPerPkt, 2), f(p.TotalUsPerPkt, 2), f(p.BusyUsPerPkt, 2), share,
-			f(float64(p.ServerRcvbuf), 0))
+			prog, f(float64(p.ServerRcvbuf), 0))
 	}
 	b.WriteString(rt.String())
 

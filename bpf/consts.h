@@ -18,9 +18,10 @@
  * the verifier and is above any XDP linear frame, so nothing real is cut off. */
 #define CHANNEL_DATA_MAX_LEN 0x1fff
 
-/* Relayed packets are locally originated by the relay, as pion/turn's would be:
- * they get a fresh TTL instead of a decremented one. */
-#define RELAY_TTL 64
+/* Relayed packets leave with the TTL (hop limit) they came with less one, as
+ * RFC 8656 section 14 prefers: a relay loop through TURN servers dies out. What
+ * would leave with 0 is pion/turn's (which sends with its own TTL). */
+#define MIN_RELAY_TTL 2
 
 /* How many UDP listener ports one program serves (set at load time). */
 #define MAX_LISTENER_PORTS 8
@@ -64,8 +65,16 @@ enum reason {
 	REASON_EGRESS_NOT_ATTACHED,    /* egress interface not in the devmap */
 	REASON_ADJUST_FAILED,          /* bpf_xdp_adjust_head/tail refused */
 	REASON_IPV6_EXTENSION,         /* IPv6 with extension headers */
-	REASON_NO_CHECKSUM,            /* IPv4 peer datagram without UDP checksum to an
-	                                  IPv6 client: IPv6 needs one, pion/turn sums it */
+	REASON_NO_CHECKSUM,            /* UDP checksum 0 where IPv6 needs one: an IPv6
+	                                  client's ChannelData (Linux drops it, RFC 8200
+	                                  8.1), or an IPv4 peer datagram for an IPv6
+	                                  client (pion/turn sums it) */
+	REASON_NOT_LISTENER_ADDR,      /* ChannelData to an address no listener accepts
+	                                  (transit traffic, another listener's address) */
+	REASON_TTL_EXPIRED,            /* TTL or hop limit <= 1 */
+	REASON_BAD_IP_CHECKSUM,        /* IPv4 header checksum does not verify */
+	REASON_REDIRECT_FAILED,        /* egress left the devmap after the lookup: the
+	                                  rewritten frame is dropped (XDP_DROP) */
 	REASON_MAX,
 };
 

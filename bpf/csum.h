@@ -6,6 +6,7 @@
 
 #include <linux/ip.h>
 #include <bpf_helpers.h>
+#include "consts.h"
 
 static __always_inline __u16 csum_fold(__u64 sum)
 {
@@ -26,6 +27,100 @@ static __always_inline __u16 ipv4_csum(struct iphdr *ip)
 	for (int i = 0; i < (int)sizeof(*ip) / 2; i++)
 		sum += w[i];
 	return csum_fold(sum);
+}
+
+/* ipv4_csum_ok tells whether an option-less IPv4 header's checksum verifies. */
+static __always_inline int ipv4_csum_ok(const struct iphdr *ip)
+{
+	const __u16 *w = (const __u16 *)ip;
+	__u64 sum = 0;
+#pragma unroll
+	for (int i = 0; i < (int)sizeof(*ip) / 2; i++)
+		sum += w[i];
+	return csum_fold(sum) == 0;
+}
+
+/* sum_words adds n 32-bit words to an unfolded ones' complement sum. */
+static __always_inline __u64 sum_words(const __be32 *w, int n, __u64 sum)
+{
+#pragma unroll
+	for (int i = 0; i < 12; i++) {
+		if (i < n)
+			sum += w[i];
+	}
+	return sum;
+}
+
+/* csum_chunk adds the n bytes at data + off to sum when they are all in the
+ * frame; n is a constant multiple of 4, at most 512 (bpf_csum_diff's limit). */
+#define csum_chunk(data, end, off, n, sum)                                   \
+	({                                                                   \
+		__u8 *__q = (__u8 *)(data) + (off);                          \
+		int __ok = (void *)(__q + (n)) <= (end);                     \
+		if (__ok)                                                    \
+			*(sum) += (__u32)bpf_csum_diff(0, 0, (__be32 *)__q, (n), 0); \
+		__ok;                                                        \
+	})
+
+/* sum_data returns the folded ones' complement sum (memory order, not
+ * complemented) of the len bytes at offset off of the frame, which start at an
+ * even offset of their datagram; -1 when they are not all in the frame. It is
+ * a global function: the verifier checks it once, not once for every path of
+ * its callers. off is a header length (below 128), len at most
+ * CHANNEL_DATA_MAX_LEN. */
+__attribute__((noinline)) int sum_data(struct xdp_md *ctx, __u32 off, __u32 len)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	__u64 sum = 0;
+	__u32 done = 0;
+
+	off &= 0x7f;
+	len &= CHANNEL_DATA_MAX_LEN;
+	data += off;
+	for (int i = 0; i < (CHANNEL_DATA_MAX_LEN + 1) / 512 && len - done >= 512; i++) {
+		if (!csum_chunk(data, end, done & CHANNEL_DATA_MAX_LEN, 512, &sum))
+			return -1;
+		done += 512;
+	}
+	for (int i = 0; i < 512 / 64 && len - done >= 64; i++) {
+		if (!csum_chunk(data, end, done & CHANNEL_DATA_MAX_LEN, 64, &sum))
+			return -1;
+		done += 64;
+	}
+	for (int i = 0; i < 64 / 4 && len - done >= 4; i++) {
+		if (!csum_chunk(data, end, done & CHANNEL_DATA_MAX_LEN, 4, &sum))
+			return -1;
+		done += 4;
+	}
+	/* The last 0-3 bytes; done is a multiple of 4, so the first is at an even
+	 * offset (the low byte of a memory-order word). */
+	__u8 *q = (__u8 *)data + (done & CHANNEL_DATA_MAX_LEN);
+	__u32 rest = len - done;
+	if (rest >= 1) {
+		if ((void *)(q + 1) > end)
+			return -1;
+		sum += q[0];
+	}
+	if (rest >= 2) {
+		if ((void *)(q + 2) > end)
+			return -1;
+		sum += (__u32)q[1] << 8;
+	}
+	if (rest >= 3) {
+		if ((void *)(q + 3) > end)
+			return -1;
+		sum += q[2];
+	}
+	return (__u16)~csum_fold(sum);
+}
+
+/* csum_finish turns an unfolded sum over a whole datagram (pseudo header
+ * included, checksum field zero) into the checksum to store. */
+static __always_inline __u16 csum_finish(__u64 sum)
+{
+	__u16 c = csum_fold(sum);
+	return c == 0 ? 0xffff : c; /* RFC 768: a computed zero is sent as all ones */
 }
 
 /* udp_csum_update turns the UDP checksum `old` into the checksum of a datagram in

@@ -38,6 +38,32 @@ var progConfig = loader.Config{
 	ListenerPorts: []uint16{listenerPort}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 1024,
 }
 
+// The listeners of the environment: a wildcard for each family, which the
+// golden bindings use, and a specific one on a0 (10.100.0.5, fd00:100::5) that
+// shares their port.
+var (
+	wildcard4 = netip.MustParseAddrPort("0.0.0.0:3478")
+	wildcard6 = netip.MustParseAddrPort("[::]:3478")
+	specific4 = netip.MustParseAddrPort("10.100.0.5:3478")
+	specific6 = netip.MustParseAddrPort("[fd00:100::5]:3478")
+)
+
+// destTable is what the listeners accept: the wildcards the server's own
+// addresses and two VIPs each (as if the node DNATed them), the specific
+// listeners their own address. Everything else on the listener port is not a
+// listener's (transit, broadcast, multicast, other hosts).
+var destTable = func() map[netip.AddrPort]netip.AddrPort {
+	d := map[netip.AddrPort]netip.AddrPort{specific4: specific4, specific6: specific6}
+	for _, a := range []string{"10.100.0.1", "10.200.0.1", "10.201.0.1", "10.202.0.1", "10.203.0.1", "10.204.0.1",
+		"10.100.0.100", "10.100.0.77"} {
+		d[netip.AddrPortFrom(netip.MustParseAddr(a), listenerPort)] = wildcard4
+	}
+	for _, a := range []string{"fd00:100::1", "fd00:202::1", "fd00:203::1", "fd00:204::1", "fd00:100::100", "fd00:100::77"} {
+		d[netip.AddrPortFrom(netip.MustParseAddr(a), listenerPort)] = wildcard6
+	}
+	return d
+}()
+
 var (
 	clientMAC = [6]byte{0x02, 0, 0, 0, 0x10, 0x02}
 	peerMAC   = [6]byte{0x02, 0, 0, 0, 0x20, 0x02}
@@ -120,6 +146,9 @@ func newEnv(t testing.TB) *env {
 	t.Cleanup(func() { prog.Close() })
 	e.prog = prog
 	e.maps = channelmap.New(prog.Maps())
+	if err := e.maps.SetDestinations(destTable); err != nil {
+		t.Fatal(err)
+	}
 	if err := e.ns.Do(func() error { return e.setup() }); err != nil {
 		t.Fatal(err)
 	}
@@ -238,6 +267,7 @@ func (e *env) modelEnv() model.Env {
 		ListenerPorts: progConfig.ListenerPorts,
 		MinRelayPort:  progConfig.MinRelayPort,
 		MaxRelayPort:  progConfig.MaxRelayPort,
+		Destinations:  destTable,
 	}
 	for _, name := range ifaceNames {
 		i := e.ifaces[name]
@@ -320,10 +350,8 @@ func (e *env) totals(t testing.TB) channelmap.Stats {
 	return s
 }
 
-// listeners reads every binding's listener address as the kernel has it;
-// "not known" is 0.0.0.0, as in the model, and an IPv4-mapped one (an IPv6
-// client that sent to ::ffff:a.b.c.d) is read back unmapped by the channelmap:
-// check compares the model's the same way.
+// listeners reads every binding's reply source as the kernel has it; "not
+// known" is 0.0.0.0, as in the model.
 func (e *env) listeners(t testing.TB) map[channelmap.Key]netip.Addr {
 	t.Helper()
 	d, err := e.maps.Dump()
@@ -332,7 +360,7 @@ func (e *env) listeners(t testing.TB) map[channelmap.Key]netip.Addr {
 	}
 	out := make(map[channelmap.Key]netip.Addr, len(d))
 	for k, b := range d {
-		out[k] = knownOrZero(b.ListenerAddr)
+		out[k] = knownOrZero(b.ReplySource)
 	}
 	return out
 }
@@ -409,8 +437,8 @@ func (e *env) check(t testing.TB, m *model.Model, ingress string, frame []byte) 
 	}
 	kernel := e.listeners(t)
 	for _, b := range m.Bindings() {
-		if k, ok := kernel[b.Key()]; !ok || k != knownOrZero(b.ListenerAddr) {
-			t.Errorf("binding %v: listener address %v in the kernel, %v in the model", b.Key(), k, b.ListenerAddr)
+		if k, ok := kernel[b.Key()]; !ok || k != knownOrZero(b.ReplySource) {
+			t.Errorf("binding %v: reply source %v in the kernel, %v in the model", b.Key(), k, b.ReplySource)
 		}
 	}
 	if len(kernel) != len(m.Bindings()) {
@@ -419,19 +447,40 @@ func (e *env) check(t testing.TB, m *model.Model, ingress string, frame []byte) 
 	return got, want
 }
 
-// restore puts learned listener addresses back to what the bindings say, so
-// that fuzz iterations are independent of each other.
+// restore puts learned reply sources back to what the bindings say, so that
+// fuzz iterations are independent of each other.
 func (e *env) restore(t testing.TB, bs []channelmap.Binding) {
 	t.Helper()
 	kernel := e.listeners(t)
 	for _, b := range bs {
-		if kernel[b.Key()] != knownOrZero(b.ListenerAddr) {
-			if err := e.maps.Upsert(b); err != nil {
-				t.Fatalf("restore %v: %v", b, err)
-			}
+		if kernel[b.Key()] != knownOrZero(b.ReplySource) {
+			e.teach(t, b)
 		}
 	}
 }
+
+// teach writes b.ReplySource into b's peer->client entry (zero when invalid),
+// as if the program had learned it from a client packet: Upsert never seeds it.
+func (e *env) teach(t testing.TB, b channelmap.Binding) {
+	t.Helper()
+	var k bpf.RelayP2cKey
+	k.PeerAddr.B, k.RelayAddr.B = b.Peer.Addr().As16(), b.Relay.Addr().As16()
+	k.PeerPort, k.RelayPort = htons(b.Peer.Port()), htons(b.Relay.Port())
+	var v bpf.RelayP2cVal
+	p2c := e.prog.Maps().P2cBindings
+	if err := p2c.Lookup(k, &v); err != nil {
+		t.Fatalf("teach %v: %v", b, err)
+	}
+	v.ListenerAddr.B = [16]byte{}
+	if a := b.ReplySource; a.IsValid() && !a.IsUnspecified() {
+		v.ListenerAddr.B = a.As16()
+	}
+	if err := p2c.Put(k, v); err != nil {
+		t.Fatalf("teach %v: %v", b, err)
+	}
+}
+
+func htons(v uint16) uint16 { return v>>8 | v<<8 }
 
 // replace makes bs the only bindings in the maps.
 func (e *env) replace(t testing.TB, bs []channelmap.Binding) {
@@ -445,6 +494,7 @@ func (e *env) replace(t testing.TB, bs []channelmap.Binding) {
 		if err := e.maps.Upsert(b); err != nil {
 			t.Fatalf("install %v: %v", b, err)
 		}
+		e.teach(t, b)
 	}
 }
 

@@ -184,15 +184,22 @@ func decodeBindings(spec []byte) []channelmap.Binding {
 		if s[0]&0x80 != 0 {
 			clientPool, listenerPool = fuzzHosts6, fuzzListeners6
 		}
-		b := channelmap.Binding{
-			Client:       netip.AddrPortFrom(netip.MustParseAddr(pick(clientPool, s[0]&0x7f)), pick(fuzzClientPorts, s[1])),
-			ListenerPort: listenerPort,
-			Channel:      pick(fuzzChannels, s[2]),
-			Peer:         netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzHosts, s[3]>>4)), pick(fuzzPeerPorts, s[3]&0xf)),
-			Relay:        netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzRelayAddrs, s[4]>>4)), pick(fuzzRelayPorts, s[4]&0xf)),
+		listener := wildcard4
+		if s[0]&0x80 != 0 {
+			listener = wildcard6
 		}
-		if l := pick(listenerPool, s[5]); l != "" {
-			b.ListenerAddr = netip.MustParseAddr(l)
+		if s[5]&0x80 != 0 { // the specific listener sharing the port
+			listener = map[netip.AddrPort]netip.AddrPort{wildcard4: specific4, wildcard6: specific6}[listener]
+		}
+		b := channelmap.Binding{
+			Client:   netip.AddrPortFrom(netip.MustParseAddr(pick(clientPool, s[0]&0x7f)), pick(fuzzClientPorts, s[1])),
+			Listener: listener,
+			Channel:  pick(fuzzChannels, s[2]),
+			Peer:     netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzHosts, s[3]>>4)), pick(fuzzPeerPorts, s[3]&0xf)),
+			Relay:    netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzRelayAddrs, s[4]>>4)), pick(fuzzRelayPorts, s[4]&0xf)),
+		}
+		if l := pick(listenerPool, s[5]&0x7f); l != "" {
+			b.ReplySource = netip.MustParseAddr(l)
 		}
 		pk := [2]netip.AddrPort{b.Peer, b.Relay}
 		if clients[b.Key()] || peers[pk] {
@@ -207,7 +214,8 @@ func decodeBindings(spec []byte) []channelmap.Binding {
 // fuzzFrame builds the frame of a fuzz input. pick's low bit is the direction
 // (client->peer or peer->client), the rest the binding; flags: bit 0 wraps the
 // payload as ChannelData on the binding's channel with (flags>>1)&3 bytes of
-// padding, bit 3 sends no UDP checksum, bits 4-5 choose the TTL (hop limit),
+// padding, bit 3 sends no UDP checksum (with bit 7 of dst: a partial one, as a
+// sender with tx checksum offload hands it over), bits 4-5 choose the TTL (hop limit),
 // bit 6 sets DF (IPv6: a flow label), bit 7 sends from a port one above the
 // bound one. An IPv6 client's frames are IPv6, to fuzzDsts6.
 func fuzzFrame(bs []channelmap.Binding, pickB, dst, flags uint8, payload []byte) []byte {
@@ -228,8 +236,9 @@ func fuzzFrame(bs []channelmap.Binding, pickB, dst, flags uint8, payload []byte)
 	} else {
 		f = fromPeer(b, payload)
 	}
-	f.NoUDPChecksum = flags&8 != 0
-	f.TTL = []uint8{64, 1, 0, 255}[flags>>4&3]
+	f.NoUDPChecksum = flags&8 != 0 && dst&0x80 == 0
+	f.PartialChecksum = flags&8 != 0 && dst&0x80 != 0
+	f.TTL = []uint8{64, 1, 0, 2}[flags>>4&3]
 	f.FragOff, f.FlowLabel = 0, 0
 	if flags&0x40 != 0 {
 		f.FragOff, f.FlowLabel = 0x4000, 0x54321

@@ -186,12 +186,20 @@ func hostileCases(e *env) []golden {
 	p.Dst = ap("10.200.0.1:50001")
 	pass("binding/peer-to-other-relay-port", "b0", p.Marshal(), bpf.RelayReasonREASON_NO_PEER_BINDING)
 
-	// Valid although unusual: relayed, as pion/turn would.
+	// What would leave with TTL 0: pion/turn's (it relays with its own TTL).
 	for _, ttl := range []uint8{0, 1} {
-		// The relay originates the packet (TTL 64); it does not forward it.
 		in := fromClient(redirect, "10.100.0.1", packet.ChannelData(redirect.Channel, data(20), nil))
 		in.TTL = ttl
-		cases = append(cases, golden{name: fmt.Sprintf("relay/c2p-ttl-%d", ttl), ingress: "a0", in: in.Marshal(),
+		pass(fmt.Sprintf("ttl/c2p-%d", ttl), "a0", in.Marshal(), bpf.RelayReasonREASON_TTL_EXPIRED)
+		p := fromPeer(redirect, data(20))
+		p.TTL = ttl
+		pass(fmt.Sprintf("ttl/p2c-%d", ttl), "b0", p.Marshal(), bpf.RelayReasonREASON_TTL_EXPIRED)
+	}
+	{
+		// A TTL of 2 leaves as 1.
+		in := fromClient(redirect, "10.100.0.1", packet.ChannelData(redirect.Channel, data(20), nil))
+		in.TTL = 2
+		cases = append(cases, golden{name: "relay/c2p-ttl-2", ingress: "a0", in: in.Marshal(),
 			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
 			out: toPeer(in, redirect, b0.mac, peerMAC, data(20)).Marshal()})
 	}
@@ -207,7 +215,7 @@ func hostileCases(e *env) []golden {
 		in := fromPeer(redirect, packet.ChannelData(0x4000, data(8), nil))
 		cases = append(cases, golden{name: "relay/p2c-payload-looks-like-channel-data", ingress: "b0", in: in.Marshal(),
 			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
-			out: toClient(in, redirect, redirect.ListenerAddr, e.ifaces["a0"].mac, clientMAC, in.Payload).Marshal()})
+			out: toClient(in, redirect, redirect.ReplySource, e.ifaces["a0"].mac, clientMAC, in.Payload).Marshal()})
 	}
 	return append(cases, hostileCases6(e)...)
 }
@@ -341,15 +349,15 @@ func hostileCases6(e *env) []golden {
 	// Valid although unusual: relayed.
 	b0 := e.ifaces["b0"]
 	{
+		// Illegal (RFC 8200 8.1): Linux drops it, so the kernel path passes it.
 		in := fromClient(redirect, "fd00:100::1", packet.ChannelData(redirect.Channel, data(20), nil))
 		in.NoUDPChecksum = true
-		cases = append(cases, golden{name: "v6/relay/c2p-zero-udp-checksum", ingress: "a0", in: in.Marshal(),
-			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
-			out: toPeer(in, redirect, b0.mac, peerMAC, data(20)).Marshal()})
+		cases = append(cases, golden{name: "v6/pass/c2p-zero-udp-checksum", ingress: "a0", in: in.Marshal(),
+			verdict: xdpPass, reason: bpf.RelayReasonREASON_NO_CHECKSUM})
 		in = fromClient(redirect, "fd00:100::1", packet.ChannelData(redirect.Channel, data(20), nil))
 		in.FlowLabel = 0xfffff
-		in.TTL = 0
-		cases = append(cases, golden{name: "v6/relay/c2p-hop-limit-0-flow-label-max", ingress: "a0", in: in.Marshal(),
+		in.TTL = 2
+		cases = append(cases, golden{name: "v6/relay/c2p-hop-limit-2-flow-label-max", ingress: "a0", in: in.Marshal(),
 			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
 			out: toPeer(in, redirect, b0.mac, peerMAC, data(20)).Marshal()})
 	}
@@ -374,7 +382,7 @@ func TestIPv6MappedSourceIsNoIPv4Client(t *testing.T) {
 	}
 	// The IPv4 client's replies still come from the IPv4 listener address.
 	in := fromPeer(b, data(10))
-	want := toClient(in, b, b.ListenerAddr, e.ifaces["a0"].mac, clientMAC, data(10)).Marshal()
+	want := toClient(in, b, b.ReplySource, e.ifaces["a0"].mac, clientMAC, data(10)).Marshal()
 	if got, _ := e.check(t, m, "b0", in.Marshal()); !bytes.Equal(got.out, want) {
 		t.Errorf("reply to the IPv4 client afterwards\n got %x\nwant %x", got.out, want)
 	}

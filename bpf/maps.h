@@ -13,15 +13,31 @@ struct addr {
 	__u8 b[16];
 };
 
-/* A client's ChannelData arriving on a listener port. The listener address is
- * not part of the key: behind a load balancer the wire carries a VIP that
- * pion/turn never sees. */
+/* The destinations the UDP listeners accept, written by userspace: a client's
+ * packet to (addr, port) is delivered by the kernel to the listener socket with
+ * this id. Specific listeners accept their own address; wildcard listeners the
+ * node's local addresses; both also the VIPs the node DNATs to them (XDP sees
+ * the pre-DNAT address). Anything else (transit traffic the node would forward,
+ * packets to addresses of other listeners) is not this listener's. */
+struct dst_key {
+	struct addr addr;
+	__be16 port;
+	__u16 _pad;
+};
+
+struct dst_val {
+	__u32 listener_id;
+};
+
+/* A client's ChannelData arriving at an accepted destination. The listener is
+ * part of the identity: one client address:port may hold allocations on two
+ * listeners sharing a port (a browser shares its socket across TURN servers; a
+ * NAT maps two users to one address), each with its own channels. */
 struct c2p_key {
 	struct addr client_addr;
 	__be16 client_port;
-	__be16 listener_port;
 	__be16 channel;
-	__u16 _pad;
+	__u32 listener_id;
 };
 
 struct c2p_val {
@@ -44,9 +60,10 @@ struct p2c_key {
 struct p2c_val {
 	struct addr client_addr;
 	/* Source for packets to the client: the address the client's packets
-	 * arrived at on the wire. Userspace seeds it when the listener is not a
-	 * wildcard; the client->peer path learns it from the packet. All zero:
-	 * not known yet, the packet goes to userspace. */
+	 * arrived at on the wire (a VIP in front of the node, the local address a
+	 * wildcard listener was reached at), learned from the client's accepted
+	 * ChannelData. Userspace never seeds it: a DNAT it cannot see may stand
+	 * in between. All zero: not known yet, the packet goes to userspace. */
 	struct addr listener_addr;
 	__be16 client_port;
 	__be16 listener_port;
@@ -74,6 +91,13 @@ struct config {
 };
 
 /* Sized by the loader from --max-bindings; max_entries here are the defaults. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct dst_key);
+	__type(value, struct dst_val);
+	__uint(max_entries, 4096);
+} listener_dsts SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct c2p_key);

@@ -5,14 +5,18 @@
  * channel bindings pion/turn mirrors into the maps. Clients use IPv4 or IPv6;
  * relays and peers are IPv4.
  *
- *   client->peer: ChannelData to a listener port from a bound (client, channel):
- *                 strip the 4-byte header and any padding, send relay -> peer.
+ *   client->peer: ChannelData to a destination a listener accepts, from a bound
+ *                 (client, listener, channel): strip the 4-byte header and any
+ *                 padding, send relay -> peer.
  *   peer->client: UDP to a relay port from the exact bound peer address:port:
  *                 prepend the header, send listener (as on the wire) -> client.
  *
- * Anything else, and anything the program cannot forward itself, is XDP_PASSed
- * untouched so that the kernel hands it to pion/turn. The program never answers
- * a packet and never drops one. */
+ * What leaves is what pion/turn and the node's kernel would send: TTL less one,
+ * a UDP checksum that verifies exactly when the input's did (a full one for a
+ * CHECKSUM_PARTIAL input). Anything else, and anything the program cannot do as
+ * faithfully, is XDP_PASSed untouched so that the kernel hands it to pion/turn.
+ * The program never answers a packet; it drops one only when its egress
+ * vanished between the lookup and the redirect (the frame is rewritten by then). */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
@@ -66,19 +70,6 @@ static __always_inline int addr_eq(const struct addr *a, const struct addr *b)
 	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
 }
 
-/* Only a unicast destination can be the source of replies: a client packet
- * sent to 0.0.0.0, a broadcast or a multicast group teaches nothing. */
-static __always_inline int is_unicast_v4(__be32 addr)
-{
-	__u32 a = bpf_ntohl(addr);
-	return a != 0 && a != 0xffffffff && (a >> 28) != 0xe;
-}
-
-static __always_inline int is_unicast_v6(const struct addr *a)
-{
-	return !addr_is_zero(a) && a->b[0] != 0xff;
-}
-
 static __always_inline int is_listener_port(__be16 port)
 {
 #pragma unroll
@@ -109,6 +100,7 @@ struct rewrite {
 	__u32 egress_ifindex;
 	__u8 family;    /* of the output: AF_INET or AF_INET6 */
 	__u8 tos;       /* IPv4 TOS, or IPv6 traffic class */
+	__u8 ttl;       /* TTL or hop limit of the output */
 };
 
 /* next_hop resolves the rewritten packet's next hop and fills in the MACs. It
@@ -201,7 +193,7 @@ static __always_inline int emit(struct xdp_md *ctx, struct iphdr *ip4, struct re
 		nip6->flow_lbl[0] = (rw->tos & 0xf) << 4;
 		nip6->payload_len = bpf_htons(rw->len - sizeof(struct ipv6hdr));
 		nip6->nexthdr = IPPROTO_UDP;
-		nip6->hop_limit = RELAY_TTL;
+		nip6->hop_limit = rw->ttl;
 		__builtin_memcpy(&nip6->saddr, rw->saddr.b, 16);
 		__builtin_memcpy(&nip6->daddr, rw->daddr.b, 16);
 		eth->h_proto = bpf_htons(ETH_P_IPV6);
@@ -232,8 +224,14 @@ static __always_inline int emit(struct xdp_md *ctx, struct iphdr *ip4, struct re
 		*reason = c2p ? REASON_RELAY_C2P_TX : REASON_RELAY_P2C_TX;
 		return XDP_TX;
 	}
-	*reason = c2p ? REASON_RELAY_C2P_REDIRECT : REASON_RELAY_P2C_REDIRECT;
-	return bpf_redirect_map(&tx_ports, rw->egress_ifindex, XDP_PASS);
+	/* The frame is rewritten: if the egress left the devmap since next_hop
+	 * looked, it must not reach the stack as if it had arrived. */
+	int action = bpf_redirect_map(&tx_ports, rw->egress_ifindex, XDP_DROP);
+	if (action == XDP_DROP)
+		*reason = REASON_REDIRECT_FAILED;
+	else
+		*reason = c2p ? REASON_RELAY_C2P_REDIRECT : REASON_RELAY_P2C_REDIRECT;
+	return action;
 }
 
 static __always_inline void count_binding(__u32 id, int c2p, __u16 data_len)
@@ -254,7 +252,7 @@ static __always_inline void count_binding(__u32 id, int c2p, __u16 data_len)
  * trailer) and moves its start by `head` bytes (positive: shrink). */
 static __always_inline int resize(struct xdp_md *ctx, __u32 tail, int head)
 {
-	if (tail && bpf_xdp_adjust_tail(ctx, -(int)(tail & 0xfff)))
+	if (tail && bpf_xdp_adjust_tail(ctx, -(int)tail))
 		return -1;
 	return bpf_xdp_adjust_head(ctx, head);
 }
@@ -266,6 +264,7 @@ struct input {
 	__u32 l3_total;           /* IP header plus payload */
 	__u8 family;
 	__u8 tos;                 /* TOS or traffic class */
+	__u8 ttl;                 /* TTL or hop limit */
 };
 
 /* pseudo_sum adds an address pair of the input or output to a csum_diff word
@@ -282,6 +281,35 @@ static __always_inline int pseudo_words(__be32 *w, const struct addr *s, const s
 	return 8;
 }
 
+/* pseudo_sum is the unfolded sum of a UDP pseudo header: addresses, protocol
+ * and the UDP length as on the wire (RFC 768; RFC 8200 8.1). */
+static __always_inline __u64 pseudo_sum(const struct addr *s, const struct addr *d, int v4, __be16 udp_len)
+{
+	__be32 w[9] = {};
+	w[0] = bpf_htonl(IPPROTO_UDP << 16);
+	__builtin_memcpy((__u8 *)&w[0] + 2, &udp_len, 2);
+	if (v4) {
+		w[1] = addr_v4(s);
+		w[2] = addr_v4(d);
+		return sum_words(w, 3, 0);
+	}
+	__builtin_memcpy(&w[1], s->b, 16);
+	__builtin_memcpy(&w[5], d->b, 16);
+	return sum_words(w, 9, 0);
+}
+
+/* is_partial tells a CHECKSUM_PARTIAL datagram (a veth or container sender with
+ * tx checksum offload on): its checksum field holds only the folded pseudo-header
+ * sum, and an incremental update of it would be wrong. */
+static __always_inline int is_partial(const struct input *in, const struct udphdr *udp)
+{
+	__u16 ps = (__u16)~csum_fold(pseudo_sum(&in->saddr, &in->daddr, in->family == AF_INET, udp->len));
+	return udp->check != 0 && udp->check == ps;
+}
+
+/* UDP_PROTO_WORD is the pseudo header's zero and protocol bytes as a word. */
+#define UDP_PROTO_WORD bpf_htonl(IPPROTO_UDP << 16)
+
 static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, struct input *in,
 					  struct udphdr *udp, __u32 *reason)
 {
@@ -294,21 +322,58 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		return XDP_PASS;
 	}
 
-	/* An IPv6 source of the form ::ffff:a.b.c.d would find an IPv4 client's
-	 * binding (the maps store IPv4 that way) and hijack its replies. The kernel
-	 * drops such packets anyway (RFC 4291 2.5.5.2): no channel is theirs. */
-	if (in->family == AF_INET6 && addr_is_v4(&in->saddr)) {
-		*reason = REASON_NO_CHANNEL;
+	/* IPv4-mapped addresses are not on an IPv6 wire (RFC 4291 2.5.5.2): such a
+	 * source would find an IPv4 client's binding (the maps store IPv4 that way),
+	 * such a destination an IPv4 listener's; the kernel gives neither to them. */
+	if (in->family == AF_INET6) {
+		if (addr_is_v4(&in->saddr)) {
+			*reason = REASON_NO_CHANNEL;
+			return XDP_PASS;
+		}
+		if (addr_is_v4(&in->daddr)) {
+			*reason = REASON_NOT_LISTENER_ADDR;
+			return XDP_PASS;
+		}
+	}
+	/* Only what the kernel would deliver to a listener socket is a listener's:
+	 * transit traffic (the node forwards) and other listeners' addresses are
+	 * not, and must neither be relayed nor teach a reply source. */
+	struct dst_key dk = {};
+	dk.addr = in->daddr;
+	dk.port = udp->dest;
+	struct dst_val *dst = bpf_map_lookup_elem(&listener_dsts, &dk);
+	if (!dst) {
+		*reason = REASON_NOT_LISTENER_ADDR;
 		return XDP_PASS;
 	}
 	struct c2p_key key = {};
 	key.client_addr = in->saddr;
 	key.client_port = udp->source;
-	key.listener_port = udp->dest;
 	key.channel = channel;
+	key.listener_id = dst->listener_id;
 	struct c2p_val *b = bpf_map_lookup_elem(&c2p_bindings, &key);
 	if (!b) {
 		*reason = REASON_NO_CHANNEL;
+		return XDP_PASS;
+	}
+
+	/* What the kernel would drop before pion saw it, and what would expire. */
+	if (in->family == AF_INET) {
+		struct iphdr *hdr = (void *)udp - sizeof(struct iphdr);
+		if ((void *)(hdr + 1) > c->end) {
+			*reason = REASON_MALFORMED_IP;
+			return XDP_PASS;
+		}
+		if (!ipv4_csum_ok(hdr)) {
+			*reason = REASON_BAD_IP_CHECKSUM;
+			return XDP_PASS;
+		}
+	} else if (udp->check == 0) {
+		*reason = REASON_NO_CHECKSUM;
+		return XDP_PASS;
+	}
+	if (in->ttl < MIN_RELAY_TTL) {
+		*reason = REASON_TTL_EXPIRED;
 		return XDP_PASS;
 	}
 
@@ -320,13 +385,13 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	back.peer_port = b->peer_port;
 	back.relay_port = b->relay_port;
 	struct p2c_val *bv = bpf_map_lookup_elem(&p2c_bindings, &back);
-	int unicast = in->family == AF_INET ? is_unicast_v4(addr_v4(&in->daddr)) : is_unicast_v6(&in->daddr);
-	if (bv && unicast && !addr_eq(&bv->listener_addr, &in->daddr))
+	if (bv && !addr_eq(&bv->listener_addr, &in->daddr))
 		bv->listener_addr = in->daddr;
 
 	struct rewrite rw = {};
 	rw.family = AF_INET; /* relays and peers are IPv4 */
 	rw.tos = in->tos;
+	rw.ttl = in->ttl - 1;
 	rw.saddr = b->relay_addr;
 	rw.daddr = b->peer_addr;
 	rw.sport = b->relay_port;
@@ -338,40 +403,50 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		return XDP_PASS;
 	}
 
-	/* Padding bytes leave the checksum: each sits at an even or odd offset of
-	 * the datagram (the data starts at an even one in both old and new). */
-	__u32 pad_sum = 0;
-	__u8 *p = c->pos;
-	p += data_len & CHANNEL_DATA_MAX_LEN;
-#pragma unroll
-	for (int i = 0; i < CHANNEL_DATA_MAX_PAD; i++) {
-		if (i < pad) {
-			if ((void *)(p + i + 1) > c->end) {
-				*reason = REASON_MALFORMED_CHANNEL_DATA;
-				return XDP_PASS;
-			}
-			__u32 v = p[i];
-			pad_sum += ((data_len + i) & 1) ? v << 8 : v;
-		}
-	}
-	/* Out: the input's pseudo-header addresses, ports, lengths (pseudo header
-	 * and header) and the ChannelData header. In: the output's. The protocol
-	 * number is in both pseudo headers and cancels. */
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + data_len);
 	__be32 from[12] = {}, to[5] = {};
-	int n = pseudo_words(from, &in->saddr, &in->daddr, in->family == AF_INET);
-	__builtin_memcpy(&from[n], &udp->source, 4);
-	__builtin_memcpy(&from[n + 1], &udp->len, 2);
-	__builtin_memcpy((__u8 *)&from[n + 1] + 2, &udp->len, 2);
-	__builtin_memcpy(&from[n + 2], (__u8 *)(udp + 1), 4);
 	to[0] = addr_v4(&rw.saddr);
 	to[1] = addr_v4(&rw.daddr);
 	__builtin_memcpy(&to[2], &rw.sport, 2);
 	__builtin_memcpy((__u8 *)&to[2] + 2, &rw.dport, 2);
 	__builtin_memcpy(&to[3], &new_udp_len, 2);
 	__builtin_memcpy((__u8 *)&to[3] + 2, &new_udp_len, 2);
-	__u32 from_size = in->family == AF_INET ? 5 * 4 : 11 * 4;
-	rw.udp_csum = udp_csum_update(udp->check, from, from_size, to, 4 * 4, pad_sum);
+	if (is_partial(in, udp)) {
+		/* Nobody summed the data yet: sum the output from scratch. */
+		int ds = sum_data(ctx, (__u32)(c->pos - (void *)(long)ctx->data), data_len);
+		if (ds < 0) {
+			*reason = REASON_MALFORMED_CHANNEL_DATA;
+			return XDP_PASS;
+		}
+		rw.udp_csum = csum_finish(sum_words(to, 4, UDP_PROTO_WORD) + (__u32)ds);
+	} else {
+		/* Padding bytes leave the checksum: each sits at an even or odd offset
+		 * of the datagram (the data starts at an even one in both old and new). */
+		__u32 pad_sum = 0;
+		__u8 *p = c->pos;
+		p += data_len & CHANNEL_DATA_MAX_LEN;
+#pragma unroll
+		for (int i = 0; i < CHANNEL_DATA_MAX_PAD; i++) {
+			if (i < pad) {
+				if ((void *)(p + i + 1) > c->end) {
+					*reason = REASON_MALFORMED_CHANNEL_DATA;
+					return XDP_PASS;
+				}
+				__u32 v = p[i];
+				pad_sum += ((data_len + i) & 1) ? v << 8 : v;
+			}
+		}
+		/* Out: the input's pseudo-header addresses, ports, lengths (pseudo
+		 * header and header) and the ChannelData header. In: the output's.
+		 * The protocol number is in both pseudo headers and cancels. */
+		int n = pseudo_words(from, &in->saddr, &in->daddr, in->family == AF_INET);
+		__builtin_memcpy(&from[n], &udp->source, 4);
+		__builtin_memcpy(&from[n + 1], &udp->len, 2);
+		__builtin_memcpy((__u8 *)&from[n + 1] + 2, &udp->len, 2);
+		__builtin_memcpy(&from[n + 2], (__u8 *)(udp + 1), 4);
+		__u32 from_size = in->family == AF_INET ? 5 * 4 : 11 * 4;
+		rw.udp_csum = udp_csum_update(udp->check, from, from_size, to, 4 * 4, pad_sum);
+	}
 
 	struct iphdr ip4 = {};
 	if (in->family == AF_INET) {
@@ -390,7 +465,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		ip4.protocol = IPPROTO_UDP;
 	}
 	ip4.tot_len = bpf_htons(rw.len);
-	ip4.ttl = RELAY_TTL;
+	ip4.ttl = rw.ttl;
 	ip4.saddr = to[0];
 	ip4.daddr = to[1];
 
@@ -405,7 +480,8 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		return XDP_PASS;
 	}
 	int action = emit(ctx, &ip4, &rw, channel, data_len, 1, reason);
-	count_binding(binding_id, 1, data_len);
+	if (action != XDP_DROP)
+		count_binding(binding_id, 1, data_len);
 	return action;
 }
 
@@ -432,6 +508,15 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		*reason = REASON_CLIENT_ADDR_UNKNOWN;
 		return XDP_PASS;
 	}
+	struct iphdr *old = (void *)udp - sizeof(struct iphdr);
+	if ((void *)(old + 1) > c->end) {
+		*reason = REASON_MALFORMED_IP;
+		return XDP_PASS;
+	}
+	if (!ipv4_csum_ok(old)) {
+		*reason = REASON_BAD_IP_CHECKSUM;
+		return XDP_PASS;
+	}
 	if (!to_v4 && udp->check == 0) {
 		*reason = REASON_NO_CHECKSUM;
 		return XDP_PASS;
@@ -441,10 +526,15 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		*reason = REASON_OVERSIZE;
 		return XDP_PASS;
 	}
+	if (in->ttl < MIN_RELAY_TTL) {
+		*reason = REASON_TTL_EXPIRED;
+		return XDP_PASS;
+	}
 
 	struct rewrite rw = {};
 	rw.family = to_v4 ? AF_INET : AF_INET6;
 	rw.tos = in->tos;
+	rw.ttl = in->ttl - 1;
 	rw.saddr = b->listener_addr;
 	rw.daddr = b->client_addr;
 	rw.sport = b->listener_port;
@@ -461,11 +551,6 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len);
 	__be16 cd_len = bpf_htons(data_len);
 	__be32 from[4] = {}, to[12] = {};
-	from[0] = addr_v4(&in->saddr);
-	from[1] = addr_v4(&in->daddr);
-	__builtin_memcpy(&from[2], &udp->source, 4);
-	__builtin_memcpy(&from[3], &udp->len, 2);
-	__builtin_memcpy((__u8 *)&from[3] + 2, &udp->len, 2);
 	int n = pseudo_words(to, &rw.saddr, &rw.daddr, to_v4);
 	__builtin_memcpy(&to[n], &rw.sport, 2);
 	__builtin_memcpy((__u8 *)&to[n] + 2, &rw.dport, 2);
@@ -473,18 +558,26 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	__builtin_memcpy((__u8 *)&to[n + 1] + 2, &new_udp_len, 2);
 	__builtin_memcpy(&to[n + 2], &channel, 2);
 	__builtin_memcpy((__u8 *)&to[n + 2] + 2, &cd_len, 2);
-	__u32 to_size = to_v4 ? 5 * 4 : 11 * 4;
-	rw.udp_csum = udp_csum_update(udp->check, from, sizeof(from), to, to_size, 0);
-
-	struct iphdr ip4 = {};
-	struct iphdr *old = (void *)udp - sizeof(struct iphdr);
-	if ((void *)(old + 1) > c->end) {
-		*reason = REASON_MALFORMED_IP;
-		return XDP_PASS;
+	if (is_partial(in, udp)) {
+		int ds = sum_data(ctx, (__u32)(c->pos - (void *)(long)ctx->data), data_len);
+		if (ds < 0) {
+			*reason = REASON_MALFORMED_UDP;
+			return XDP_PASS;
+		}
+		rw.udp_csum = csum_finish(sum_words(to, n + 3, UDP_PROTO_WORD) + (__u32)ds);
+	} else {
+		from[0] = addr_v4(&in->saddr);
+		from[1] = addr_v4(&in->daddr);
+		__builtin_memcpy(&from[2], &udp->source, 4);
+		__builtin_memcpy(&from[3], &udp->len, 2);
+		__builtin_memcpy((__u8 *)&from[3] + 2, &udp->len, 2);
+		__u32 to_size = to_v4 ? 5 * 4 : 11 * 4;
+		rw.udp_csum = udp_csum_update(udp->check, from, sizeof(from), to, to_size, 0);
 	}
-	ip4 = *old;
+
+	struct iphdr ip4 = *old;
 	ip4.tot_len = bpf_htons(rw.len);
-	ip4.ttl = RELAY_TTL;
+	ip4.ttl = rw.ttl;
 	ip4.saddr = addr_v4(&rw.saddr);
 	ip4.daddr = addr_v4(&rw.daddr);
 
@@ -496,7 +589,8 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		return XDP_PASS;
 	}
 	int action = emit(ctx, &ip4, &rw, channel, data_len, 0, reason);
-	count_binding(binding_id, 0, data_len);
+	if (action != XDP_DROP)
+		count_binding(binding_id, 0, data_len);
 	return action;
 }
 
@@ -525,6 +619,7 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 		}
 		in.family = AF_INET;
 		in.tos = ip->tos;
+		in.ttl = ip->ttl;
 		in.l3_len = sizeof(*ip);
 		in.l3_total = bpf_ntohs(ip->tot_len);
 		addr_set_v4(&in.saddr, ip->saddr);
@@ -538,6 +633,7 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 		}
 		in.family = AF_INET6;
 		in.tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
+		in.ttl = ip6->hop_limit;
 		in.l3_len = sizeof(*ip6);
 		in.l3_total = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
 		__builtin_memcpy(in.saddr.b, &ip6->saddr, 16);

@@ -27,10 +27,9 @@ type RelayC2pKey struct {
 		_ structs.HostLayout
 		B [16]uint8
 	}
-	ClientPort   uint16
-	ListenerPort uint16
-	Channel      uint16
-	Pad          uint16
+	ClientPort uint16
+	Channel    uint16
+	ListenerId uint32
 }
 
 type RelayC2pVal struct {
@@ -55,6 +54,21 @@ type RelayConfig struct {
 	MinRelayPort      uint16
 	MaxRelayPort      uint16
 	Pad               uint16
+}
+
+type RelayDstKey struct {
+	_    structs.HostLayout
+	Addr struct {
+		_ structs.HostLayout
+		B [16]uint8
+	}
+	Port uint16
+	Pad  uint16
+}
+
+type RelayDstVal struct {
+	_          structs.HostLayout
+	ListenerId uint32
 }
 
 type RelayP2cKey struct {
@@ -116,7 +130,11 @@ const (
 	RelayReasonREASON_ADJUST_FAILED          RelayReason = 22
 	RelayReasonREASON_IPV6EXTENSION          RelayReason = 23
 	RelayReasonREASON_NO_CHECKSUM            RelayReason = 24
-	RelayReasonREASON_MAX                    RelayReason = 25
+	RelayReasonREASON_NOT_LISTENER_ADDR      RelayReason = 25
+	RelayReasonREASON_TTL_EXPIRED            RelayReason = 26
+	RelayReasonREASON_BAD_IP_CHECKSUM        RelayReason = 27
+	RelayReasonREASON_REDIRECT_FAILED        RelayReason = 28
+	RelayReasonREASON_MAX                    RelayReason = 29
 )
 
 // Names of all BPF objects in the ELF.
@@ -125,6 +143,7 @@ const (
 const (
 	RelayMapBindingCounters = "binding_counters"
 	RelayMapC2pBindings     = "c2p_bindings"
+	RelayMapListenerDsts    = "listener_dsts"
 	RelayMapP2cBindings     = "p2c_bindings"
 	RelayMapTxPorts         = "tx_ports"
 	RelayMapVerdicts        = "verdicts"
@@ -184,6 +203,7 @@ type RelayProgramSpecs struct {
 type RelayMapSpecs struct {
 	BindingCounters *ebpf.MapSpec `ebpf:"binding_counters"`
 	C2pBindings     *ebpf.MapSpec `ebpf:"c2p_bindings"`
+	ListenerDsts    *ebpf.MapSpec `ebpf:"listener_dsts"`
 	P2cBindings     *ebpf.MapSpec `ebpf:"p2c_bindings"`
 	TxPorts         *ebpf.MapSpec `ebpf:"tx_ports"`
 	Verdicts        *ebpf.MapSpec `ebpf:"verdicts"`
@@ -219,6 +239,7 @@ func (o *RelayObjects) Close() error {
 type RelayMaps struct {
 	BindingCounters *ebpf.Map `ebpf:"binding_counters"`
 	C2pBindings     *ebpf.Map `ebpf:"c2p_bindings"`
+	ListenerDsts    *ebpf.Map `ebpf:"listener_dsts"`
 	P2cBindings     *ebpf.Map `ebpf:"p2c_bindings"`
 	TxPorts         *ebpf.Map `ebpf:"tx_ports"`
 	Verdicts        *ebpf.Map `ebpf:"verdicts"`
@@ -228,6 +249,7 @@ func (m *RelayMaps) Close() error {
 	return _RelayClose(
 		m.BindingCounters,
 		m.C2pBindings,
+		m.ListenerDsts,
 		m.P2cBindings,
 		m.TxPorts,
 		m.Verdicts,

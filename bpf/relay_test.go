@@ -17,77 +17,83 @@ func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 // bindings: one per branch of the program, see each comment.
 var bindings = map[string]channelmap.Binding{
 	// client on a0, peer on b0: redirect both ways.
-	"redirect": {Client: ap("10.100.0.2:40000"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.200.0.2:5001"), Relay: ap("10.200.0.1:50000"), ListenerAddr: netip.MustParseAddr("10.100.0.1")},
+	"redirect": {Client: ap("10.100.0.2:40000"), Listener: wildcard4, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5001"), Relay: ap("10.200.0.1:50000"), ReplySource: netip.MustParseAddr("10.100.0.1")},
 	// client and peer both behind a0: XDP_TX both ways.
-	"tx": {Client: ap("10.100.0.2:40000"), ListenerPort: listenerPort, Channel: 0x4001,
-		Peer: ap("10.100.0.3:6000"), Relay: ap("10.100.0.1:50001"), ListenerAddr: netip.MustParseAddr("10.100.0.1")},
+	"tx": {Client: ap("10.100.0.2:40000"), Listener: wildcard4, Channel: 0x4001,
+		Peer: ap("10.100.0.3:6000"), Relay: ap("10.100.0.1:50001"), ReplySource: netip.MustParseAddr("10.100.0.1")},
 	// peer without a neighbour entry.
-	"noneigh": {Client: ap("10.100.0.2:40000"), ListenerPort: listenerPort, Channel: 0x4002,
-		Peer: ap("10.200.0.9:5001"), Relay: ap("10.200.0.1:50002"), ListenerAddr: netip.MustParseAddr("10.100.0.1")},
+	"noneigh": {Client: ap("10.100.0.2:40000"), Listener: wildcard4, Channel: 0x4002,
+		Peer: ap("10.200.0.9:5001"), Relay: ap("10.200.0.1:50002"), ReplySource: netip.MustParseAddr("10.100.0.1")},
 	// peer behind c0, MTU 100.
-	"smallmtu": {Client: ap("10.100.0.2:40000"), ListenerPort: listenerPort, Channel: 0x4003,
-		Peer: ap("10.201.0.2:5001"), Relay: ap("10.201.0.1:50003"), ListenerAddr: netip.MustParseAddr("10.100.0.1")},
+	"smallmtu": {Client: ap("10.100.0.2:40000"), Listener: wildcard4, Channel: 0x4003,
+		Peer: ap("10.201.0.2:5001"), Relay: ap("10.201.0.1:50003"), ReplySource: netip.MustParseAddr("10.100.0.1")},
 	// peer behind an unreachable route.
-	"unreachable": {Client: ap("10.100.0.2:40000"), ListenerPort: listenerPort, Channel: 0x4004,
-		Peer: ap("10.250.0.2:5001"), Relay: ap("10.200.0.1:50004"), ListenerAddr: netip.MustParseAddr("10.100.0.1")},
+	"unreachable": {Client: ap("10.100.0.2:40000"), Listener: wildcard4, Channel: 0x4004,
+		Peer: ap("10.250.0.2:5001"), Relay: ap("10.200.0.1:50004"), ReplySource: netip.MustParseAddr("10.100.0.1")},
 	// peer behind e0, which is not in the devmap.
-	"notattached": {Client: ap("10.100.0.2:40000"), ListenerPort: listenerPort, Channel: 0x4005,
-		Peer: ap("10.203.0.2:5001"), Relay: ap("10.203.0.1:50005"), ListenerAddr: netip.MustParseAddr("10.100.0.1")},
+	"notattached": {Client: ap("10.100.0.2:40000"), Listener: wildcard4, Channel: 0x4005,
+		Peer: ap("10.203.0.2:5001"), Relay: ap("10.203.0.1:50005"), ReplySource: netip.MustParseAddr("10.100.0.1")},
 	// client behind d0, forwarding off there.
-	"fwdoff": {Client: ap("10.202.0.2:40000"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.200.0.2:5002"), Relay: ap("10.200.0.1:50006"), ListenerAddr: netip.MustParseAddr("10.202.0.1")},
+	"fwdoff": {Client: ap("10.202.0.2:40000"), Listener: wildcard4, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5002"), Relay: ap("10.200.0.1:50006"), ReplySource: netip.MustParseAddr("10.202.0.1")},
 	// wildcard listener: the source for the client is learned from its packets.
-	"learn": {Client: ap("10.100.0.2:40001"), ListenerPort: listenerPort, Channel: 0x4000,
+	"learn": {Client: ap("10.100.0.2:40001"), Listener: wildcard4, Channel: 0x4000,
 		Peer: ap("10.200.0.2:5003"), Relay: ap("10.200.0.1:50007")},
 	// client behind c0 (MTU 100): the 4 added bytes can push a reply over it.
-	"clientsmallmtu": {Client: ap("10.201.0.2:40000"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.200.0.2:5004"), Relay: ap("10.200.0.1:50008"), ListenerAddr: netip.MustParseAddr("10.201.0.1")},
+	"clientsmallmtu": {Client: ap("10.201.0.2:40000"), Listener: wildcard4, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5004"), Relay: ap("10.200.0.1:50008"), ReplySource: netip.MustParseAddr("10.201.0.1")},
 
 	// IPv6 clients; relays and peers are IPv4.
 	// client on a0, peer on b0: redirect both ways, v6->v4 and v4->v6.
-	"v6redirect": {Client: ap("[fd00:100::2]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.200.0.2:5010"), Relay: ap("10.200.0.1:50010"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	"v6redirect": {Client: ap("[fd00:100::2]:40000"), Listener: wildcard6, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5010"), Relay: ap("10.200.0.1:50010"), ReplySource: netip.MustParseAddr("fd00:100::1")},
 	// client and peer both behind a0: XDP_TX both ways.
-	"v6tx": {Client: ap("[fd00:100::2]:40000"), ListenerPort: listenerPort, Channel: 0x4001,
-		Peer: ap("10.100.0.3:6010"), Relay: ap("10.100.0.1:50011"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	"v6tx": {Client: ap("[fd00:100::2]:40000"), Listener: wildcard6, Channel: 0x4001,
+		Peer: ap("10.100.0.3:6010"), Relay: ap("10.100.0.1:50011"), ReplySource: netip.MustParseAddr("fd00:100::1")},
 	// wildcard listener: learned from the client's IPv6 packets.
-	"v6learn": {Client: ap("[fd00:100::2]:40001"), ListenerPort: listenerPort, Channel: 0x4000,
+	"v6learn": {Client: ap("[fd00:100::2]:40001"), Listener: wildcard6, Channel: 0x4000,
 		Peer: ap("10.200.0.2:5011"), Relay: ap("10.200.0.1:50012")},
 	// IPv6 client without a neighbour entry.
-	"v6noneigh": {Client: ap("[fd00:100::9]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.200.0.2:5012"), Relay: ap("10.200.0.1:50013"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	"v6noneigh": {Client: ap("[fd00:100::9]:40000"), Listener: wildcard6, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5012"), Relay: ap("10.200.0.1:50013"), ReplySource: netip.MustParseAddr("fd00:100::1")},
 	// IPv6 client behind f0 (MTU 1280): the reply is 24 bytes longer than the
 	// peer's datagram.
-	"v6clientsmallmtu": {Client: ap("[fd00:204::2]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.200.0.2:5013"), Relay: ap("10.200.0.1:50014"), ListenerAddr: netip.MustParseAddr("fd00:204::1")},
+	"v6clientsmallmtu": {Client: ap("[fd00:204::2]:40000"), Listener: wildcard6, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5013"), Relay: ap("10.200.0.1:50014"), ReplySource: netip.MustParseAddr("fd00:204::1")},
 	// IPv6 client, peer behind c0 (MTU 100): the IPv4 result is 24 bytes
 	// shorter than the IPv6 ChannelData.
-	"v6smallmtu": {Client: ap("[fd00:100::2]:40002"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.201.0.2:5014"), Relay: ap("10.201.0.1:50015"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	"v6smallmtu": {Client: ap("[fd00:100::2]:40002"), Listener: wildcard6, Channel: 0x4000,
+		Peer: ap("10.201.0.2:5014"), Relay: ap("10.201.0.1:50015"), ReplySource: netip.MustParseAddr("fd00:100::1")},
 	// IPv6 client behind d0: IPv4 forwarding off there (client->peer passes),
 	// IPv6 forwarding on (its replies are relayed).
-	"v6fwdoff": {Client: ap("[fd00:202::2]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.200.0.2:5015"), Relay: ap("10.200.0.1:50016"), ListenerAddr: netip.MustParseAddr("fd00:202::1")},
+	"v6fwdoff": {Client: ap("[fd00:202::2]:40000"), Listener: wildcard6, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5015"), Relay: ap("10.200.0.1:50016"), ReplySource: netip.MustParseAddr("fd00:202::1")},
 	// peer behind e0: IPv6 forwarding off there (replies to the IPv6 client
 	// pass), and e0 is not attached (client->peer passes).
-	"v6fwdoff6": {Client: ap("[fd00:100::2]:40003"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.203.0.2:5016"), Relay: ap("10.203.0.1:50017"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	"v6fwdoff6": {Client: ap("[fd00:100::2]:40003"), Listener: wildcard6, Channel: 0x4000,
+		Peer: ap("10.203.0.2:5016"), Relay: ap("10.203.0.1:50017"), ReplySource: netip.MustParseAddr("fd00:100::1")},
 	// IPv6 client behind e0, which is not attached.
-	"v6notattached": {Client: ap("[fd00:203::2]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.200.0.2:5017"), Relay: ap("10.200.0.1:50018"), ListenerAddr: netip.MustParseAddr("fd00:203::1")},
+	"v6notattached": {Client: ap("[fd00:203::2]:40000"), Listener: wildcard6, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5017"), Relay: ap("10.200.0.1:50018"), ReplySource: netip.MustParseAddr("fd00:203::1")},
 	// An IPv6 "client" at the server's own address: a local route.
-	"v6local": {Client: ap("[fd00:100::1]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.200.0.2:5019"), Relay: ap("10.200.0.1:50020"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	"v6local": {Client: ap("[fd00:100::1]:40000"), Listener: wildcard6, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5019"), Relay: ap("10.200.0.1:50020"), ReplySource: netip.MustParseAddr("fd00:100::1")},
 	// A multicast "client", its peer behind e0 (IPv6 forwarding off).
-	"v6multicast": {Client: ap("[ff02::1]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.203.0.2:5020"), Relay: ap("10.203.0.1:50021"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	"v6multicast": {Client: ap("[ff02::1]:40000"), Listener: wildcard6, Channel: 0x4000,
+		Peer: ap("10.203.0.2:5020"), Relay: ap("10.203.0.1:50021"), ReplySource: netip.MustParseAddr("fd00:100::1")},
 	// A link-local listener address.
-	"v6linklocal": {Client: ap("[fd00:100::2]:40004"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.200.0.2:5021"), Relay: ap("10.200.0.1:50022"), ListenerAddr: netip.MustParseAddr("fe80::1")},
+	"v6linklocal": {Client: ap("[fd00:100::2]:40004"), Listener: wildcard6, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5021"), Relay: ap("10.200.0.1:50022"), ReplySource: netip.MustParseAddr("fe80::1")},
+	// The specific listener sharing the port with the wildcard: the same client
+	// address:port and channel as "redirect" ("v6redirect"), another peer.
+	"specific": {Client: ap("10.100.0.2:40000"), Listener: specific4, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5030"), Relay: ap("10.200.0.1:50030"), ReplySource: netip.MustParseAddr("10.100.0.5")},
+	"v6specific": {Client: ap("[fd00:100::2]:40000"), Listener: specific6, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5031"), Relay: ap("10.200.0.1:50031"), ReplySource: netip.MustParseAddr("fd00:100::5")},
 	// IPv6 client behind an unreachable route.
-	"v6unreachable": {Client: ap("[fd00:250::2]:40000"), ListenerPort: listenerPort, Channel: 0x4000,
-		Peer: ap("10.200.0.2:5018"), Relay: ap("10.200.0.1:50019"), ListenerAddr: netip.MustParseAddr("fd00:100::1")},
+	"v6unreachable": {Client: ap("[fd00:250::2]:40000"), Listener: wildcard6, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5018"), Relay: ap("10.200.0.1:50019"), ReplySource: netip.MustParseAddr("fd00:100::1")},
 }
 
 // install puts the golden bindings into the maps and returns the model of the
@@ -104,7 +110,7 @@ func (e *env) install(t testing.TB) *model.Model {
 // label (which the relay does not carry over).
 func fromClient(b channelmap.Binding, listener string, payload []byte) packet.Frame {
 	f := packet.Frame{DstMAC: [6]byte{0x02, 0xaa}, SrcMAC: clientMAC, TTL: 63, ID: 0x1234, FragOff: 0x4000,
-		TOS: 0xb8, Src: b.Client, Dst: netip.AddrPortFrom(netip.MustParseAddr(listener), b.ListenerPort), Payload: payload}
+		TOS: 0xb8, Src: b.Client, Dst: netip.AddrPortFrom(netip.MustParseAddr(listener), b.Listener.Port()), Payload: payload}
 	if f.Is6() {
 		f.FlowLabel = 0xabcde
 	}
@@ -112,7 +118,7 @@ func fromClient(b channelmap.Binding, listener string, payload []byte) packet.Fr
 }
 
 func fromPeer(b channelmap.Binding, payload []byte) packet.Frame {
-	return packet.Frame{DstMAC: [6]byte{0x02, 0xbb}, SrcMAC: peerMAC, TTL: 1, ID: 0x4321,
+	return packet.Frame{DstMAC: [6]byte{0x02, 0xbb}, SrcMAC: peerMAC, TTL: 9, ID: 0x4321,
 		Src: b.Peer, Dst: b.Relay, Payload: payload}
 }
 
@@ -124,23 +130,24 @@ func data(n int) []byte {
 	return d
 }
 
-// toPeer is what the relay must send to the peer for a client frame. From an
-// IPv6 client: TOS = the traffic class, ID 0, DF.
+// toPeer is what the relay must send to the peer for a client frame: TTL one
+// less, a full UDP checksum. From an IPv6 client: TOS = the traffic class, ID
+// 0, DF.
 func toPeer(in packet.Frame, b channelmap.Binding, srcMAC, dstMAC [6]byte, d []byte) packet.Frame {
 	id, frag := in.ID, in.FragOff
 	if in.Is6() {
 		id, frag = 0, 0x4000
 	}
-	return packet.Frame{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: 64, ID: id, FragOff: frag, TOS: in.TOS,
+	return packet.Frame{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: in.TTL - 1, ID: id, FragOff: frag, TOS: in.TOS,
 		Src: b.Relay, Dst: b.Peer, Payload: d, NoUDPChecksum: in.NoUDPChecksum}
 }
 
 // toClient is what the relay must send to the client for a peer frame. To an
 // IPv6 client (an IPv6 listener address): IPv6, traffic class = the TOS, flow
-// label 0, hop limit 64.
+// label 0, hop limit = TTL - 1.
 func toClient(in packet.Frame, b channelmap.Binding, listener netip.Addr, srcMAC, dstMAC [6]byte, d []byte) packet.Frame {
-	return packet.Frame{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: 64, ID: in.ID, FragOff: in.FragOff, TOS: in.TOS,
-		Src: netip.AddrPortFrom(listener, b.ListenerPort), Dst: b.Client,
+	return packet.Frame{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: in.TTL - 1, ID: in.ID, FragOff: in.FragOff, TOS: in.TOS,
+		Src: netip.AddrPortFrom(listener, b.Listener.Port()), Dst: b.Client,
 		Payload: packet.ChannelData(b.Channel, d, nil), NoUDPChecksum: in.NoUDPChecksum}
 }
 
@@ -209,26 +216,26 @@ func goldenCases(e *env) []golden {
 		in := fromPeer(redirect, data(n))
 		cases = append(cases, golden{name: fmt.Sprintf("p2c/redirect/len=%d", n), ingress: "b0", in: in.Marshal(),
 			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
-			out: toClient(in, redirect, redirect.ListenerAddr, a0.mac, clientMAC, data(n)).Marshal()})
+			out: toClient(in, redirect, redirect.ReplySource, a0.mac, clientMAC, data(n)).Marshal()})
 	}
 	{
 		in := fromPeer(redirect, data(33))
 		in.NoUDPChecksum = true
 		cases = append(cases, golden{name: "p2c/redirect/no-udp-checksum", ingress: "b0", in: in.Marshal(),
 			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
-			out: toClient(in, redirect, redirect.ListenerAddr, a0.mac, clientMAC, data(33)).Marshal()})
+			out: toClient(in, redirect, redirect.ReplySource, a0.mac, clientMAC, data(33)).Marshal()})
 		in = fromPeer(redirect, data(3))
 		in.Trailer = make([]byte, 60-(packet.EthLen+packet.IPv4Len+packet.UDPLen+3))
 		cases = append(cases, golden{name: "p2c/redirect/ethernet-trailer", ingress: "b0", in: in.Marshal(),
 			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
-			out: toClient(in, redirect, redirect.ListenerAddr, a0.mac, clientMAC, data(3)).Marshal()})
+			out: toClient(in, redirect, redirect.ReplySource, a0.mac, clientMAC, data(3)).Marshal()})
 	}
 	for _, n := range []int{1, 1200} {
 		in := fromPeer(tx, data(n))
 		in.SrcMAC = peer2MAC
 		cases = append(cases, golden{name: fmt.Sprintf("p2c/tx/len=%d", n), ingress: "a0", in: in.Marshal(),
 			verdict: xdpTX, reason: bpf.RelayReasonREASON_RELAY_P2C_TX,
-			out: toClient(in, tx, tx.ListenerAddr, a0.mac, clientMAC, data(n)).Marshal()})
+			out: toClient(in, tx, tx.ReplySource, a0.mac, clientMAC, data(n)).Marshal()})
 	}
 	// A small result still fits under c0's MTU of 100.
 	{
@@ -258,7 +265,68 @@ func goldenCases(e *env) []golden {
 	b = bindings["notattached"]
 	pass("egress-not-attached", "a0", fromClient(b, "10.100.0.1", cd(b, 10)).Marshal(), bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED)
 
+	cases = append(cases, contractCases(e)...)
 	return append(cases, goldenCases6(e)...)
+}
+
+// contractCases: what pion/turn and the node's kernel would do, in the
+// deployments issue 9 names. Each row's output is built by internal/packet.
+func contractCases(e *env) []golden {
+	a0, b0 := e.ifaces["a0"], e.ifaces["b0"]
+	var cases []golden
+	add := func(name, ingress string, in []byte, verdict uint32, reason bpf.RelayReason, out []byte) {
+		cases = append(cases, golden{name: "contract/" + name, ingress: ingress, in: in, verdict: verdict, reason: reason, out: out})
+	}
+	// Two listeners on one port: one client address:port, channel 0x4000 on
+	// each; each listener's address leads to its own peer.
+	for _, c := range []struct{ name, dst string }{{"redirect", "10.100.0.1"}, {"specific", "10.100.0.5"},
+		{"v6redirect", "fd00:100::1"}, {"v6specific", "fd00:100::5"}} {
+		b := bindings[c.name]
+		in := fromClient(b, c.dst, packet.ChannelData(b.Channel, data(30), nil))
+		add("two-listeners/c2p/"+c.name, "a0", in.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
+			toPeer(in, b, b0.mac, peerMAC, data(30)).Marshal())
+		p := fromPeer(b, data(30))
+		add("two-listeners/p2c/"+c.name, "b0", p.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+			toClient(p, b, b.ReplySource, a0.mac, clientMAC, data(30)).Marshal())
+	}
+	// Destinations no listener accepts: transit (a peer, a host beyond the
+	// node), broadcast, multicast, the unspecified address.
+	redirect := bindings["redirect"]
+	for _, dst := range []string{"10.200.0.2", "192.0.2.1", "10.100.0.255", "255.255.255.255", "224.0.0.1", "0.0.0.0"} {
+		in := fromClient(redirect, dst, packet.ChannelData(redirect.Channel, data(30), nil))
+		add("not-listener-address/"+dst, "a0", in.Marshal(), xdpPass, bpf.RelayReasonREASON_NOT_LISTENER_ADDR, nil)
+	}
+	for _, dst := range []string{"fd00:100::3", "2001:db8::1", "ff02::1", "::ffff:10.100.0.1"} {
+		b := bindings["v6redirect"]
+		in := fromClient(b, dst, packet.ChannelData(b.Channel, data(30), nil))
+		add("not-listener-address/"+dst, "a0", in.Marshal(), xdpPass, bpf.RelayReasonREASON_NOT_LISTENER_ADDR, nil)
+	}
+	// CHECKSUM_PARTIAL senders: the output carries a full checksum. Lengths
+	// around every chunk the program sums in.
+	for _, n := range []int{0, 1, 2, 3, 4, 5, 63, 64, 67, 100, 511, 512, 513, 515, 1200, 1201} {
+		for _, name := range []string{"redirect", "v6redirect"} {
+			b := bindings[name]
+			in := fromClient(b, map[string]string{"redirect": "10.100.0.1", "v6redirect": "fd00:100::1"}[name],
+				packet.ChannelData(b.Channel, data(n), bytes.Repeat([]byte{0xC3}, (4-n%4)%4)))
+			in.PartialChecksum = true
+			add(fmt.Sprintf("partial-checksum/c2p/%s/len=%d", name, n), "a0", in.Marshal(), xdpRedirect,
+				bpf.RelayReasonREASON_RELAY_C2P_REDIRECT, toPeer(in, b, b0.mac, peerMAC, data(n)).Marshal())
+			p := fromPeer(b, data(n))
+			p.PartialChecksum = true
+			add(fmt.Sprintf("partial-checksum/p2c/%s/len=%d", name, n), "b0", p.Marshal(), xdpRedirect,
+				bpf.RelayReasonREASON_RELAY_P2C_REDIRECT, toClient(p, b, b.ReplySource, a0.mac, clientMAC, data(n)).Marshal())
+		}
+	}
+	// An IPv4 header whose checksum does not verify: the kernel would drop it.
+	{
+		in := fromClient(redirect, "10.100.0.1", packet.ChannelData(redirect.Channel, data(30), nil)).Marshal()
+		in[packet.EthLen+10] ^= 0x10
+		add("bad-ip-checksum/c2p", "a0", in, xdpPass, bpf.RelayReasonREASON_BAD_IP_CHECKSUM, nil)
+		p := fromPeer(redirect, data(30)).Marshal()
+		p[packet.EthLen+11] ^= 0x01
+		add("bad-ip-checksum/p2c", "b0", p, xdpPass, bpf.RelayReasonREASON_BAD_IP_CHECKSUM, nil)
+	}
+	return cases
 }
 
 // goldenCases6 are the IPv6 client's relayed rows and next-hop rows.
@@ -287,18 +355,22 @@ func goldenCases6(e *env) []golden {
 		add(fmt.Sprintf("c2p/redirect/traffic-class=%#02x", tc), "a0", in.Marshal(), xdpRedirect,
 			bpf.RelayReasonREASON_RELAY_C2P_REDIRECT, toPeer(in, redirect, b0.mac, peerMAC, data(7)).Marshal())
 	}
-	for _, hl := range []uint8{0, 1, 255} {
+	for _, hl := range []uint8{2, 255} {
 		in := fromClient(redirect, listener, packet.ChannelData(redirect.Channel, data(7), nil))
 		in.TTL = hl
 		add(fmt.Sprintf("c2p/redirect/hop-limit=%d", hl), "a0", in.Marshal(), xdpRedirect,
 			bpf.RelayReasonREASON_RELAY_C2P_REDIRECT, toPeer(in, redirect, b0.mac, peerMAC, data(7)).Marshal())
 	}
+	for _, hl := range []uint8{0, 1} {
+		in := fromClient(redirect, listener, packet.ChannelData(redirect.Channel, data(7), nil))
+		in.TTL = hl
+		add(fmt.Sprintf("pass/c2p/hop-limit=%d", hl), "a0", in.Marshal(), xdpPass, bpf.RelayReasonREASON_TTL_EXPIRED, nil)
+	}
 	{
-		// Illegal on IPv6 but possible: relayed with no checksum, legal on IPv4.
+		// Illegal on IPv6 (RFC 8200 8.1): Linux drops it, pion/turn never sees it.
 		in := fromClient(redirect, listener, packet.ChannelData(redirect.Channel, data(100), []byte{1}))
 		in.NoUDPChecksum = true
-		add("c2p/redirect/zero-udp-checksum", "a0", in.Marshal(), xdpRedirect,
-			bpf.RelayReasonREASON_RELAY_C2P_REDIRECT, toPeer(in, redirect, b0.mac, peerMAC, data(100)).Marshal())
+		add("pass/c2p/zero-udp-checksum", "a0", in.Marshal(), xdpPass, bpf.RelayReasonREASON_NO_CHECKSUM, nil)
 		// An IPv6 frame is never below Ethernet's minimum; a trailer anyway.
 		in = fromClient(redirect, listener, packet.ChannelData(redirect.Channel, data(5), []byte{0xa, 0xb, 0xc}))
 		in.Trailer = []byte{0xee, 0xee, 0xee, 0xee, 0xee}
@@ -315,20 +387,20 @@ func goldenCases6(e *env) []golden {
 		in := fromPeer(redirect, data(n))
 		in.TOS = 0x2d
 		add(fmt.Sprintf("p2c/redirect/len=%d", n), "b0", in.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
-			toClient(in, redirect, redirect.ListenerAddr, a0.mac, clientMAC, data(n)).Marshal())
+			toClient(in, redirect, redirect.ReplySource, a0.mac, clientMAC, data(n)).Marshal())
 	}
 	for _, tos := range []uint8{0x00, 0x01, 0xb8, 0xff} {
 		in := fromPeer(redirect, data(9))
 		in.TOS = tos
 		add(fmt.Sprintf("p2c/redirect/tos=%#02x", tos), "b0", in.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
-			toClient(in, redirect, redirect.ListenerAddr, a0.mac, clientMAC, data(9)).Marshal())
+			toClient(in, redirect, redirect.ReplySource, a0.mac, clientMAC, data(9)).Marshal())
 	}
 	{
 		in := fromPeer(redirect, data(3))
 		in.Trailer = make([]byte, 60-(packet.EthLen+packet.IPv4Len+packet.UDPLen+3))
 		add("p2c/redirect/ethernet-trailer", "b0", in.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
-			toClient(in, redirect, redirect.ListenerAddr, a0.mac, clientMAC, data(3)).Marshal())
-		// IPv6 needs a checksum and the program does not sum payloads.
+			toClient(in, redirect, redirect.ReplySource, a0.mac, clientMAC, data(3)).Marshal())
+		// IPv6 needs a checksum; pion/turn sums it.
 		in = fromPeer(redirect, data(33))
 		in.NoUDPChecksum = true
 		add("p2c/no-udp-checksum", "b0", in.Marshal(), xdpPass, bpf.RelayReasonREASON_NO_CHECKSUM, nil)
@@ -337,7 +409,7 @@ func goldenCases6(e *env) []golden {
 		in := fromPeer(tx, data(n))
 		in.SrcMAC = peer2MAC
 		add(fmt.Sprintf("p2c/tx/len=%d", n), "a0", in.Marshal(), xdpTX, bpf.RelayReasonREASON_RELAY_P2C_TX,
-			toClient(in, tx, tx.ListenerAddr, a0.mac, clientMAC, data(n)).Marshal())
+			toClient(in, tx, tx.ReplySource, a0.mac, clientMAC, data(n)).Marshal())
 	}
 	// IPv4 forwarding is off on d0, IPv6 forwarding on: replies to the client
 	// behind it are relayed (its ChannelData is not: see below).
@@ -345,7 +417,7 @@ func goldenCases6(e *env) []golden {
 		b := bindings["v6fwdoff"]
 		in := fromPeer(b, data(10))
 		add("p2c/redirect/to-ipv4-forwarding-off", "b0", in.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
-			toClient(in, b, b.ListenerAddr, d0.mac, offMAC, data(10)).Marshal())
+			toClient(in, b, b.ReplySource, d0.mac, offMAC, data(10)).Marshal())
 	}
 	// MTUs: an IPv4 result of 28+72 fits c0's 100; the whole IPv6 reply,
 	// 40+8+4+1228, fits f0's 1280.
@@ -359,7 +431,7 @@ func goldenCases6(e *env) []golden {
 		b = bindings["v6clientsmallmtu"]
 		in = fromPeer(b, data(1228))
 		add("p2c/redirect/fits-1280", "b0", in.Marshal(), xdpRedirect, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
-			toClient(in, b, b.ListenerAddr, e.ifaces["f0"].mac, f0MAC, data(1228)).Marshal())
+			toClient(in, b, b.ReplySource, e.ifaces["f0"].mac, f0MAC, data(1228)).Marshal())
 		// 1 byte over; and 1240, which an IPv4 reply (32+n) or the IPv6
 		// payload alone (12+n) would fit.
 		for _, n := range []int{1229, 1240} {
@@ -522,9 +594,10 @@ func TestLearnListenerAddressIPv6(t *testing.T) {
 	if got, _ := e.check(t, m, "b0", in.Marshal()); got.verdict != xdpPass || got.reason != bpf.RelayReasonREASON_CLIENT_ADDR_UNKNOWN {
 		t.Fatalf("before learning: verdict %d %s, want PASS client_addr_unknown", got.verdict, reasonName(got.reason))
 	}
-	// Packets to no unicast address teach nothing, before or after learning.
+	// Packets to an address no listener accepts teach nothing, before or after
+	// learning: ::, multicast, an IPv4-mapped address, a host beyond the node.
 	noLearn := func(stage string) {
-		for _, dst := range []string{"::", "ff02::1", "ff0e::1:3"} {
+		for _, dst := range []string{"::", "ff02::1", "ff0e::1:3", "::ffff:10.100.0.1", "fd00:100::3"} {
 			c := fromClient(b, dst, packet.ChannelData(b.Channel, data(20), nil))
 			if _, res := e.check(t, m, "a0", c.Marshal()); res.Learned != nil {
 				t.Fatalf("%s: a client packet to %s was learned as the listener address", stage, dst)
@@ -535,14 +608,13 @@ func TestLearnListenerAddressIPv6(t *testing.T) {
 	if got, _ := e.check(t, m, "b0", in.Marshal()); got.reason != bpf.RelayReasonREASON_CLIENT_ADDR_UNKNOWN {
 		t.Fatalf("after packets to :: and multicast: %s, want client_addr_unknown", reasonName(got.reason))
 	}
-	for _, listener := range []string{"fd00:100::1", "fd00:100::100", "::ffff:10.100.0.1"} {
+	for _, listener := range []string{"fd00:100::1", "fd00:100::100"} {
 		c := fromClient(b, listener, packet.ChannelData(b.Channel, data(20), nil))
 		if got, res := e.check(t, m, "a0", c.Marshal()); got.verdict != xdpRedirect || res.Learned == nil {
 			t.Fatalf("client packet to %s: verdict %d, learned %v, want REDIRECT and a learned address", listener, got.verdict, res.Learned)
 		}
 		got, _ := e.check(t, m, "b0", in.Marshal())
 		want := toClient(in, b, netip.MustParseAddr(listener), a0.mac, clientMAC, data(20))
-		want.IPv6 = true // an IPv4-mapped listener address stays IPv6
 		if got.verdict != xdpRedirect || !bytes.Equal(got.out, want.Marshal()) {
 			t.Fatalf("after learning %s: verdict %d\n got %x\nwant %x", listener, got.verdict, got.out, want.Marshal())
 		}

@@ -7,44 +7,53 @@ package channelmap
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/bits"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 )
 
 // Binding is one TURN channel binding as the fast path sees it: ChannelData from
-// Client to ListenerPort with Channel goes Relay -> Peer, and Peer's datagrams to
-// Relay go ListenerAddr:ListenerPort -> Client with Channel.
+// Client to an address the Listener accepts (see SetDestinations) with Channel
+// goes Relay -> Peer, and Peer's datagrams to Relay go to Client with Channel,
+// from the address the client's packets arrived at.
 type Binding struct {
-	Client       netip.AddrPort
-	ListenerPort uint16
-	Channel      uint16
-	Peer         netip.AddrPort
-	Relay        netip.AddrPort
-	// ListenerAddr is the source for packets to the client. When it is not
-	// known (a wildcard listener), leave it invalid or unspecified: the program
-	// learns it from the client's first ChannelData.
-	ListenerAddr netip.Addr
+	Client netip.AddrPort
+	// Listener is the listener socket's local address as pion/turn reports
+	// it: specific (10.0.0.1:3478) or a wildcard (0.0.0.0:3478, [::]:3478).
+	Listener netip.AddrPort
+	Channel  uint16
+	Peer     netip.AddrPort
+	Relay    netip.AddrPort
+	// ReplySource is the source of packets to the client: the address the
+	// client's packets arrived at on the wire (a VIP in front of the node, the
+	// local address a wildcard listener was reached at). The program learns it
+	// from the client's accepted ChannelData; until then replies go through
+	// userspace. Only Dump fills it in: Upsert never seeds or overwrites it,
+	// because a DNAT that userspace cannot see may stand in between.
+	ReplySource netip.Addr
 }
 
-// Key identifies a binding: one client's channel on one listener port.
+// Key identifies a binding: one client's channel on one listener.
 type Key struct {
-	Client       netip.AddrPort
-	ListenerPort uint16
-	Channel      uint16
+	Client   netip.AddrPort
+	Listener netip.AddrPort
+	Channel  uint16
 }
 
 // Key returns the binding's identity.
 func (b Binding) Key() Key {
-	return Key{Client: b.Client, ListenerPort: b.ListenerPort, Channel: b.Channel}
+	return Key{Client: b.Client, Listener: b.Listener, Channel: b.Channel}
 }
 
 func (b Binding) String() string {
-	return fmt.Sprintf("%s ch=%#x listener=:%d <-> relay=%s peer=%s", b.Client, b.Channel, b.ListenerPort, b.Relay, b.Peer)
+	return fmt.Sprintf("%s ch=%#x listener=%s <-> relay=%s peer=%s", b.Client, b.Channel, b.Listener, b.Relay, b.Peer)
 }
 
 // Stats are the packets and application-data bytes the XDP program relayed.
@@ -60,19 +69,42 @@ func (s *Stats) add(o Stats) {
 	s.PeerToClientBytes += o.PeerToClientBytes
 }
 
-// ErrFull is returned when every binding slot is in use (see --max-bindings).
+// ErrFull is returned when every binding slot is in use (see --max-bindings),
+// or the destination table is full.
 var ErrFull = errors.New("binding maps are full")
+
+// idQuarantine is how long a freed binding id rests before reuse: a packet the
+// program is relaying while its binding is deleted still counts into the slot
+// it looked up, and must not count into a new owner's. XDP runs to completion
+// in microseconds; this is generous.
+const idQuarantine = 100 * time.Millisecond
+
+// bindingMap is what Maps uses of the two binding maps: *ebpf.Map, or a test's
+// wrapper that makes a write fail.
+type bindingMap interface {
+	Put(key, value any) error
+	Delete(key any) error
+	Lookup(key, valueOut any) error
+	Iterate() *ebpf.MapIterator
+}
 
 // Maps writes bindings into the program's maps.
 type Maps struct {
-	c2p, p2c, counters, verdicts *ebpf.Map
+	c2p, p2c                 bindingMap
+	counters, verdicts, dsts *ebpf.Map
 
 	mu       sync.Mutex
 	bindings map[Key]entry
-	freeIDs  []uint32
+	freed    []freedID // FIFO: the oldest freed id is reused first
 	nextID   uint32
 	maxID    uint32
 	retired  Stats // counters of bindings already removed, so totals only grow
+	// Listener ids: the program keys bindings by the listener's id, which the
+	// destination table maps each accepted address:port to.
+	listenerIDs  map[netip.AddrPort]uint32
+	listenerAddr map[uint32]netip.AddrPort
+	dstTable     map[bpf.RelayDstKey]uint32 // what the kernel's destination map holds
+	now          func() time.Time
 }
 
 type entry struct {
@@ -80,15 +112,25 @@ type entry struct {
 	id      uint32
 }
 
+type freedID struct {
+	id uint32
+	at time.Time
+}
+
 // New wraps the loaded maps.
 func New(m *bpf.RelayMaps) *Maps {
 	return &Maps{
-		c2p:      m.C2pBindings,
-		p2c:      m.P2cBindings,
-		counters: m.BindingCounters,
-		verdicts: m.Verdicts,
-		bindings: make(map[Key]entry),
-		maxID:    m.BindingCounters.MaxEntries(),
+		c2p:          m.C2pBindings,
+		p2c:          m.P2cBindings,
+		counters:     m.BindingCounters,
+		verdicts:     m.Verdicts,
+		dsts:         m.ListenerDsts,
+		bindings:     make(map[Key]entry),
+		maxID:        m.BindingCounters.MaxEntries(),
+		listenerIDs:  make(map[netip.AddrPort]uint32),
+		listenerAddr: make(map[uint32]netip.AddrPort),
+		dstTable:     make(map[bpf.RelayDstKey]uint32),
+		now:          time.Now,
 	}
 }
 
@@ -107,12 +149,30 @@ func fromAddr16(b [16]uint8) netip.Addr {
 	return netip.AddrFrom16(b).Unmap()
 }
 
-func c2pKey(k Key) bpf.RelayC2pKey {
+func unmap(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}
+
+// listenerID returns the id of a listener socket address, assigning one on
+// first use. Ids are never reused: there are as many as listeners ever seen.
+// Called with mu held.
+func (m *Maps) listenerID(l netip.AddrPort) uint32 {
+	l = unmap(l)
+	if id, ok := m.listenerIDs[l]; ok {
+		return id
+	}
+	id := uint32(len(m.listenerIDs) + 1)
+	m.listenerIDs[l] = id
+	m.listenerAddr[id] = l
+	return id
+}
+
+func (m *Maps) c2pKey(k Key) bpf.RelayC2pKey {
 	var key bpf.RelayC2pKey
 	key.ClientAddr.B = addr16(k.Client.Addr())
 	key.ClientPort = htons(k.Client.Port())
-	key.ListenerPort = htons(k.ListenerPort)
 	key.Channel = htons(k.Channel)
+	key.ListenerId = m.listenerID(k.Listener)
 	return key
 }
 
@@ -133,17 +193,12 @@ func validate(b Binding) error {
 		return fmt.Errorf("invalid peer address %v", b.Peer)
 	case !b.Relay.IsValid() || b.Relay.Port() == 0 || b.Relay.Addr().IsUnspecified():
 		return fmt.Errorf("invalid relay address %v", b.Relay)
-	case b.ListenerPort == 0:
-		return fmt.Errorf("invalid listener port 0")
+	case !b.Listener.IsValid() || b.Listener.Port() == 0:
+		return fmt.Errorf("invalid listener address %v", b.Listener)
 	case b.Channel < 0x4000 || b.Channel > 0x7FFF:
 		return fmt.Errorf("invalid channel number %#x", b.Channel)
 	}
-	// Clients may be IPv4 or IPv6, and the source of their replies with them;
-	// relays and peers are IPv4.
-	client6 := !b.Client.Addr().Unmap().Is4()
-	if l := b.ListenerAddr; l.IsValid() && !l.IsUnspecified() && l.Unmap().Is4() == client6 {
-		return fmt.Errorf("listener address %v is not of the client's family (%v)", l, b.Client)
-	}
+	// Clients may be IPv4 or IPv6; relays and peers are IPv4.
 	for _, a := range []netip.Addr{b.Peer.Addr(), b.Relay.Addr()} {
 		if !a.Unmap().Is4() {
 			return fmt.Errorf("address %v: relays and peers are IPv4 in the kernel", a)
@@ -152,11 +207,82 @@ func validate(b Binding) error {
 	return nil
 }
 
-// Upsert installs or replaces a binding in both directions.
+// SetDestinations makes d the destinations the listeners accept: a client's
+// packet to a key of d (the address and port on the wire) is for the listener
+// socket d maps it to, and ChannelData to any other destination is passed to
+// the kernel untouched (which forwards transit traffic and delivers the rest).
+// Whoever computes d answers for it being what the kernel would deliver to
+// each listener socket (see internal/dest).
+func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	want := make(map[bpf.RelayDstKey]uint32, len(d))
+	for wire, l := range d {
+		if !wire.IsValid() || wire.Addr().IsUnspecified() || wire.Port() == 0 {
+			return fmt.Errorf("destination %v: not a unicast address and port", wire)
+		}
+		if !l.IsValid() || l.Port() == 0 {
+			return fmt.Errorf("destination %v: invalid listener %v", wire, l)
+		}
+		var k bpf.RelayDstKey
+		k.Addr.B = addr16(wire.Addr())
+		k.Port = htons(wire.Port())
+		want[k] = m.listenerID(l)
+	}
+	var errs []error
+	for k, id := range want {
+		if cur, ok := m.dstTable[k]; ok && cur == id {
+			continue
+		}
+		if err := m.dsts.Put(k, bpf.RelayDstVal{ListenerId: id}); err != nil {
+			if errors.Is(err, unix.E2BIG) {
+				err = fmt.Errorf("%w: %w", ErrFull, err)
+			}
+			errs = append(errs, fmt.Errorf("destination %v:%d: %w", fromAddr16(k.Addr.B), htons(k.Port), err))
+			continue
+		}
+		m.dstTable[k] = id
+	}
+	for k := range m.dstTable {
+		if _, ok := want[k]; ok {
+			continue
+		}
+		if err := m.dsts.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("remove destination %v:%d: %w", fromAddr16(k.Addr.B), htons(k.Port), err))
+			continue
+		}
+		delete(m.dstTable, k)
+	}
+	return errors.Join(errs...)
+}
+
+// Destinations returns the destination table as the kernel has it.
+func (m *Maps) Destinations() (map[netip.AddrPort]netip.AddrPort, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[netip.AddrPort]netip.AddrPort{}
+	var (
+		k bpf.RelayDstKey
+		v bpf.RelayDstVal
+	)
+	it := m.dsts.Iterate()
+	for it.Next(&k, &v) {
+		out[netip.AddrPortFrom(fromAddr16(k.Addr.B), htons(k.Port))] = m.listenerAddr[v.ListenerId]
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate destination map: %w", err)
+	}
+	return out, nil
+}
+
+// Upsert installs or replaces a binding in both directions. The reply source
+// the program learned for the client on this listener is kept.
 func (m *Maps) Upsert(b Binding) error {
 	if err := validate(b); err != nil {
 		return fmt.Errorf("binding %v: %w", b, err)
 	}
+	b.Client, b.Listener, b.Peer, b.Relay = unmap(b.Client), unmap(b.Listener), unmap(b.Peer), unmap(b.Relay)
+	b.ReplySource = netip.Addr{}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
@@ -168,12 +294,18 @@ func (m *Maps) Upsert(b Binding) error {
 		if id, err = m.allocID(); err != nil {
 			return err
 		}
-	} else if old.binding.Peer != b.Peer || old.binding.Relay != b.Relay {
-		// The channel moved to another peer or relay: the old peer->client
-		// entry must not survive it.
-		if err := m.p2c.Delete(p2cKey(old.binding)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("delete stale peer->client entry of %v: %w", old.binding, err)
-		}
+	}
+	pk := p2cKey(b)
+	// What the program learned lives in the peer->client entry: the one this
+	// binding has, or had before its channel moved to another peer or relay.
+	learnedFrom := pk
+	if exists {
+		learnedFrom = p2cKey(old.binding)
+	}
+	var reply [16]uint8
+	var cur bpf.RelayP2cVal
+	if err := m.p2c.Lookup(learnedFrom, &cur); err == nil && cur.BindingId == id {
+		reply = cur.ListenerAddr.B
 	}
 
 	var cv bpf.RelayC2pVal
@@ -185,40 +317,65 @@ func (m *Maps) Upsert(b Binding) error {
 
 	var pv bpf.RelayP2cVal
 	pv.ClientAddr.B = addr16(b.Client.Addr())
-	pv.ListenerAddr.B = addr16(b.ListenerAddr)
+	pv.ListenerAddr.B = reply
 	pv.ClientPort = htons(b.Client.Port())
-	pv.ListenerPort = htons(b.ListenerPort)
+	pv.ListenerPort = htons(b.Listener.Port())
 	pv.Channel = htons(b.Channel)
 	pv.BindingId = id
 
-	// peer->client first: a client->peer packet learns the listener address
-	// into the peer->client entry, so that one must exist when traffic starts.
-	pk := p2cKey(b)
-	if err := m.p2c.Put(pk, pv); err != nil {
-		if !exists {
-			m.freeIDs = append(m.freeIDs, id)
+	if exists && learnedFrom != pk {
+		// The channel moved to another peer or relay: the old peer->client
+		// entry must not survive it.
+		if err := m.p2c.Delete(learnedFrom); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete stale peer->client entry of %v: %w", old.binding, err)
 		}
-		return fmt.Errorf("install peer->client entry of %v: %w", b, err)
 	}
-	if err := m.c2p.Put(c2pKey(k), cv); err != nil {
+	// peer->client first: a client->peer packet learns the reply source into
+	// the peer->client entry, so that one must exist when traffic starts.
+	if err := m.p2c.Put(pk, pv); err != nil {
+		m.fail(k, exists, id)
+		return fmt.Errorf("install peer->client entry of %v: %w", b, mapErr(err))
+	}
+	if err := m.c2p.Put(m.c2pKey(k), cv); err != nil {
+		err = fmt.Errorf("install client->peer entry of %v: %w", b, mapErr(err))
 		if delErr := m.p2c.Delete(pk); delErr != nil && !errors.Is(delErr, ebpf.ErrKeyNotExist) {
 			err = errors.Join(err, fmt.Errorf("roll back peer->client entry: %w", delErr))
 		}
-		if !exists {
-			m.freeIDs = append(m.freeIDs, id)
-		} else {
-			delete(m.bindings, k)
-			m.retire(old.id)
-		}
-		return fmt.Errorf("install client->peer entry of %v: %w", b, err)
+		m.fail(k, exists, id)
+		return err
 	}
 	m.bindings[k] = entry{binding: b, id: id}
 	return nil
 }
 
+// fail undoes an Upsert that could not write both directions. A replaced
+// binding loses its old client->peer entry too: it pointed at the peer->client
+// entry just removed, and the reconcile installs the binding again. Called with
+// mu held.
+func (m *Maps) fail(k Key, existed bool, id uint32) {
+	if !existed {
+		m.free(id)
+		return
+	}
+	if err := m.c2p.Delete(m.c2pKey(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return // keep the record: the reconcile retries and RemoveStray knows it
+	}
+	delete(m.bindings, k)
+	m.retire(id)
+}
+
+// mapErr marks a full map.
+func mapErr(err error) error {
+	if errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("%w: %w", ErrFull, err)
+	}
+	return err
+}
+
 // Delete removes a binding in both directions. Deleting an absent binding is
 // not an error.
 func (m *Maps) Delete(k Key) error {
+	k.Client, k.Listener = unmap(k.Client), unmap(k.Listener)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.bindings[k]
@@ -226,7 +383,7 @@ func (m *Maps) Delete(k Key) error {
 		return nil
 	}
 	var errs []error
-	if err := m.c2p.Delete(c2pKey(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := m.c2p.Delete(m.c2pKey(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = append(errs, fmt.Errorf("delete client->peer entry of %v: %w", e.binding, err))
 	}
 	if err := m.p2c.Delete(p2cKey(e.binding)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -260,28 +417,42 @@ func (m *Maps) Installed() []Binding {
 }
 
 func (m *Maps) allocID() (uint32, error) {
-	if n := len(m.freeIDs); n > 0 {
-		id := m.freeIDs[n-1]
-		m.freeIDs = m.freeIDs[:n-1]
+	if m.nextID < m.maxID {
+		id := m.nextID
+		m.nextID++
 		return id, nil
 	}
-	if m.nextID >= m.maxID {
+	if len(m.freed) == 0 || m.now().Sub(m.freed[0].at) < idQuarantine {
 		return 0, ErrFull
 	}
-	id := m.nextID
-	m.nextID++
+	id := m.freed[0].id
+	m.freed = m.freed[1:]
+	// Packets that were in flight when the slot's binding went counted into
+	// it after retire: they belong to the totals, not to the new owner.
+	m.drain(id)
 	return id, nil
 }
 
-// retire folds a removed binding's counters into the totals and zeroes its slot
-// for reuse. Called with mu held, after both map entries are gone.
+// free returns an id that was never used by a binding.
+func (m *Maps) free(id uint32) {
+	m.freed = append(m.freed, freedID{id: id})
+}
+
+// retire folds a removed binding's counters into the totals, zeroes its slot
+// and puts the id in quarantine. Called with mu held, after both map entries
+// are gone.
 func (m *Maps) retire(id uint32) {
+	m.drain(id)
+	m.freed = append(m.freed, freedID{id: id, at: m.now()})
+}
+
+// drain moves a slot's counters into the retired totals and zeroes it.
+func (m *Maps) drain(id uint32) {
 	if s, err := m.bindingStats(id); err == nil {
 		m.retired.add(s)
 	}
 	zero := make([]bpf.RelayBindingStats, ebpf.MustPossibleCPU())
 	_ = m.counters.Put(id, zero)
-	m.freeIDs = append(m.freeIDs, id)
 }
 
 func (m *Maps) bindingStats(id uint32) (Stats, error) {
@@ -301,6 +472,7 @@ func (m *Maps) bindingStats(id uint32) (Stats, error) {
 
 // Stats returns the counters of one installed binding.
 func (m *Maps) Stats(k Key) (Stats, error) {
+	k.Client, k.Listener = unmap(k.Client), unmap(k.Listener)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.bindings[k]
@@ -382,9 +554,14 @@ func (m *Maps) Verdicts() ([]uint64, error) {
 	return out, nil
 }
 
-// Dump reads the client->peer map as the kernel has it, for reconciliation and
-// tests. Listener addresses come from the peer->client entries.
+// Dump reads the bindings as the kernel has them, for reconciliation and
+// tests: a client->peer entry counts only with the peer->client entry that
+// points back at it (else the binding is broken and the reconcile installs it
+// again). ReplySource is what the program learned (invalid: nothing yet).
 func (m *Maps) Dump() (map[Key]Binding, error) {
+	m.mu.Lock()
+	listeners := maps.Clone(m.listenerAddr)
+	m.mu.Unlock()
 	out := make(map[Key]Binding)
 	var (
 		k  bpf.RelayC2pKey
@@ -393,15 +570,23 @@ func (m *Maps) Dump() (map[Key]Binding, error) {
 	)
 	it := m.c2p.Iterate()
 	for it.Next(&k, &v) {
-		b := Binding{
-			Client:       netip.AddrPortFrom(fromAddr16(k.ClientAddr.B), htons(k.ClientPort)),
-			ListenerPort: htons(k.ListenerPort),
-			Channel:      htons(k.Channel),
-			Peer:         netip.AddrPortFrom(fromAddr16(v.PeerAddr.B), htons(v.PeerPort)),
-			Relay:        netip.AddrPortFrom(fromAddr16(v.RelayAddr.B), htons(v.RelayPort)),
+		l, ok := listeners[k.ListenerId]
+		if !ok {
+			continue // not this process's: RemoveStray's
 		}
-		if err := m.p2c.Lookup(p2cKey(b), &pv); err == nil {
-			b.ListenerAddr = fromAddr16(pv.ListenerAddr.B)
+		b := Binding{
+			Client:   netip.AddrPortFrom(fromAddr16(k.ClientAddr.B), htons(k.ClientPort)),
+			Listener: l,
+			Channel:  htons(k.Channel),
+			Peer:     netip.AddrPortFrom(fromAddr16(v.PeerAddr.B), htons(v.PeerPort)),
+			Relay:    netip.AddrPortFrom(fromAddr16(v.RelayAddr.B), htons(v.RelayPort)),
+		}
+		if err := m.p2c.Lookup(p2cKey(b), &pv); err != nil || pv.BindingId != v.BindingId ||
+			pv.ClientAddr.B != k.ClientAddr.B || pv.ClientPort != k.ClientPort || pv.Channel != k.Channel {
+			continue
+		}
+		if pv.ListenerAddr.B != [16]uint8{} {
+			b.ReplySource = fromAddr16(pv.ListenerAddr.B)
 		}
 		out[b.Key()] = b
 	}
@@ -435,7 +620,7 @@ func (m *Maps) RemoveStray() (int, error) {
 	known := make(map[bpf.RelayC2pKey]bool, len(m.bindings))
 	knownP := make(map[bpf.RelayP2cKey]bool, len(m.bindings))
 	for k, e := range m.bindings {
-		known[c2pKey(k)] = true
+		known[m.c2pKey(k)] = true
 		knownP[p2cKey(e.binding)] = true
 	}
 	m.mu.Unlock()

@@ -30,8 +30,8 @@ func TestTotalsBatchAndPerBinding(t *testing.T) {
 	const n = 2000 // above the batch threshold
 	for i := 0; i < n; i++ {
 		b := channelmap.Binding{
-			Client:       netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 40000),
-			ListenerPort: 3478, Channel: 0x4000,
+			Client:   netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 40000),
+			Listener: netip.MustParseAddrPort("10.100.0.1:3478"), Channel: 0x4000,
 			Peer:  netip.MustParseAddrPort("10.200.0.2:5001"),
 			Relay: netip.AddrPortFrom(netip.MustParseAddr("10.200.0.1"), uint16(50000+i%10000)),
 		}

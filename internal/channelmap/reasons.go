@@ -30,4 +30,8 @@ var ReasonNames = map[bpf.RelayReason]string{
 	bpf.RelayReasonREASON_ADJUST_FAILED:          "pass_adjust_failed",
 	bpf.RelayReasonREASON_IPV6EXTENSION:          "pass_ipv6_extension",
 	bpf.RelayReasonREASON_NO_CHECKSUM:            "pass_no_checksum",
+	bpf.RelayReasonREASON_NOT_LISTENER_ADDR:      "pass_not_listener_address",
+	bpf.RelayReasonREASON_TTL_EXPIRED:            "pass_ttl_expired",
+	bpf.RelayReasonREASON_BAD_IP_CHECKSUM:        "pass_bad_ip_checksum",
+	bpf.RelayReasonREASON_REDIRECT_FAILED:        "drop_redirect_failed",
 }

@@ -323,23 +323,19 @@ func (m *Mirror) alloc(e event) *allocation {
 }
 
 func bindingKey(k allocKey, ch uint16) channelmap.Key {
-	return channelmap.Key{Client: k.client, ListenerPort: k.listener.Port(), Channel: ch}
+	return channelmap.Key{Client: k.client, Listener: k.listener, Channel: ch}
 }
 
 func (m *Mirror) binding(k allocKey, a *allocation, ch uint16) channelmap.Binding {
-	b := channelmap.Binding{
-		Client:       k.client,
-		ListenerPort: k.listener.Port(),
-		Channel:      ch,
-		Peer:         a.channels[ch],
-		Relay:        a.relay,
+	// The source for replies is learned from the client's packets by the
+	// program: a DNAT in front of the listener may change it.
+	return channelmap.Binding{
+		Client:   k.client,
+		Listener: k.listener,
+		Channel:  ch,
+		Peer:     a.channels[ch],
+		Relay:    a.relay,
 	}
-	// A wildcard listener leaves the source for replies to be learned from the
-	// client's packets.
-	if l := k.listener.Addr(); !l.IsUnspecified() {
-		b.ListenerAddr = l.Unmap()
-	}
-	return b
 }
 
 // desired returns every binding that should be offloaded now.

@@ -86,7 +86,7 @@ func newMirror(t *testing.T) (*Mirror, *fakeOffload) {
 }
 
 func chKey(ch uint16) channelmap.Key {
-	return channelmap.Key{Client: addrPort(client), ListenerPort: 3478, Channel: ch}
+	return channelmap.Key{Client: addrPort(client), Listener: addrPort(listener), Channel: ch}
 }
 
 // bind replays what pion reports for a ChannelBind: permission, then channel.
@@ -108,8 +108,8 @@ func TestChannelLifecycle(t *testing.T) {
 		t.Fatalf("installed %d bindings, want 2", len(got))
 	}
 	b := got[chKey(0x4000)]
-	want := channelmap.Binding{Client: addrPort(client), ListenerPort: 3478, Channel: 0x4000,
-		Peer: addrPort(peerA), Relay: addrPort(relay), ListenerAddr: netip.MustParseAddr("10.100.0.1")}
+	want := channelmap.Binding{Client: addrPort(client), Listener: addrPort(listener), Channel: 0x4000,
+		Peer: addrPort(peerA), Relay: addrPort(relay)}
 	if b != want {
 		t.Fatalf("binding %+v, want %+v", b, want)
 	}
@@ -158,12 +158,46 @@ func TestPermissionDeleted(t *testing.T) {
 	}
 }
 
-func TestWildcardListenerLeavesAddressToLearn(t *testing.T) {
+// TestListenersSharingAPort: one client address:port with an allocation on
+// each of two listeners of one port binds the same channel number on both;
+// they are two bindings, and removing one leaves the other.
+func TestListenersSharingAPort(t *testing.T) {
+	m, f := newMirror(t)
+	other := &net.UDPAddr{IP: net.ParseIP("10.100.0.3"), Port: 3478}
+	relay2 := &net.UDPAddr{IP: net.ParseIP("10.200.0.1"), Port: 50001}
+	h := m.EventHandler()
+	h.OnAllocationCreated(client, listener, "UDP", "u", "r", relay, 0)
+	h.OnAllocationCreated(client, other, "UDP", "u", "r", relay2, 0)
+	bind(m, listener, peerA, 0x4000)
+	h.OnPermissionCreated(client, other, "UDP", "u", "r", relay2, peerB.IP)
+	h.OnChannelCreated(client, other, "UDP", "u", "r", relay2, peerB, 0x4000)
+	m.Sync()
+	k2 := channelmap.Key{Client: addrPort(client), Listener: addrPort(other), Channel: 0x4000}
+	got := f.keys()
+	if len(got) != 2 || got[chKey(0x4000)].Peer != addrPort(peerA) || got[k2].Peer != addrPort(peerB) {
+		t.Fatalf("bindings %v, want peer A through %v and peer B through %v", got, listener, other)
+	}
+	h.OnAllocationDeleted(client, other, "UDP", "u", "r")
+	m.Sync()
+	if got := f.keys(); len(got) != 1 || got[chKey(0x4000)].Peer != addrPort(peerA) {
+		t.Fatalf("after deleting the second allocation: %v, want the first listener's binding only", got)
+	}
+}
+
+// TestReplySourceIsNeverSeeded: the source of replies is the program's to
+// learn, also for a specific listener: a DNAT in front of it may change it.
+func TestReplySourceIsNeverSeeded(t *testing.T) {
 	m, f := newMirror(t)
 	bind(m, wildcard, peerA, 0x4000)
+	bind(m, listener, peerB, 0x4001)
 	m.Sync()
-	if b := f.keys()[chKey(0x4000)]; b.ListenerAddr.IsValid() {
-		t.Fatalf("listener address %v, want none for a wildcard listener", b.ListenerAddr)
+	for k, b := range f.keys() {
+		if b.ReplySource.IsValid() {
+			t.Errorf("%v: reply source %v, want none", k, b.ReplySource)
+		}
+	}
+	if len(f.keys()) != 2 {
+		t.Fatalf("installed %d bindings, want 2", len(f.keys()))
 	}
 }
 
@@ -215,7 +249,7 @@ func TestFailedInstallStaysInUserspaceAndReconcileRepairs(t *testing.T) {
 	}
 	f.failPut = false
 	// Drift the other way too: an entry pion does not hold.
-	stray := channelmap.Binding{Client: netip.MustParseAddrPort("10.9.9.9:9"), ListenerPort: 3478, Channel: 0x4000,
+	stray := channelmap.Binding{Client: netip.MustParseAddrPort("10.9.9.9:9"), Listener: addrPort(listener), Channel: 0x4000,
 		Peer: addrPort(peerA), Relay: addrPort(relay)}
 	_ = f.Upsert(stray)
 	n, err := m.Reconcile()

@@ -116,6 +116,7 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			bpf.RelayMapBindingCounters: reuse.BindingCounters,
 			bpf.RelayMapVerdicts:        reuse.Verdicts,
 			bpf.RelayMapTxPorts:         reuse.TxPorts,
+			bpf.RelayMapListenerDsts:    reuse.ListenerDsts,
 		}}
 	}
 	if err := spec.LoadAndAssign(objs, opts); err != nil {

@@ -13,27 +13,34 @@
 //     length fits the frame, and whose UDP length agrees with it, is looked at;
 //     bytes after the IP packet are an Ethernet trailer. Everything else passes
 //     untouched.
-//  2. UDP to a listener port must be ChannelData (first two bits 01) of a bound
-//     (client address:port, listener port, channel), with its length inside the
-//     payload and at most 3 bytes of padding after it. Such a packet shows the
-//     address the client sends to, which becomes the source of replies.
+//  2. UDP to a listener port must be ChannelData (first two bits 01) with its
+//     length inside the payload and at most 3 bytes of padding after it, sent to
+//     a destination (address:port on the wire) that a listener accepts -- what
+//     the kernel would deliver to that listener's socket: never transit traffic,
+//     never another listener's address -- by a bound (client address:port,
+//     listener, channel). It must be what the kernel would take (IPv4 header
+//     checksum right; IPv6 with a UDP checksum) and have a TTL (hop limit) of 2
+//     or more. Such a packet shows the address the client sends to, which
+//     becomes the source of replies: nothing else teaches it.
 //  3. UDP to a relay port must come from exactly the bound peer address:port to
-//     the bound relay address:port, and the listener address must be known.
+//     the bound relay address:port, the reply source must be known, and the
+//     packet must be what the kernel would take, with a TTL of 2 or more.
 //  4. The rewritten packet (client->peer: the data alone, relay -> peer;
 //     peer->client: ChannelData header + data, listener -> client) leaves through
 //     the next hop the kernel's FIB gives for it, looked up as if forwarded from the
 //     ingress interface; when the FIB cannot give one the original packet passes.
-//  5. The relay originates what it sends: a fresh IPv4 header (TTL 64, TOS, ID and
-//     DF kept), and a UDP checksum that is absent when the input's was and
+//  5. What the relay sends carries the input's TTL less one (RFC 8656 §14), TOS,
+//     ID and DF, and a UDP checksum that is absent when the input's was, is
+//     computed afresh when the input's was only the pseudo-header sum
+//     (CHECKSUM_PARTIAL, from a veth or container sender with tx offload), and
 //     otherwise carries the input's checksum error over, so that a datagram
 //     damaged before the relay still fails at the receiver.
 //  6. Clients may be IPv6; relays and peers are IPv4. An IPv6 client's ChannelData
-//     leaves as IPv4 (TOS = traffic class, ID 0, DF, TTL 64) and the replies to
-//     it as IPv6 (traffic class = TOS, flow label 0, hop limit 64), found by an
-//     IPv6 FIB lookup. IPv6 requires a UDP checksum: a peer datagram without one
-//     for an IPv6 client passes (the program does not sum payloads); an IPv6
-//     client datagram without one (illegal, but possible) leaves without one,
-//     which IPv4 allows.
+//     leaves as IPv4 (TOS = traffic class, ID 0, DF, TTL = hop limit - 1) and the
+//     replies to it as IPv6 (traffic class = TOS, flow label 0, hop limit = TTL
+//     - 1), found by an IPv6 FIB lookup. IPv6 requires a UDP checksum: a peer
+//     datagram without one for an IPv6 client passes (pion/turn sums it), and an
+//     IPv6 client datagram without one passes (Linux drops it, RFC 8200 §8.1).
 package model
 
 import (
@@ -77,8 +84,9 @@ const (
 	// rounds a message up to a multiple of 4 (RFC 8656 §12.5). More trailing
 	// bytes are not a ChannelData message we understand.
 	MaxPadding = 3
-	// RelayTTL is the TTL of what the relay sends: it originates the packets.
-	RelayTTL = 64
+	// MinTTL is the smallest TTL (hop limit) relayed in the kernel: what it
+	// sends has one less, and what would leave with 0 is pion/turn's.
+	MinTTL = 2
 )
 
 // Interface is one network interface as the FIB and the program see it.
@@ -119,12 +127,14 @@ type Env struct {
 	// Unreachable are routes of type unreachable (or blackhole, prohibit), IPv4
 	// or IPv6: the FIB refuses to forward to them.
 	Unreachable []netip.Prefix
+	// Destinations are the destinations the listeners accept: the address and
+	// port on the wire -> the listener socket the kernel delivers it to.
+	Destinations map[netip.AddrPort]netip.AddrPort
 }
 
 // Learned is a side effect of a client packet: the address it was sent to
 // becomes the source of the binding's replies. The unspecified address means
-// "not known": replies wait in userspace. An IPv6 client's listener address is
-// IPv6 (an IPv4-mapped one when the client sent to ::ffff:a.b.c.d).
+// "not known": replies wait in userspace.
 type Learned struct {
 	Binding channelmap.Key
 	Addr    netip.Addr
@@ -158,28 +168,26 @@ type Model struct {
 type peerKey struct{ peer, relay netip.AddrPort }
 
 // New returns a model of the program loaded with env's configuration and the
-// given bindings. Bindings must be consistent, as pion/turn's are: one binding
-// per (client, listener port, channel) and one per (peer, relay); relays and
-// peers IPv4, clients IPv4 or IPv6 with a listener address (when known) of the
+// given bindings, whose ReplySource is what the program has learned so far
+// (invalid: nothing). Bindings must be consistent, as pion/turn's are: one
+// binding per (client, listener, channel) and one per (peer, relay); relays and
+// peers IPv4, clients IPv4 or IPv6 with a reply source (when known) of the
 // client's family.
 func New(env Env, bindings []channelmap.Binding) (*Model, error) {
 	m := &Model{env: env, client: map[channelmap.Key]*channelmap.Binding{}, peer: map[peerKey]*channelmap.Binding{}}
 	for _, b := range bindings {
 		b.Client = unmapPort(b.Client)
+		b.Listener = unmapPort(b.Listener)
 		b.Peer = unmapPort(b.Peer)
 		b.Relay = unmapPort(b.Relay)
 		if !b.Peer.Addr().Is4() || !b.Relay.Addr().Is4() {
 			return nil, fmt.Errorf("binding %v: relays and peers are IPv4 only", b)
 		}
-		client6 := b.Client.Addr().Is6()
-		if b.ListenerAddr.IsValid() && !b.ListenerAddr.IsUnspecified() && b.ListenerAddr.Unmap().Is6() != client6 {
-			return nil, fmt.Errorf("binding %v: listener address %v is not of the client's family", b, b.ListenerAddr)
-		}
-		if !client6 {
-			b.ListenerAddr = b.ListenerAddr.Unmap()
-		}
-		if !b.ListenerAddr.IsValid() || b.ListenerAddr.IsUnspecified() {
-			b.ListenerAddr = netip.IPv4Unspecified()
+		b.ReplySource = b.ReplySource.Unmap()
+		if !b.ReplySource.IsValid() || b.ReplySource.IsUnspecified() {
+			b.ReplySource = netip.IPv4Unspecified()
+		} else if b.ReplySource.Is6() != b.Client.Addr().Is6() {
+			return nil, fmt.Errorf("binding %v: reply source %v is not of the client's family", b, b.ReplySource)
 		}
 		pk := peerKey{b.Peer, b.Relay}
 		if _, dup := m.client[b.Key()]; dup {
@@ -197,7 +205,7 @@ func New(env Env, bindings []channelmap.Binding) (*Model, error) {
 }
 
 // Bindings returns the bindings in the order given to New, with their current
-// listener addresses (unspecified: not known).
+// reply sources (unspecified: not known).
 func (m *Model) Bindings() []channelmap.Binding {
 	out := make([]channelmap.Binding, len(m.order))
 	for i, b := range m.order {
@@ -243,7 +251,7 @@ func (m *Model) Process(ingress int, frame []byte) Result {
 		in = datagram{
 			src: netip.AddrPortFrom(addr4(ip[12:]), be16(udp[0:])),
 			dst: netip.AddrPortFrom(addr4(ip[16:]), be16(udp[2:])),
-			ip:  ip, udp: udp, tos: ip[1],
+			ip:  ip, udp: udp, tos: ip[1], ttl: ip[8],
 		}
 	case 0x86DD:
 		ip := frame[ethLen:]
@@ -273,7 +281,7 @@ func (m *Model) Process(ingress int, frame []byte) Result {
 		in = datagram{
 			src: netip.AddrPortFrom(netip.AddrFrom16([16]byte(ip[8:24])), be16(udp[0:])),
 			dst: netip.AddrPortFrom(netip.AddrFrom16([16]byte(ip[24:40])), be16(udp[2:])),
-			ip:  ip, udp: udp, v6: true, tos: uint8(be16(ip[0:]) >> 4),
+			ip:  ip, udp: udp, v6: true, tos: uint8(be16(ip[0:]) >> 4), ttl: ip[7],
 		}
 	default:
 		return pass(bpf.RelayReasonREASON_NOT_IP) // also VLAN tags
@@ -300,12 +308,25 @@ func ipv6Extension(nh uint8) bool {
 }
 
 // datagram is a parsed input: its addresses, IP packet and UDP datagram, its
-// family and its TOS (IPv4) or traffic class (IPv6).
+// family, its TOS (IPv4) or traffic class (IPv6) and its TTL or hop limit.
 type datagram struct {
 	src, dst netip.AddrPort
 	ip, udp  []byte
 	v6       bool
-	tos      uint8
+	tos, ttl uint8
+}
+
+// kernelTakes tells why the kernel would not take the datagram from the wire
+// (0: it would): an IPv4 header whose checksum does not verify, an IPv6 UDP
+// datagram without a checksum (RFC 8200 §8.1).
+func (in datagram) kernelTakes() bpf.RelayReason {
+	if !in.v6 && fold(sum(0, in.ip[:20])) != 0xffff {
+		return bpf.RelayReasonREASON_BAD_IP_CHECKSUM
+	}
+	if in.v6 && be16(in.udp[6:]) == 0 {
+		return bpf.RelayReasonREASON_NO_CHECKSUM
+	}
+	return 0
 }
 
 func (m *Model) isListenerPort(p uint16) bool {
@@ -334,34 +355,38 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	if n > MaxDataLen {
 		return pass(bpf.RelayReasonREASON_OVERSIZE)
 	}
-	key := channelmap.Key{Client: in.src, ListenerPort: in.dst.Port(), Channel: channel}
+	// IPv4-mapped addresses are not on an IPv6 wire (RFC 4291 §2.5.5.2): the
+	// kernel gives no socket a packet from one; and one sent to one is for no
+	// IPv4 listener (the destination table's IPv4 keys are 4 bytes).
+	if in.v6 && in.src.Addr().Is4In6() {
+		return pass(bpf.RelayReasonREASON_NO_CHANNEL)
+	}
+	listener, ok := m.env.Destinations[in.dst]
+	if !ok {
+		return pass(bpf.RelayReasonREASON_NOT_LISTENER_ADDR)
+	}
+	key := channelmap.Key{Client: in.src, Listener: listener, Channel: channel}
 	b, ok := m.client[key]
 	if !ok {
 		return pass(bpf.RelayReasonREASON_NO_CHANNEL)
+	}
+	if r := in.kernelTakes(); r != 0 {
+		return pass(r)
+	}
+	if in.ttl < MinTTL {
+		return pass(bpf.RelayReasonREASON_TTL_EXPIRED)
 	}
 
 	res := Result{Verdict: Pass, Frame: frame}
 	// Learned before the next hop is known: the packet is bound either way, and
 	// a VIP in front of us is what it was sent to.
-	// Only a unicast destination can be the source of replies.
-	if d := in.dst.Addr(); b.ListenerAddr != d && unicast(in) {
-		b.ListenerAddr = d
-		res.Learned = &Learned{Binding: key, Addr: b.ListenerAddr}
+	if d := in.dst.Addr(); b.ReplySource != d {
+		b.ReplySource = d
+		res.Learned = &Learned{Binding: key, Addr: d}
 	}
 	data := msg[4 : 4+n]
 	out := outPacket{src: b.Relay, dst: b.Peer, payload: data, dataLen: n}
 	return m.send(ingress, in, out, res, key, bpf.RelayReasonREASON_RELAY_C2P_TX, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT)
-}
-
-// unicast tells whether a client packet's destination can be the source of
-// replies: not unspecified, broadcast or multicast (IPv4: 224.0.0.0/4; IPv6:
-// ff00::/8, and :: only: ::ffff:0.0.0.0 is an address like any other).
-func unicast(in datagram) bool {
-	d := in.dst.Addr()
-	if in.v6 {
-		return d != netip.IPv6Unspecified() && d.As16()[0] != 0xff
-	}
-	return !d.IsUnspecified() && !d.IsMulticast() && d != netip.AddrFrom4([4]byte{255, 255, 255, 255})
 }
 
 // fromPeer handles UDP to a relay port: a peer's datagram becomes ChannelData.
@@ -371,22 +396,28 @@ func (m *Model) fromPeer(ingress int, frame []byte, in datagram) Result {
 	if !ok {
 		return pass(bpf.RelayReasonREASON_NO_PEER_BINDING)
 	}
-	if b.ListenerAddr.IsUnspecified() {
+	if b.ReplySource.IsUnspecified() {
 		return pass(bpf.RelayReasonREASON_CLIENT_ADDR_UNKNOWN)
 	}
+	if r := in.kernelTakes(); r != 0 {
+		return pass(r)
+	}
 	if b.Client.Addr().Is6() && be16(in.udp[6:]) == 0 {
-		// IPv6 requires a checksum, and the program does not sum payloads.
+		// IPv6 requires a checksum; pion/turn sums it.
 		return pass(bpf.RelayReasonREASON_NO_CHECKSUM)
 	}
 	data := in.udp[8:]
 	if len(data) > MaxDataLen {
 		return pass(bpf.RelayReasonREASON_OVERSIZE)
 	}
+	if in.ttl < MinTTL {
+		return pass(bpf.RelayReasonREASON_TTL_EXPIRED)
+	}
 	msg := make([]byte, 4+len(data))
 	binary.BigEndian.PutUint16(msg[0:], b.Channel)
 	binary.BigEndian.PutUint16(msg[2:], uint16(len(data)))
 	copy(msg[4:], data)
-	out := outPacket{src: netip.AddrPortFrom(b.ListenerAddr, b.ListenerPort), dst: b.Client, payload: msg, dataLen: len(data)}
+	out := outPacket{src: netip.AddrPortFrom(b.ReplySource, b.Listener.Port()), dst: b.Client, payload: msg, dataLen: len(data)}
 	return m.send(ingress, in, out, Result{Verdict: Pass, Frame: frame}, b.Key(),
 		bpf.RelayReasonREASON_RELAY_P2C_TX, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT)
 }
@@ -558,7 +589,7 @@ func (m *Model) build(in datagram, out outPacket, hop *nextHop) []byte {
 	} else {
 		copy(ip[4:8], in.ip[4:8]) // ID, flags (DF) and a zero fragment offset
 	}
-	ip[8] = RelayTTL
+	ip[8] = in.ttl - 1
 	ip[9] = 17
 	src4, dst4 := out.src.Addr().As4(), out.dst.Addr().As4()
 	copy(ip[12:16], src4[:])
@@ -587,7 +618,7 @@ func (m *Model) build6(in datagram, out outPacket, hop *nextHop) []byte {
 	binary.BigEndian.PutUint32(ip[0:], 6<<28|uint32(in.tos)<<20)
 	binary.BigEndian.PutUint16(ip[4:], uint16(udpLen))
 	ip[6] = 17
-	ip[7] = RelayTTL // the hop limit
+	ip[7] = in.ttl - 1 // the hop limit
 	src, dst := out.src.Addr().As16(), out.dst.Addr().As16()
 	copy(ip[8:24], src[:])
 	copy(ip[24:40], dst[:])
@@ -603,12 +634,16 @@ func (m *Model) build6(in datagram, out outPacket, hop *nextHop) []byte {
 
 // udpChecksum is the checksum of the relayed datagram udp, whose pseudo header
 // sums to outPseudo. An absent input checksum stays absent (legal on IPv4, RFC
-// 768; an IPv6 output never gets here without one). Otherwise the output's
-// checksum is off by exactly what the input's was: with E the ones' complement
-// sum of the input datagram, pseudo header and checksum field included (0xffff
-// when it verifies), the output's checksum c makes its sum E too.
+// 768; an IPv6 output never gets here without one). An input checksum equal to
+// the folded pseudo-header sum is a CHECKSUM_PARTIAL one (the sender left the
+// rest to its NIC, which a veth does not have): the output gets a full one.
+// Otherwise the output's checksum is off by exactly what the input's was: with
+// E the ones' complement sum of the input datagram, pseudo header and checksum
+// field included (0xffff when it verifies), the output's checksum c makes its
+// sum E too.
 func udpChecksum(in datagram, outPseudo uint32, udp []byte) uint16 {
-	if be16(in.udp[6:]) == 0 {
+	field := be16(in.udp[6:])
+	if field == 0 {
 		return 0
 	}
 	var inPseudo uint32
@@ -617,9 +652,14 @@ func udpChecksum(in datagram, outPseudo uint32, udp []byte) uint16 {
 	} else {
 		inPseudo = pseudo(in.ip[12:16], in.ip[16:20], len(in.udp))
 	}
-	inSum := fold(sum(inPseudo, in.udp))
 	outSum := fold(sum(outPseudo, udp)) // its checksum field is still zero
-	c := fold(uint32(inSum) + uint32(^outSum))
+	var c uint16
+	if field == fold(inPseudo) {
+		c = ^outSum
+	} else {
+		inSum := fold(sum(inPseudo, in.udp))
+		c = fold(uint32(inSum) + uint32(^outSum))
+	}
 	if c == 0 {
 		c = 0xffff // RFC 768: a computed zero is sent as all ones
 	}

@@ -32,11 +32,21 @@ func testEnv() model.Env {
 				Neighbours: map[netip.Addr][6]byte{netip.MustParseAddr("10.200.0.2"): peerMAC}},
 		},
 		Unreachable: []netip.Prefix{netip.MustParsePrefix("10.200.0.128/25")},
+		Destinations: map[netip.AddrPort]netip.AddrPort{
+			netip.MustParseAddrPort("10.100.0.1:3478"): listener,
+			netip.MustParseAddrPort("192.0.2.10:3478"): listener, // a VIP the node DNATs to it
+			netip.MustParseAddrPort("10.100.0.3:3478"): listener2,
+		},
 	}
 }
 
+var (
+	listener  = netip.MustParseAddrPort("10.100.0.1:3478")
+	listener2 = netip.MustParseAddrPort("10.100.0.3:3478")
+)
+
 var binding = channelmap.Binding{
-	Client: netip.MustParseAddrPort("10.100.0.2:40000"), ListenerPort: 3478, Channel: 0x4000,
+	Client: netip.MustParseAddrPort("10.100.0.2:40000"), Listener: listener, Channel: 0x4000,
 	Peer: netip.MustParseAddrPort("10.200.0.2:5001"), Relay: netip.MustParseAddrPort("10.200.0.1:50000"),
 }
 
@@ -50,7 +60,7 @@ func newModel(t *testing.T, bs ...channelmap.Binding) *model.Model {
 }
 
 func clientFrame(dst string, payload []byte) packet.Frame {
-	return packet.Frame{DstMAC: aMAC, SrcMAC: clientMAC, TTL: 1, ID: 7, FragOff: 0x4000, TOS: 0xb8,
+	return packet.Frame{DstMAC: aMAC, SrcMAC: clientMAC, TTL: 9, ID: 7, FragOff: 0x4000, TOS: 0xb8,
 		Src: binding.Client, Dst: netip.AddrPortFrom(netip.MustParseAddr(dst), 3478), Payload: payload}
 }
 
@@ -62,7 +72,7 @@ func TestClientToPeer(t *testing.T) {
 	if res.Verdict != model.Redirect || res.Reason != bpf.RelayReasonREASON_RELAY_C2P_REDIRECT {
 		t.Fatalf("%v %v, want REDIRECT relay_c2p_redirect", res.Verdict, res.Reason)
 	}
-	want := packet.Frame{DstMAC: peerMAC, SrcMAC: bMAC, TTL: 64, ID: 7, FragOff: 0x4000, TOS: 0xb8,
+	want := packet.Frame{DstMAC: peerMAC, SrcMAC: bMAC, TTL: 8, ID: 7, FragOff: 0x4000, TOS: 0xb8,
 		Src: binding.Relay, Dst: binding.Peer, Payload: d}.Marshal()
 	if !bytes.Equal(res.Frame, want) {
 		t.Fatalf("output\n got %x\nwant %x", res.Frame, want)
@@ -83,7 +93,7 @@ func TestPeerToClientWaitsForListener(t *testing.T) {
 	}
 	m.Process(2, clientFrame("192.0.2.10", packet.ChannelData(0x4000, nil, nil)).Marshal()) // a VIP
 	res := m.Process(3, in.Marshal())
-	want := packet.Frame{DstMAC: clientMAC, SrcMAC: aMAC, TTL: 64,
+	want := packet.Frame{DstMAC: clientMAC, SrcMAC: aMAC, TTL: 8,
 		Src: netip.MustParseAddrPort("192.0.2.10:3478"), Dst: binding.Client, Payload: packet.ChannelData(0x4000, []byte{1, 2, 3}, nil)}.Marshal()
 	if res.Verdict != model.Redirect || !bytes.Equal(res.Frame, want) {
 		t.Fatalf("after learning: %v %v\n got %x\nwant %x", res.Verdict, res.Reason, res.Frame, want)
@@ -165,11 +175,14 @@ func testEnv6() model.Env {
 	env.Interfaces[0].Neighbours[netip.MustParseAddr("fd00:100::2")] = clientMAC
 	env.Interfaces[1].Forwarding6 = true // b0: no IPv6 address, forwarding on
 	env.Unreachable = append(env.Unreachable, netip.MustParsePrefix("fd00:100::8000/113"))
+	env.Destinations[netip.MustParseAddrPort("[fd00:100::1]:3478")] = wildcard6
 	return env
 }
 
+var wildcard6 = netip.MustParseAddrPort("[::]:3478")
+
 var binding6 = channelmap.Binding{
-	Client: netip.MustParseAddrPort("[fd00:100::2]:40000"), ListenerPort: 3478, Channel: 0x4000,
+	Client: netip.MustParseAddrPort("[fd00:100::2]:40000"), Listener: wildcard6, Channel: 0x4000,
 	Peer: netip.MustParseAddrPort("10.200.0.2:5002"), Relay: netip.MustParseAddrPort("10.200.0.1:50001"),
 }
 
@@ -183,7 +196,7 @@ func newModel6(t *testing.T, bs ...channelmap.Binding) *model.Model {
 }
 
 func clientFrame6(dst string, payload []byte) packet.Frame {
-	return packet.Frame{DstMAC: aMAC, SrcMAC: clientMAC, TTL: 1, TOS: 0xb9, FlowLabel: 0x12345,
+	return packet.Frame{DstMAC: aMAC, SrcMAC: clientMAC, TTL: 9, TOS: 0xb9, FlowLabel: 0x12345,
 		Src: binding6.Client, Dst: netip.AddrPortFrom(netip.MustParseAddr(dst), 3478), Payload: payload}
 }
 
@@ -196,8 +209,8 @@ func TestClientToPeerIPv6(t *testing.T) {
 	if res.Verdict != model.Redirect || res.Reason != bpf.RelayReasonREASON_RELAY_C2P_REDIRECT {
 		t.Fatalf("%v %v, want REDIRECT relay_c2p_redirect", res.Verdict, res.Reason)
 	}
-	// IPv4 out: TOS = traffic class, ID 0, DF, TTL 64.
-	want := packet.Frame{DstMAC: peerMAC, SrcMAC: bMAC, TTL: 64, ID: 0, FragOff: 0x4000, TOS: 0xb9,
+	// IPv4 out: TOS = traffic class, ID 0, DF, TTL = hop limit - 1.
+	want := packet.Frame{DstMAC: peerMAC, SrcMAC: bMAC, TTL: 8, ID: 0, FragOff: 0x4000, TOS: 0xb9,
 		Src: binding6.Relay, Dst: binding6.Peer, Payload: d}.Marshal()
 	if !bytes.Equal(res.Frame, want) {
 		t.Fatalf("output\n got %x\nwant %x", res.Frame, want)
@@ -208,11 +221,11 @@ func TestClientToPeerIPv6(t *testing.T) {
 	if res.Learned == nil || res.Learned.Addr != netip.MustParseAddr("fd00:100::1") {
 		t.Fatalf("learned %+v, want fd00:100::1", res.Learned)
 	}
-	// An absent checksum (illegal on IPv6) leaves absent (legal on IPv4).
+	// An absent checksum is illegal on IPv6 (RFC 8200 §8.1): Linux drops it,
+	// and so does the program, by passing it.
 	in.NoUDPChecksum = true
-	out := m.Process(2, in.Marshal()).Frame
-	if cs := binary.BigEndian.Uint16(out[packet.EthLen+packet.IPv4Len+6:]); cs != 0 {
-		t.Fatalf("UDP checksum %#04x, want 0", cs)
+	if res := m.Process(2, in.Marshal()); res.Verdict != model.Pass || res.Reason != bpf.RelayReasonREASON_NO_CHECKSUM {
+		t.Fatalf("IPv6 ChannelData without a checksum: %v %v, want PASS no_checksum", res.Verdict, res.Reason)
 	}
 	// A wrong one stays wrong.
 	in.NoUDPChecksum = false
@@ -230,21 +243,23 @@ func TestPeerToClientIPv6(t *testing.T) {
 	if res := m.Process(3, in.Marshal()); res.Reason != bpf.RelayReasonREASON_CLIENT_ADDR_UNKNOWN {
 		t.Fatalf("before learning: %v", res.Reason)
 	}
-	// Neither :: nor a multicast group is learned.
-	for _, dst := range []string{"::", "ff02::1"} {
-		if res := m.Process(2, clientFrame6(dst, packet.ChannelData(0x4000, nil, nil)).Marshal()); res.Learned != nil {
-			t.Fatalf("learned %v from a packet to %s", res.Learned.Addr, dst)
+	// Nothing a listener does not accept is learned: ::, a multicast group,
+	// an address beyond the node, an IPv4-mapped one.
+	for _, dst := range []string{"::", "ff02::1", "fd00:999::1", "::ffff:10.100.0.1"} {
+		res := m.Process(2, clientFrame6(dst, packet.ChannelData(0x4000, nil, nil)).Marshal())
+		if res.Learned != nil || res.Reason != bpf.RelayReasonREASON_NOT_LISTENER_ADDR {
+			t.Fatalf("packet to %s: %v, learned %v", dst, res.Reason, res.Learned)
 		}
 	}
 	m.Process(2, clientFrame6("fd00:100::1", packet.ChannelData(0x4000, nil, nil)).Marshal())
 	res := m.Process(3, in.Marshal())
-	want := packet.Frame{DstMAC: clientMAC, SrcMAC: aMAC, TTL: 64, TOS: 0x2e,
+	want := packet.Frame{DstMAC: clientMAC, SrcMAC: aMAC, TTL: 8, TOS: 0x2e,
 		Src: netip.MustParseAddrPort("[fd00:100::1]:3478"), Dst: binding6.Client, Payload: packet.ChannelData(0x4000, []byte{1, 2, 3}, nil)}.Marshal()
 	if res.Verdict != model.Redirect || res.Reason != bpf.RelayReasonREASON_RELAY_P2C_REDIRECT || !bytes.Equal(res.Frame, want) {
 		t.Fatalf("after learning: %v %v\n got %x\nwant %x", res.Verdict, res.Reason, res.Frame, want)
 	}
 	p, err := packet.Parse(res.Frame)
-	if err != nil || !p.IPv6 || p.TOS != 0x2e || p.FlowLabel != 0 || p.TTL != 64 {
+	if err != nil || !p.IPv6 || p.TOS != 0x2e || p.FlowLabel != 0 || p.TTL != 8 {
 		t.Fatalf("parsed %+v, %v", p, err)
 	}
 	in.NoUDPChecksum = true
@@ -270,12 +285,12 @@ func TestPassReasonsIPv6(t *testing.T) {
 	unreach := binding6
 	unreach.Client, unreach.Peer, unreach.Relay = netip.MustParseAddrPort("[fd00:100::8001]:1"), netip.MustParseAddrPort("10.200.0.2:1"), netip.MustParseAddrPort("10.200.0.1:50009")
 	peer := func(b channelmap.Binding, n int) []byte {
-		return packet.Frame{SrcMAC: peerMAC, Src: b.Peer, Dst: b.Relay, Payload: make([]byte, n)}.Marshal()
+		return packet.Frame{SrcMAC: peerMAC, TTL: 64, Src: b.Peer, Dst: b.Relay, Payload: make([]byte, n)}.Marshal()
 	}
-	noNeigh.ListenerAddr, unreach.ListenerAddr = netip.MustParseAddr("fd00:100::1"), netip.MustParseAddr("fd00:100::1")
+	noNeigh.ReplySource, unreach.ReplySource = netip.MustParseAddr("fd00:100::1"), netip.MustParseAddr("fd00:100::1")
 	noNeigh.Peer, noNeigh.Relay = netip.MustParseAddrPort("10.200.0.2:2"), netip.MustParseAddrPort("10.200.0.1:50010")
 	mtu := binding6
-	mtu.ListenerAddr = netip.MustParseAddr("fd00:100::1")
+	mtu.ReplySource = netip.MustParseAddr("fd00:100::1")
 	for _, c := range []struct {
 		name    string
 		ingress int
@@ -338,11 +353,11 @@ func TestNewIPv6Families(t *testing.T) {
 		ok   bool
 	}{
 		{"ipv6 client", func(b *channelmap.Binding) {}, true},
-		{"ipv6 client and listener", func(b *channelmap.Binding) { b.ListenerAddr = netip.MustParseAddr("fd00:100::1") }, true},
-		{"ipv6 client, ipv4 listener", func(b *channelmap.Binding) { b.ListenerAddr = netip.MustParseAddr("10.100.0.1") }, false},
-		{"ipv4 client, ipv6 listener", func(b *channelmap.Binding) {
+		{"ipv6 client and reply source", func(b *channelmap.Binding) { b.ReplySource = netip.MustParseAddr("fd00:100::1") }, true},
+		{"ipv6 client, ipv4 reply source", func(b *channelmap.Binding) { b.ReplySource = netip.MustParseAddr("10.100.0.1") }, false},
+		{"ipv4 client, ipv6 reply source", func(b *channelmap.Binding) {
 			b.Client = binding.Client
-			b.ListenerAddr = netip.MustParseAddr("fd00:100::1")
+			b.ReplySource = netip.MustParseAddr("fd00:100::1")
 		}, false},
 		{"ipv6 relay", func(b *channelmap.Binding) { b.Relay = netip.MustParseAddrPort("[fd00:100::1]:50000") }, false},
 		{"ipv6 peer", func(b *channelmap.Binding) { b.Peer = netip.MustParseAddrPort("[fd00:100::3]:5000") }, false},
@@ -351,6 +366,134 @@ func TestNewIPv6Families(t *testing.T) {
 		c.edit(&b)
 		if _, err := model.New(testEnv6(), []channelmap.Binding{b}); (err == nil) != c.ok {
 			t.Errorf("%s: error %v, want ok=%v", c.name, err, c.ok)
+		}
+	}
+}
+
+// TestListenerIsPartOfTheBinding: one client address:port with a channel 0x4000
+// on each of two listeners of one port (issue 9, defect 1): each listener's
+// ChannelData goes to its own peer.
+func TestListenerIsPartOfTheBinding(t *testing.T) {
+	other := binding
+	other.Listener = listener2
+	other.Peer, other.Relay = netip.MustParseAddrPort("10.200.0.3:5001"), netip.MustParseAddrPort("10.200.0.1:50001")
+	env := testEnv()
+	env.Interfaces[1].MTU = 1500
+	env.Interfaces[1].Neighbours[other.Peer.Addr()] = peerMAC
+	m, err := model.New(env, []channelmap.Binding{binding, other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		dst  string
+		peer netip.AddrPort
+	}{{"10.100.0.1", binding.Peer}, {"10.100.0.3", other.Peer}, {"192.0.2.10", binding.Peer}} {
+		res := m.Process(2, clientFrame(c.dst, packet.ChannelData(0x4000, []byte("x"), nil)).Marshal())
+		p, err := packet.Parse(res.Frame)
+		if err != nil || res.Verdict != model.Redirect || p.Dst != c.peer {
+			t.Fatalf("to %s: %v %v, out to %v (%v), want %v", c.dst, res.Verdict, res.Reason, p.Dst, err, c.peer)
+		}
+	}
+}
+
+// TestOnlyAcceptedDestinations: ChannelData of a bound client to an address no
+// listener accepts (transit: beyond the node) is passed and teaches nothing
+// (issue 9, defect 2).
+func TestOnlyAcceptedDestinations(t *testing.T) {
+	m := newModel(t, binding)
+	m.Process(2, clientFrame("10.100.0.1", packet.ChannelData(0x4000, nil, nil)).Marshal())
+	for _, dst := range []string{"10.200.0.2", "198.51.100.7", "10.100.0.255", "0.0.0.0", "224.0.0.1"} {
+		in := clientFrame(dst, packet.ChannelData(0x4000, []byte("x"), nil)).Marshal()
+		res := m.Process(2, in)
+		if res.Verdict != model.Pass || res.Reason != bpf.RelayReasonREASON_NOT_LISTENER_ADDR || res.Learned != nil || !bytes.Equal(res.Frame, in) {
+			t.Fatalf("to %s: %v %v learned %v", dst, res.Verdict, res.Reason, res.Learned)
+		}
+	}
+	if got := m.Bindings()[0].ReplySource; got != netip.MustParseAddr("10.100.0.1") {
+		t.Fatalf("reply source %v after the transit packets, want 10.100.0.1", got)
+	}
+}
+
+// TestWhatTheKernelWouldNotTake: a bad IPv4 header checksum, an expiring TTL
+// (issue 9, defects 5 and 6) pass untouched, in both directions.
+func TestWhatTheKernelWouldNotTake(t *testing.T) {
+	learned := binding
+	learned.ReplySource = netip.MustParseAddr("10.100.0.1")
+	env := testEnv()
+	env.Interfaces[1].MTU = 1500
+	cd := packet.ChannelData(0x4000, []byte("data"), nil)
+	for _, c := range []struct {
+		name    string
+		ingress int
+		frame   func() []byte
+		reason  bpf.RelayReason
+	}{
+		{"c2p ttl 1", 2, func() []byte { f := clientFrame("10.100.0.1", cd); f.TTL = 1; return f.Marshal() }, bpf.RelayReasonREASON_TTL_EXPIRED},
+		{"c2p ttl 0", 2, func() []byte { f := clientFrame("10.100.0.1", cd); f.TTL = 0; return f.Marshal() }, bpf.RelayReasonREASON_TTL_EXPIRED},
+		{"c2p bad ip checksum", 2, func() []byte {
+			b := clientFrame("10.100.0.1", cd).Marshal()
+			b[packet.EthLen+10] ^= 0x40
+			return b
+		}, bpf.RelayReasonREASON_BAD_IP_CHECKSUM},
+		{"p2c ttl 1", 3, func() []byte {
+			return packet.Frame{SrcMAC: peerMAC, TTL: 1, Src: binding.Peer, Dst: binding.Relay, Payload: []byte{1}}.Marshal()
+		}, bpf.RelayReasonREASON_TTL_EXPIRED},
+		{"p2c bad ip checksum", 3, func() []byte {
+			b := packet.Frame{SrcMAC: peerMAC, TTL: 9, Src: binding.Peer, Dst: binding.Relay, Payload: []byte{1}}.Marshal()
+			b[packet.EthLen+11] ^= 0x01
+			return b
+		}, bpf.RelayReasonREASON_BAD_IP_CHECKSUM},
+	} {
+		m, err := model.New(env, []channelmap.Binding{learned})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := c.frame()
+		if res := m.Process(c.ingress, in); res.Verdict != model.Pass || res.Reason != c.reason || !bytes.Equal(res.Frame, in) || res.Learned != nil {
+			t.Errorf("%s: %v %v, want PASS %v untouched", c.name, res.Verdict, res.Reason, c.reason)
+		}
+	}
+	// A TTL of 2 leaves as 1.
+	m, _ := model.New(env, []channelmap.Binding{learned})
+	f := clientFrame("10.100.0.1", cd)
+	f.TTL = 2
+	if p, err := packet.Parse(m.Process(2, f.Marshal()).Frame); err != nil || p.TTL != 1 {
+		t.Fatalf("TTL 2: out %+v %v, want TTL 1", p, err)
+	}
+}
+
+// TestPartialChecksum: a datagram whose checksum field holds the folded
+// pseudo-header sum (CHECKSUM_PARTIAL from a veth sender with tx offload) is
+// relayed with a full, correct checksum, both ways (issue 9, defect 4).
+func TestPartialChecksum(t *testing.T) {
+	learned := binding
+	learned.ReplySource = netip.MustParseAddr("10.100.0.1")
+	env := testEnv()
+	env.Interfaces[1].MTU = 1500
+	m, err := model.New(env, []channelmap.Binding{learned})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{0, 1, 2, 3, 4, 5, 63, 64, 511, 512, 513, 1200} {
+		c2p := clientFrame("10.100.0.1", packet.ChannelData(0x4000, make([]byte, n), []byte{7, 7, 7}[:(4-n%4)%4]))
+		c2p.PartialChecksum = true
+		p2c := packet.Frame{SrcMAC: peerMAC, TTL: 9, Src: binding.Peer, Dst: binding.Relay, Payload: make([]byte, n), PartialChecksum: true}
+		for _, f := range []packet.Frame{c2p, p2c} {
+			in := f.Marshal()
+			if _, err := packet.Parse(in); err == nil {
+				t.Fatalf("%d bytes: the partial input verifies; the test frame is not partial", n)
+			}
+			ingress := 2
+			if f.Src == binding.Peer {
+				ingress = 3
+			}
+			res := m.Process(ingress, in)
+			if res.Verdict == model.Pass {
+				t.Fatalf("%d bytes: passed (%v)", n, res.Reason)
+			}
+			if _, err := packet.Parse(res.Frame); err != nil {
+				t.Fatalf("%d bytes from %v: relayed with a bad checksum: %v", n, f.Src, err)
+			}
 		}
 	}
 }

@@ -41,6 +41,10 @@ type Frame struct {
 	Payload        []byte
 	// NoUDPChecksum sends the UDP checksum as zero (legal on IPv4, not on IPv6).
 	NoUDPChecksum bool
+	// PartialChecksum writes the UDP checksum field as a sender with checksum
+	// offload hands the frame over (CHECKSUM_PARTIAL, as a veth delivers it):
+	// the folded pseudo-header sum, not complemented, the rest left undone.
+	PartialChecksum bool
 	// Trailer is appended after the IP packet (an Ethernet minimum-size pad).
 	Trailer []byte
 
@@ -127,7 +131,10 @@ func (f Frame) Marshal() []byte {
 	binary.BigEndian.PutUint16(udp[2:4], f.Dst.Port())
 	binary.BigEndian.PutUint16(udp[4:6], uint16(UDPLen+len(f.Payload)))
 	copy(udp[UDPLen:], f.Payload)
-	if !f.NoUDPChecksum {
+	switch {
+	case f.PartialChecksum:
+		binary.BigEndian.PutUint16(udp[6:8], ^UDPChecksum(src4, dst4, make([]byte, len(udp))))
+	case !f.NoUDPChecksum:
 		binary.BigEndian.PutUint16(udp[6:8], UDPChecksum(src4, dst4, udp))
 	}
 	return append(b, f.Trailer...)
@@ -180,7 +187,10 @@ func (f Frame) marshal6() []byte {
 	binary.BigEndian.PutUint16(udp[2:4], f.Dst.Port())
 	binary.BigEndian.PutUint16(udp[4:6], uint16(udpLen))
 	copy(udp[UDPLen:], f.Payload)
-	if !f.NoUDPChecksum {
+	switch {
+	case f.PartialChecksum:
+		binary.BigEndian.PutUint16(udp[6:8], ^UDPChecksum6(src, dst, make([]byte, len(udp))))
+	case !f.NoUDPChecksum:
 		binary.BigEndian.PutUint16(udp[6:8], UDPChecksum6(src, dst, udp))
 	}
 	return append(b, f.Trailer...)

@@ -377,12 +377,12 @@ func ipv6XDPSession(t *testing.T, r rig, tx bool) {
 	if !ok {
 		t.Fatalf("no binding of client %v in the maps (%d bindings)", local, n)
 	}
-	t.Logf("binding: %v listener_addr=%v", b, b.ListenerAddr)
+	t.Logf("binding: %v reply source=%v", b, b.ReplySource)
 	if n != 1 {
 		t.Errorf("%d bindings in the maps, want 1", n)
 	}
-	if !b.Client.Addr().Is6() || b.Client.Addr().Is4In6() || b.ListenerAddr != listen6.Addr() || b.ListenerPort != listen6.Port() {
-		t.Errorf("binding %v listener %v: want client %v and listener %v", b, b.ListenerAddr, local, listen6)
+	if !b.Client.Addr().Is6() || b.Client.Addr().Is4In6() || b.ReplySource != listen6.Addr() || b.Listener.Port() != listen6.Port() {
+		t.Errorf("binding %v reply source %v: want client %v and listener %v", b, b.ReplySource, local, listen6)
 	}
 	if b.Peer != echoPeer || b.Relay.Addr() != relayAddr || b.Relay.String() != relay.LocalAddr().String() {
 		t.Errorf("binding %v: want peer %v and relay %v", b, echoPeer, relay.LocalAddr())
@@ -409,7 +409,7 @@ func ipv6XDPSession(t *testing.T, r rig, tx bool) {
 			v4 = append(v4, b)
 		}
 	}
-	if len(dump) != 2 || len(v4) != 1 || v4[0].ListenerAddr != listenAddr.Addr() {
+	if len(dump) != 2 || len(v4) != 1 || v4[0].ReplySource != listenAddr.Addr() {
 		t.Errorf("maps hold %v, want the IPv6 binding and one IPv4 one with listener %v", dump, listenAddr.Addr())
 	}
 

@@ -1,0 +1,249 @@
+package channelmap
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+)
+
+// failingMap makes Put fail on demand, as a full or broken kernel map would.
+type failingMap struct {
+	*ebpf.Map
+	failPut bool
+}
+
+var errInjected = errors.New("injected map write failure")
+
+func (f *failingMap) Put(k, v any) error {
+	if f.failPut {
+		return errInjected
+	}
+	return f.Map.Put(k, v)
+}
+
+func newTestMaps(t *testing.T, maxBindings uint32) (*Maps, *bpf.RelayMaps) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: maxBindings},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	return New(prog.Maps()), prog.Maps()
+}
+
+var testBinding = Binding{
+	Client:   netip.MustParseAddrPort("10.100.0.2:40000"),
+	Listener: netip.MustParseAddrPort("10.100.0.1:3478"),
+	Channel:  0x4000,
+	Peer:     netip.MustParseAddrPort("10.200.0.2:5001"),
+	Relay:    netip.MustParseAddrPort("10.200.0.1:50000"),
+}
+
+// learn writes a reply source into b's peer->client entry, as the program does
+// from a client packet.
+func learn(t *testing.T, raw *bpf.RelayMaps, b Binding, a netip.Addr) {
+	t.Helper()
+	var v bpf.RelayP2cVal
+	if err := raw.P2cBindings.Lookup(p2cKey(b), &v); err != nil {
+		t.Fatal(err)
+	}
+	v.ListenerAddr.B = a.As16()
+	if err := raw.P2cBindings.Put(p2cKey(b), v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func dumpOne(t *testing.T, m *Maps, k Key) (Binding, bool) {
+	t.Helper()
+	d, err := m.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ok := d[k]
+	return b, ok
+}
+
+// TestUpsertKeepsLearnedReplySource: the reply source is the program's to
+// learn; a later Upsert (a refresh, the reconcile, a channel moved to another
+// peer) must not wipe it, and the first Upsert must not seed it.
+func TestUpsertKeepsLearnedReplySource(t *testing.T) {
+	m, raw := newTestMaps(t, 64)
+	b := testBinding
+	if err := m.Upsert(b); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := dumpOne(t, m, b.Key()); got.ReplySource.IsValid() {
+		t.Fatalf("reply source %v seeded by Upsert", got.ReplySource)
+	}
+	vip := netip.MustParseAddr("192.0.2.10")
+	learn(t, raw, b, vip)
+	if err := m.Upsert(b); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := dumpOne(t, m, b.Key()); got.ReplySource != vip {
+		t.Fatalf("reply source %v after a second Upsert, want the learned %v", got.ReplySource, vip)
+	}
+	moved := b
+	moved.Peer = netip.MustParseAddrPort("10.200.0.3:5001")
+	if err := m.Upsert(moved); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := dumpOne(t, m, b.Key()); got.ReplySource != vip || got.Peer != moved.Peer {
+		t.Fatalf("after the channel moved: %v, want peer %v and reply source %v", got, moved.Peer, vip)
+	}
+	if n, _ := m.DumpPeerToClient(); n != 1 {
+		t.Fatalf("%d peer->client entries, want 1 (the old peer's must go)", n)
+	}
+}
+
+// TestUpsertRollbackLeavesNothingStale: when the client->peer write of a
+// replacement fails, neither the new peer->client entry nor the old
+// client->peer entry (which pointed at a peer->client entry now gone) stays.
+func TestUpsertRollbackLeavesNothingStale(t *testing.T) {
+	m, raw := newTestMaps(t, 64)
+	b := testBinding
+	if err := m.Upsert(b); err != nil {
+		t.Fatal(err)
+	}
+	fm := &failingMap{Map: raw.C2pBindings, failPut: true}
+	m.c2p = fm
+	moved := b
+	moved.Peer = netip.MustParseAddrPort("10.200.0.3:5001")
+	if err := m.Upsert(moved); !errors.Is(err, errInjected) {
+		t.Fatalf("Upsert: %v, want the injected failure", err)
+	}
+	for name, mp := range map[string]*ebpf.Map{"client->peer": raw.C2pBindings, "peer->client": raw.P2cBindings} {
+		var k, v []byte
+		if it := mp.Iterate(); it.Next(&k, &v) {
+			t.Errorf("a %s entry is left after the failed replacement", name)
+		}
+	}
+	if m.Len() != 0 {
+		t.Errorf("%d bindings recorded, want 0: the reconcile must install it again", m.Len())
+	}
+	fm.failPut = false
+	if err := m.Upsert(moved); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := dumpOne(t, m, b.Key()); !ok || got.Peer != moved.Peer {
+		t.Fatalf("after the retry: %v %v", got, ok)
+	}
+}
+
+// TestDumpSkipsHalfBindings: a client->peer entry whose peer->client entry is
+// gone is not a binding the reconcile may trust: Dump leaves it out, so the
+// mirror installs it again.
+func TestDumpSkipsHalfBindings(t *testing.T) {
+	m, raw := newTestMaps(t, 64)
+	b := testBinding
+	if err := m.Upsert(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.P2cBindings.Delete(p2cKey(b)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := dumpOne(t, m, b.Key()); ok {
+		t.Fatal("Dump reports a binding without its peer->client entry")
+	}
+	if err := m.Upsert(b); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := dumpOne(t, m, b.Key()); !ok {
+		t.Fatal("Upsert did not repair the binding")
+	}
+}
+
+// TestFreedIDsRestBeforeReuse: an id freed by Delete is not handed to a new
+// binding while packets the program looked up under it may still be counting.
+func TestFreedIDsRestBeforeReuse(t *testing.T) {
+	m, raw := newTestMaps(t, 2)
+	now := time.Unix(1000, 0)
+	m.now = func() time.Time { return now }
+	a, b := testBinding, testBinding
+	b.Channel = 0x4001
+	b.Peer = netip.MustParseAddrPort("10.200.0.3:5001")
+	for _, x := range []Binding{a, b} {
+		if err := m.Upsert(x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := m.bindings[a.Key()].id
+	if err := m.Delete(a.Key()); err != nil {
+		t.Fatal(err)
+	}
+	// A packet in flight counts into the freed slot after the delete.
+	late := make([]bpf.RelayBindingStats, ebpf.MustPossibleCPU())
+	late[0].C2pPackets, late[0].C2pBytes = 1, 100
+	if err := raw.BindingCounters.Put(id, late); err != nil {
+		t.Fatal(err)
+	}
+	c := a
+	c.Channel = 0x4002
+	c.Peer = netip.MustParseAddrPort("10.200.0.4:5001")
+	if err := m.Upsert(c); !errors.Is(err, ErrFull) {
+		t.Fatalf("Upsert within the quarantine: %v, want ErrFull", err)
+	}
+	now = now.Add(idQuarantine)
+	if err := m.Upsert(c); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.bindings[c.Key()].id; got != id {
+		t.Fatalf("new binding has id %d, want the freed %d", got, id)
+	}
+	if s, _ := m.Stats(c.Key()); s != (Stats{}) {
+		t.Fatalf("the new owner starts with %+v, want nothing", s)
+	}
+	if tot, _ := m.Totals(); tot.ClientToPeerPackets != 1 || tot.ClientToPeerBytes != 100 {
+		t.Fatalf("totals %+v: the late packet must count in the totals", tot)
+	}
+}
+
+// TestSetDestinations: the table is replaced as a whole, and what leaves it
+// leaves the kernel.
+func TestSetDestinations(t *testing.T) {
+	m, _ := newTestMaps(t, 64)
+	l1, l2 := netip.MustParseAddrPort("10.100.0.1:3478"), netip.MustParseAddrPort("0.0.0.0:3478")
+	vip := netip.MustParseAddrPort("192.0.2.10:3478")
+	want := map[netip.AddrPort]netip.AddrPort{l1: l1, netip.MustParseAddrPort("10.100.0.3:3478"): l2, vip: l1}
+	if err := m.SetDestinations(want); err != nil {
+		t.Fatal(err)
+	}
+	check := func(want map[netip.AddrPort]netip.AddrPort) {
+		t.Helper()
+		got, err := m.Destinations()
+		if err != nil || len(got) != len(want) {
+			t.Fatalf("destinations %v (%v), want %v", got, err, want)
+		}
+		for k, v := range want {
+			if got[k] != v {
+				t.Fatalf("destination %v -> %v, want %v", k, got[k], v)
+			}
+		}
+	}
+	check(want)
+	delete(want, vip)
+	want[vip] = l2
+	want[netip.MustParseAddrPort("[fd00::1]:3478")] = netip.MustParseAddrPort("[::]:3478")
+	if err := m.SetDestinations(want); err != nil {
+		t.Fatal(err)
+	}
+	check(want)
+	if err := m.SetDestinations(map[netip.AddrPort]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:3478"): l1}); err == nil {
+		t.Fatal("an unspecified destination accepted")
+	}
+	if err := m.SetDestinations(nil); err != nil {
+		t.Fatal(err)
+	}
+	check(nil)
+}
