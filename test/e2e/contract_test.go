@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -170,8 +171,10 @@ func TestContractTransitNotRelayed(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
+		before := scrape(t, r.Server)
 		s2 := &taggedSession{}
 		s2.run(t, relay, 0xB3, 300, time.Second)
+		after := scrape(t, r.Server)
 
 		if got := echo.got(transitTag); got != 0 {
 			t.Errorf("%d of %d ChannelData addressed to %v were relayed to the bound peer", got, n, dst)
@@ -179,33 +182,48 @@ func TestContractTransitNotRelayed(t *testing.T) {
 		atLeast99(t, "transit datagrams the node forwarded to "+dst.String(), transit.received(), n)
 		checkSession(t, "after the transit ChannelData", s2)
 		checkReplySource(t, sock)
+		// What the kernel path passed, it passed by choice: it relays the bound session itself.
+		if sh := kernelShare(t, before, after, "client_to_peer"); mode == "native" && sh < 0.9 {
+			t.Errorf("the kernel relayed %.0f%% of the session's client->peer packets, want at least 90%%", 100*sh)
+		}
 	})
 }
 
-// TestContractClusterIPPeer: the peer is a Service ClusterIP that kube-proxy's
-// iptables rules translate (nat OUTPUT and PREROUTING), and the server has a
-// default route, so that a packet to the ClusterIP nobody translated leaves
-// the wrong way. The client binds a channel to the ClusterIP; the echoes of
-// 500 datagrams come back. Once the daemon finds the translation by itself
-// (conntrack), once with the Service range given by --no-offload-peer, when
-// the kernel path must not relay the binding at all.
+// TestContractClusterIPPeer: the peer is a Service ClusterIP, and the server
+// has a default route, so that a packet to the ClusterIP nobody translated
+// leaves the wrong way (to the peer side, which drops it). The client binds a
+// channel to the ClusterIP; the echoes of 500 datagrams come back, and the
+// kernel path relays none of them. Two translations: kube-proxy's iptables
+// DNAT (nat OUTPUT and PREROUTING), which the daemon finds by itself in
+// conntrack; and a socket load balancer as Cilium's (cgroup sendmsg/recvmsg
+// hooks of the daemon's sockets), which conntrack never shows, so the Service
+// range is given with --no-offload-peer. A second allocation to a peer nobody
+// translates is the control: the kernel path relays it.
 func TestContractClusterIPPeer(t *testing.T) {
+	service := netip.MustParseAddrPort(clusterIP + ":5001")
+	backend := netip.MustParseAddrPort(peerAddr + ":5001")
 	for _, tc := range []struct {
-		name string
-		args []string
+		name      string
+		args      []string
+		translate func(t *testing.T, r *netns.Rig, daemon *netns.Proc)
 	}{
-		{"conntrack", nil},
-		{"no-offload-peer", []string{"--no-offload-peer=10.96.0.0/12"}},
+		{"kube-proxy", nil, func(t *testing.T, r *netns.Rig, _ *netns.Proc) {
+			for _, chain := range []string{"OUTPUT", "PREROUTING"} {
+				r.Server.Run(t, "iptables", "-t", "nat", "-A", chain, "-d", service.Addr().String()+"/32", "-p", "udp",
+					"--dport", strconv.Itoa(int(service.Port())), "-j", "DNAT", "--to-destination", backend.String())
+			}
+		}},
+		{"socket-lb", []string{"--no-offload-peer=10.96.0.0/12"}, func(t *testing.T, _ *netns.Rig, daemon *netns.Proc) {
+			netns.SocketLB(t, daemon.PID(), service, backend)
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bothModes(t, func(t *testing.T, mode string) {
 				r := netns.NewRouted(t)
-				for _, chain := range []string{"OUTPUT", "PREROUTING"} {
-					r.Server.Run(t, "iptables", "-t", "nat", "-A", chain, "-d", clusterIP+"/32", "-p", "udp", "--dport", "5001",
-						"-j", "DNAT", "--to-destination", peerAddr+":5001")
-				}
-				startNode(t, r, mode, []nodeListener{{addr: "10.100.0.1", peers: []string{"10.96.0.0/12"}}}, tc.args...)
-				r.Peer.Start(t, udpechoPath(t), "serve", peerAddr+":5001")
+				node := startNode(t, r, mode, []nodeListener{{addr: "10.100.0.1", peers: []string{"10.96.0.0/12", "10.200.0.0/24"}}}, tc.args...)
+				tc.translate(t, r, node)
+				r.Peer.Start(t, udpechoPath(t), "serve", backend.String())
+				startPeer(t, r.Peer, peerAddr+":5002", true, 0)
 				time.Sleep(300 * time.Millisecond) // the echo server must listen before the first datagram
 				relay, err := allocateFrom(t, r.Client)
 				if err != nil {
@@ -213,20 +231,34 @@ func TestContractClusterIPPeer(t *testing.T) {
 				}
 				peerBefore := r.Peer.Snmp(t)
 				before := scrape(t, r.Server)
-				s := &taggedSession{peer: mustUDPAddr(clusterIP + ":5001")}
+				s := &taggedSession{peer: net.UDPAddrFromAddrPort(service)}
 				s.run(t, relay, 0xC1, 500, time.Second)
 				after := scrape(t, r.Server)
 				t.Logf("datagrams the peer namespace dropped as not its own (left the server untranslated): %d",
 					r.Peer.Snmp(t)["Ip.InAddrErrors"]-peerBefore["Ip.InAddrErrors"])
-				t.Logf("the server's conntrack:\n%s", r.Server.Run(t, "conntrack", "-L", "-p", "udp", "--orig-dst", clusterIP))
+				t.Logf("the server's conntrack:\n%s", r.Server.Run(t, "conntrack", "-L", "-p", "udp"))
 				checkSession(t, "echoes through the ClusterIP", s)
-				if mode == "native" && tc.args != nil {
+				if mode == "native" {
 					if x := after.grew(t, before, relayed("xdp", "client_to_peer")); x != 0 {
-						t.Errorf("the kernel relayed %.0f packets to a peer in --no-offload-peer", x)
+						t.Errorf("the kernel relayed %.0f packets to the ClusterIP", x)
 					}
 					if n := after.get(t, "stunnerd_xdp_bindings_offloaded"); n != 0 {
-						t.Errorf("%.0f bindings to a peer in --no-offload-peer are in the kernel's maps", n)
+						t.Errorf("%.0f bindings to the ClusterIP are in the kernel's maps", n)
 					}
+				}
+
+				// The control: a peer nobody translates, on an allocation of its own.
+				plain, err := allocateFrom(t, r.Client)
+				if err != nil {
+					t.Fatal(err)
+				}
+				before = scrape(t, r.Server)
+				c := &taggedSession{}
+				c.run(t, plain, 0xC2, 500, 2*time.Second)
+				after = scrape(t, r.Server)
+				checkSession(t, "echoes from the peer nobody translates", c)
+				if sh := kernelShare(t, before, after, "client_to_peer"); mode == "native" && sh < 0.9 {
+					t.Errorf("the kernel relayed %.0f%% of the client->peer packets to the peer nobody translates, want at least 90%%", 100*sh)
 				}
 			})
 		})
