@@ -17,14 +17,19 @@ import (
 )
 
 // taggedSession is a good flow: it sends datagrams carrying its own tag and a
-// sequence number through its allocation to the echo peer and checks that
-// every echo it gets is its own.
+// sequence number through its allocation to the echo peer (peer, or the rig's
+// echo peer at peerAddr:5002 when nil) and checks that every echo it gets is
+// its own and comes from that peer.
 type taggedSession struct {
+	peer                    *net.UDPAddr
 	sent, received, foreign atomic.Int64
 }
 
 func (s *taggedSession) run(t *testing.T, relay net.PacketConn, tag uint64, rate int, d time.Duration) {
-	peer := &net.UDPAddr{IP: net.ParseIP(peerAddr), Port: 5002}
+	peer := s.peer
+	if peer == nil {
+		peer = &net.UDPAddr{IP: net.ParseIP(peerAddr), Port: 5002}
+	}
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)

@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -273,16 +272,5 @@ func mustUDPAddr(s string) *net.UDPAddr {
 // metric reads one sample from /metrics inside the namespace.
 func metric(t *testing.T, ns *netns.NS, name string) float64 {
 	t.Helper()
-	_, body := httpGet(t, ns, "http://10.100.0.1:8080/metrics")
-	for _, line := range strings.Split(body, "\n") {
-		if strings.HasPrefix(line, name+" ") {
-			v, err := strconv.ParseFloat(strings.TrimPrefix(line, name+" "), 64)
-			if err != nil {
-				t.Fatalf("metric %s: %v", line, err)
-			}
-			return v
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
+	return scrape(t, ns).get(t, name)
 }

@@ -37,7 +37,7 @@ const NamePrefix = "sxdp-"
 const cmdTimeout = 30 * time.Second
 
 // RequirePrivileged skips the test unless it can create network namespaces (root and a working
-// `ip netns`) and the given tools, plus ip and ethtool which the rigs need, are in PATH. With
+// `ip netns`) and the given tools, plus ip which the rigs need, are in PATH. With
 // CI=true a missing privilege or tool fails the test instead, so that CI cannot silently skip
 // the end-to-end tests. Under `go test -short` the test is always skipped.
 func RequirePrivileged(t testing.TB, tools ...string) {
@@ -45,7 +45,7 @@ func RequirePrivileged(t testing.TB, tools ...string) {
 	if testing.Short() {
 		t.Skip("privileged test skipped in -short mode")
 	}
-	if reason := privilegeProblem(append([]string{"ip", "ethtool"}, tools...)); reason != "" {
+	if reason := privilegeProblem(append([]string{"ip"}, tools...)); reason != "" {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("privileged test cannot run with CI=true: %s", reason)
 		}

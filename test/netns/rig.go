@@ -31,12 +31,15 @@ type Iface struct {
 //     forward what arrives on that device, but neither side has a route to the other's subnet.
 //   - Permanent neighbour entries both ways between the server and client and the server and
 //     peer, so the first packets of a test never wait for ARP (and never take a slow path for it).
-//   - Tx checksum offload is off on the client and peer veths: an XDP program on the server that
-//     updates checksums incrementally needs complete checksums, and a CHECKSUM_PARTIAL frame from
-//     a veth only carries the pseudo-header sum. The server's own veths keep their defaults, so
-//     what the server's userspace sends (the fallback relay) is delivered fine but shows as "bad
-//     udp cksum" in captures at cl0 or peer0; a test that checks those checksums runs
-//     `ethtool -K srv0 tx off` (and srv1) in the server first.
+//   - Every veth keeps its default offloads, as containers and kind nodes do: tx checksum offload
+//     is on, so what a socket sends leaves as a CHECKSUM_PARTIAL frame whose UDP checksum field
+//     holds only the pseudo-header sum (captures show "bad udp cksum"). A relay on the server
+//     sees such frames from the client and the peer and must complete their checksums.
+//   - The server has a default route, as a node has: via the peer (10.200.0.2), so that traffic
+//     to an address the node knows nothing about (a ClusterIP nobody translated, say) leaves
+//     towards the peer side, through an interface the relay's program is attached to. The peer
+//     does not forward: such packets end there (Ip.InAddrErrors). The client and the peer still
+//     have no route to each other.
 //   - A native XDP_PASS program on every veth end that receives frames the server XDP_TXes or
 //     redirects: veth delivers XDP frames only to a peer that runs XDP itself, and silently loses
 //     them otherwise.
@@ -196,7 +199,7 @@ func newRig(t testing.TB, opts []Option) *Rig {
 	return r
 }
 
-// configure sets addresses, forwarding, neighbours and offloads once the veths exist.
+// configure sets addresses, forwarding, neighbours and the server's default route once the veths exist.
 func (r *Rig) configure(t testing.TB) {
 	t.Helper()
 	r.Client.IP(t, "addr", "add", r.ClientIf.Addr.String()+"/24", "dev", r.ClientIf.Name)
@@ -215,8 +218,7 @@ func (r *Rig) configure(t testing.TB) {
 	neigh(t, r.Client, r.ClientIf.Name, r.ServerClientIf)
 	neigh(t, r.Peer, r.PeerIf.Name, r.ServerPeerIf)
 
-	r.Client.Run(t, "ethtool", "-K", r.ClientIf.Name, "tx", "off")
-	r.Peer.Run(t, "ethtool", "-K", r.PeerIf.Name, "tx", "off")
+	r.Server.IP(t, "route", "add", "default", "via", r.PeerIf.Addr.String(), "dev", r.ServerPeerIf.Name)
 
 	if r.ClientIf.Addr6.IsValid() {
 		r.configureIPv6(t)

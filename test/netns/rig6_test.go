@@ -17,7 +17,7 @@ import (
 // only and unreachable from the client, forwarding is per device only, and bpf_fib_lookup for a
 // peer->client packet (arriving on the server's peer-facing interface) finds the client.
 func TestIPv6(t *testing.T) {
-	netns.RequirePrivileged(t)
+	netns.RequirePrivileged(t, "ethtool")
 	for _, tc := range []struct {
 		name   string
 		newRig func(testing.TB, ...netns.Option) *netns.Rig

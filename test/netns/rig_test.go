@@ -20,7 +20,7 @@ import (
 )
 
 func TestRouted(t *testing.T) {
-	netns.RequirePrivileged(t)
+	netns.RequirePrivileged(t, "ethtool")
 	r := netns.NewRouted(t)
 
 	reachable(t, r.Client, r.Server, r.ServerClientIf.Addr)
@@ -47,7 +47,7 @@ func TestRouted(t *testing.T) {
 }
 
 func TestBridged(t *testing.T) {
-	netns.RequirePrivileged(t)
+	netns.RequirePrivileged(t, "ethtool")
 	r := netns.NewBridged(t)
 
 	if got := r.ServerIfaces(); len(got) != 1 || got[0] != "srv0" {
@@ -65,7 +65,7 @@ func TestBridged(t *testing.T) {
 	}
 }
 
-// checkSetup checks the sysctls and offloads common to both rigs.
+// checkSetup checks the sysctls, offloads and routes common to both rigs.
 func checkSetup(t *testing.T, r *netns.Rig) {
 	t.Helper()
 	want := map[string]string{"net.ipv4.ip_forward": "0", "net.ipv6.conf.all.disable_ipv6": "1"}
@@ -81,9 +81,13 @@ func checkSetup(t *testing.T, r *netns.Rig) {
 		ns   *netns.NS
 		name string
 	}{{r.Client, r.ClientIf.Name}, {r.Peer, r.PeerIf.Name}} {
-		if out := iface.ns.Run(t, "ethtool", "-k", iface.name); !strings.Contains(out, "tx-checksumming: off") {
-			t.Errorf("tx checksum offload still on for %s:\n%s", iface.name, out)
+		if out := iface.ns.Run(t, "ethtool", "-k", iface.name); !strings.Contains(out, "tx-checksumming: on") {
+			t.Errorf("tx checksum offload is not on (the veth default) for %s:\n%s", iface.name, out)
 		}
+	}
+	route := "default via " + r.PeerIf.Addr.String() + " dev " + r.ServerPeerIf.Name
+	if out := r.Server.IP(t, "-4", "route", "show", "default"); !strings.HasPrefix(out, route) {
+		t.Errorf("server's default route: %q, want %q", out, route)
 	}
 }
 
@@ -380,6 +384,10 @@ func TestFibLookup(t *testing.T) {
 			}
 			if got := fibLookup(t, r, in, netip.MustParseAddr("10.200.0.3")); got != retNoNeigh {
 				t.Errorf("fib lookup to a host without neighbour entry = %d, want %d (NO_NEIGH)", got, retNoNeigh)
+			}
+			// An address the node has no route of its own for leaves by the default route.
+			if got, want := fibLookup(t, r, in, netip.MustParseAddr("10.96.0.10")), uint32(out)<<8; got != want {
+				t.Errorf("fib lookup beyond the node = %#x, want %#x (the default route, egress %s)", got, want, r.ServerPeerIf.Name)
 			}
 			r.Server.Run(t, "sysctl", "-q", "-w", "net.ipv4.conf."+r.ServerClientIf.Name+".forwarding=0")
 			if got := fibLookup(t, r, in, r.PeerIf.Addr); got != retFwdDisabled {
