@@ -212,7 +212,7 @@ func validate(b Binding) error {
 // socket d maps it to, and ChannelData to any other destination is passed to
 // the kernel untouched (which forwards transit traffic and delivers the rest).
 // Whoever computes d answers for it being what the kernel would deliver to
-// each listener socket (see internal/dest).
+// each listener socket (see internal/destinations).
 func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -18,12 +18,12 @@ import (
 // those whose peer is in a --no-offload-peer prefix. It runs before any
 // offload is set, so no binding is offloaded unjudged.
 func (d *Daemon) startGate() {
-	d.mirror.SetNoOffloadPeers(d.cfg.NoOffloadPeers)
+	d.mirror.SetNoOffloadPeers(d.config().NoOffloadPeers)
 	c, err := natcheck.New()
 	if err != nil {
 		// Every binding then stays pending (in userspace): offloading blind
 		// could send a ClusterIP peer's traffic down the default route.
-		d.cfg.Logger.Slog("control").Error("cannot read conntrack: bindings stay on the userspace path", "error", err)
+		d.config().Logger.Slog("control").Error("cannot read conntrack: bindings stay on the userspace path", "error", err)
 		d.mirror.SetGate(failedChecker{err})
 		return
 	}
@@ -41,8 +41,8 @@ func (f failedChecker) Check(_, _ netip.AddrPort) (natcheck.Result, error) {
 func (d *Daemon) followServiceCIDRs(client kubernetes.Interface, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	stop := control.FollowServiceCIDRs(ctx, client, d.cfg.Logger.Slog("k8s"), func(cidrs []netip.Prefix) {
-		d.mirror.SetNoOffloadPeers(append(slices.Clone(d.cfg.NoOffloadPeers), cidrs...))
+	stop := control.FollowServiceCIDRs(ctx, client, d.config().Logger.Slog("k8s"), func(cidrs []netip.Prefix) {
+		d.mirror.SetNoOffloadPeers(append(slices.Clone(d.config().NoOffloadPeers), cidrs...))
 	})
 	d.wg.Add(1)
 	go func() {
