@@ -259,15 +259,23 @@ func TestDaemonSet(t *testing.T) {
 func TestRBAC(t *testing.T) {
 	m := render(t, ".")
 	role := one(t, "ClusterRole", m.clusterRoles)
-	rule := one(t, "rule", role.Rules)
-	if !slices.Equal(rule.APIGroups, []string{""}) || !slices.Equal(rule.Resources, []string{"nodes"}) {
-		t.Errorf("rule on %v/%v, want core nodes only", rule.APIGroups, rule.Resources)
+	if len(role.Rules) != 2 {
+		t.Fatalf("%d rules, want nodes and servicecidrs: %+v", len(role.Rules), role.Rules)
 	}
-	if verbs := slices.Sorted(slices.Values(rule.Verbs)); !slices.Equal(verbs, []string{"get", "list", "watch"}) {
-		t.Errorf("verbs %v, want exactly get, list, watch", verbs)
-	}
-	if len(rule.ResourceNames) != 0 || len(rule.NonResourceURLs) != 0 {
-		t.Errorf("unexpected resourceNames or nonResourceURLs: %+v", rule)
+	for i, want := range []struct {
+		group, resource string
+		verbs           []string
+	}{{"", "nodes", []string{"get", "list", "watch"}}, {"networking.k8s.io", "servicecidrs", []string{"list", "watch"}}} {
+		rule := role.Rules[i]
+		if !slices.Equal(rule.APIGroups, []string{want.group}) || !slices.Equal(rule.Resources, []string{want.resource}) {
+			t.Errorf("rule on %v/%v, want %q/%s only", rule.APIGroups, rule.Resources, want.group, want.resource)
+		}
+		if verbs := slices.Sorted(slices.Values(rule.Verbs)); !slices.Equal(verbs, want.verbs) {
+			t.Errorf("%s verbs %v, want exactly %v (nothing writes)", want.resource, verbs, want.verbs)
+		}
+		if len(rule.ResourceNames) != 0 || len(rule.NonResourceURLs) != 0 {
+			t.Errorf("unexpected resourceNames or nonResourceURLs: %+v", rule)
+		}
 	}
 	b := one(t, "ClusterRoleBinding", m.bindings)
 	sa := one(t, "ServiceAccount", m.serviceAccounts)

@@ -196,11 +196,13 @@ func (m *Mirror) push(e event) {
 		return
 	}
 	m.queue = append(m.queue, e)
-	m.qmu.Unlock()
+	// Woken under qmu: Close closes wake under it too, so a push racing Close
+	// never sends on a closed channel. The send never blocks.
 	select {
 	case m.wake <- struct{}{}:
 	default:
 	}
+	m.qmu.Unlock()
 }
 
 func (m *Mirror) run() {
@@ -266,10 +268,10 @@ func (m *Mirror) Close() {
 	m.qmu.Lock()
 	already := m.closed
 	m.closed = true
-	m.qmu.Unlock()
 	if !already {
 		close(m.wake)
 	}
+	m.qmu.Unlock()
 	<-m.done
 	if !already {
 		m.smu.Lock()

@@ -286,3 +286,4 @@ func TestSetOffloadMovesBindings(t *testing.T) {
 		t.Fatal("binding left in the maps on detach")
 	}
 }
+
