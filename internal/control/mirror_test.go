@@ -286,4 +286,3 @@ func TestSetOffloadMovesBindings(t *testing.T) {
 		t.Fatal("binding left in the maps on detach")
 	}
 }
-
