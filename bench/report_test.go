@@ -15,7 +15,7 @@ func TestReportValidate(t *testing.T) {
 		r := &Report{Expected: ExpectedRows{ProgRun: []string{rowFloor}, RelayServers: []string{ServerXDPNative},
 			RelayPoints: 1, LatencyServers: []string{ServerXDPNative}, IperfServers: []string{ServerXDPNative}, ScalingPoints: 1}}
 		r.ProgRun = []ProgRunRow{{Name: rowFloor, Runs: 1, MeanNs: 1, MedianNs: 1, FloorX: 1, Valid: true}}
-		r.Relay = []RelayPoint{{Server: ServerXDPNative, Payload: 100, TargetPPS: 20000, Sent: 1, OfferedPPS: 1, DeliveredPPS: 1, XDPShare: 1}}
+		r.Relay = []RelayPoint{{Server: ServerXDPNative, Payload: 100, TargetPPS: 20000, Sent: 1, OfferedPPS: 1, DeliveredPPS: 1, XDPShare: 1, ProgNsPerRun: 300}}
 		r.Latency = []LatencyRow{{Server: ServerXDPNative, Received: 1, P50Us: 1, P99Us: 1, P999Us: 1}}
 		r.Iperf = []IperfRow{{Server: ServerXDPNative, Sent: 1}}
 		r.Control = &ControlResult{Bindings: 1, Installed: 1, BindingsPerSecond: 1, MapBytesPerSlot: 1}
@@ -38,6 +38,7 @@ func TestReportValidate(t *testing.T) {
 		"missing targets":    func(r *Report) { r.Targets = nil },
 		"no scaling at all":  func(r *Report) { r.Scaling = nil },
 		"nothing sent relay": func(r *Report) { r.Relay[0].Sent = 0 },
+		"no program cost":    func(r *Report) { r.Relay[0].ProgNsPerRun = 0 },
 	} {
 		r := complete()
 		spoil(r)
