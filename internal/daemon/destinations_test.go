@@ -46,7 +46,6 @@ func inVIPRig(t *testing.T, body func(t *testing.T, client, peer *netns.NS)) {
 	if !testenv.InNetns() {
 		netns.RequirePrivileged(t, "iptables")
 		r := netns.NewRouted(t)
-		r.Server.IP(t, "route", "add", "default", "via", r.PeerIf.Addr.String())
 		r.Client.IP(t, "route", "add", vip.String()+"/32", "via", r.ServerClientIf.Addr.String())
 		r.Client.IP(t, "route", "add", transit.String()+"/32", "via", r.ServerClientIf.Addr.String())
 		for _, port := range []string{"3478", "3479"} {

@@ -220,8 +220,7 @@ func newVIPRig(t *testing.T, ipv6 bool) *vipRig {
 		r.local = r.ServerClientIf.Addr
 		r.locals = []netip.Addr{r.ServerClientIf.Addr, r.ServerPeerIf.Addr}
 	}
-	// Like a node: a default route, and the NAT rules in the server.
-	r.Server.IP(t, "route", "add", "default", "via", r.PeerIf.Addr.String())
+	// Like a node: the rig's default route, and the NAT rules in the server.
 	r.Client.IP(t, family, "route", "add", r.vip.String(), "via", r.local.String())
 	for _, port := range []uint16{3478, 3479} {
 		r.Server.Run(t, iptables, "-t", "nat", "-A", "PREROUTING", "-d", r.vip.String(), "-p", "udp",
