@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"sort"
@@ -178,6 +179,11 @@ func (h *harness) stageScaling(t *testing.T) {
 		t.Fatal(err)
 	}
 	maps := channelmap.New(prog.Maps())
+	// The daemon's destinations table, for the one specific listener.
+	listen := listenAddr.AddrPort()
+	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{listen: listen}); err != nil {
+		t.Fatal(err)
+	}
 	mirror := control.New(quietSlog())
 	defer mirror.Close()
 	mirror.SetOffload(maps)
