@@ -35,7 +35,9 @@ const (
 )
 
 var progConfig = loader.Config{
-	ListenerPorts: []uint16{listenerPort}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 1024,
+	// Room for the fuzz targets, which replace up to 8 bindings per input while
+	// freed ids rest in quarantine (channelmap) for 100 ms.
+	ListenerPorts: []uint16{listenerPort}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 65536,
 }
 
 // The listeners of the environment: a wildcard for each family, which the
