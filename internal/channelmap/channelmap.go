@@ -235,10 +235,7 @@ func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 			continue
 		}
 		if err := m.dsts.Put(k, bpf.RelayDstVal{ListenerId: id}); err != nil {
-			if errors.Is(err, unix.E2BIG) {
-				err = fmt.Errorf("%w: %w", ErrFull, err)
-			}
-			errs = append(errs, fmt.Errorf("destination %v:%d: %w", fromAddr16(k.Addr.B), htons(k.Port), err))
+			errs = append(errs, fmt.Errorf("destination %v:%d: %w", fromAddr16(k.Addr.B), htons(k.Port), mapErr(err)))
 			continue
 		}
 		m.dstTable[k] = id

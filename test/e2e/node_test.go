@@ -150,6 +150,17 @@ func kernelShare(t *testing.T, before, after samples, direction string) float64 
 	return xdp / (xdp + user)
 }
 
+// wantKernelShare fails unless the kernel relayed at least 90 % of the packets
+// of both directions between the two samples.
+func wantKernelShare(t *testing.T, before, after samples, what string) {
+	t.Helper()
+	for _, dir := range []string{"client_to_peer", "peer_to_client"} {
+		if sh := kernelShare(t, before, after, dir); sh < 0.9 {
+			t.Errorf("%s %s packets: the kernel relayed %.0f%%, want at least 90%%", what, dir, 100*sh)
+		}
+	}
+}
+
 // setTTL sets IP_TTL on a UDP socket: the TTL of what it sends.
 func setTTL(c *net.UDPConn, ttl int) error {
 	raw, err := c.SyscallConn()
