@@ -71,7 +71,10 @@ func (c *Config) udpListenerAddrs() []netip.AddrPort {
 // which learns from conntrack the VIP a client came through. The tracker
 // only queues them: pion/turn calls its hooks under its locks.
 func (d *Daemon) withDestinations(ls *listenerServer, h turn.EventHandler) turn.EventHandler {
+	// The socket address is fixed for the listener's life (a new address
+	// restarts it); a reload rewrites the rest of ls.l under the hooks.
+	addr := ls.l.Addr
 	return onAllocations(h,
-		func(c netip.AddrPort) { d.dests.tracker.AllocationCreated(c, ls.l.Addr) },
-		func(c netip.AddrPort) { d.dests.tracker.AllocationDeleted(c, ls.l.Addr) })
+		func(c netip.AddrPort) { d.dests.tracker.AllocationCreated(c, addr) },
+		func(c netip.AddrPort) { d.dests.tracker.AllocationDeleted(c, addr) })
 }
