@@ -19,8 +19,8 @@ import (
 	"github.com/pion/turn/v4"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/packet"
 )
 
@@ -115,14 +115,14 @@ func (h *harness) stageControl(t *testing.T) {
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
-	mirror := control.New(quietSlog())
-	defer mirror.Close()
-	mirror.SetOffload(maps)
-	hooks := mirror.EventHandler()
+	m := mirror.New(quietSlog())
+	defer m.Close()
+	m.SetOffload(maps)
+	hooks := m.EventHandler()
 
 	start := time.Now()
 	events := installRange(hooks, allocs, 0, n)
-	mirror.Sync()
+	m.Sync()
 	elapsed := time.Since(start)
 	if got := maps.Len(); got != n {
 		t.Errorf("%d bindings in the maps after Sync, want %d", got, n)
@@ -152,7 +152,7 @@ func (h *harness) stageControl(t *testing.T) {
 	for _, a := range allocs {
 		hooks.OnAllocationDeleted(a.client, a.listener, "UDP", user, "bench")
 	}
-	mirror.Sync()
+	m.Sync()
 	c.RemoveSeconds = time.Since(start).Seconds()
 	if got := maps.Len(); got != 0 {
 		t.Errorf("%d bindings left after deleting every allocation", got)
@@ -184,10 +184,10 @@ func (h *harness) stageScaling(t *testing.T) {
 	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{listen: listen}); err != nil {
 		t.Fatal(err)
 	}
-	mirror := control.New(quietSlog())
-	defer mirror.Close()
-	mirror.SetOffload(maps)
-	hooks := mirror.EventHandler()
+	m := mirror.New(quietSlog())
+	defer m.Close()
+	m.SetOffload(maps)
+	hooks := m.EventHandler()
 
 	maxN := h.cfg.scalingChannels[len(h.cfg.scalingChannels)-1]
 	nAllocs := (maxN + chansPerA - 1) / chansPerA
@@ -206,7 +206,7 @@ func (h *harness) stageScaling(t *testing.T) {
 	for _, n := range h.cfg.scalingChannels {
 		start := time.Now()
 		installRange(hooks, allocs, installed, n)
-		mirror.Sync()
+		m.Sync()
 		installTime := time.Since(start).Seconds()
 		installed = n
 		if got := maps.Len(); got != n {

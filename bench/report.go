@@ -530,7 +530,7 @@ func (r *Report) WriteMarkdown(dir string, lo, hi float64, plots []string) error
 	b.WriteString("\n## 4. Control plane\n\n")
 	if c := r.Control; c != nil {
 		ct := table{head: []string{"what", "value"}}
-		ct.add("bindings installed through control.Mirror's EventHandler hooks", fmt.Sprintf("%s (%s allocations, %s hook events)", f(float64(c.Bindings), 0), f(float64(c.Allocations), 0), f(float64(c.Events), 0)))
+		ct.add("bindings installed through mirror.Mirror's EventHandler hooks", fmt.Sprintf("%s (%s allocations, %s hook events)", f(float64(c.Bindings), 0), f(float64(c.Allocations), 0), f(float64(c.Events), 0)))
 		ct.add("time until all were in the maps", f(c.Seconds, 3)+" s")
 		ct.add("bindings mirrored per second", f(c.BindingsPerSecond, 0))
 		ct.add("time to remove them all (OnAllocationDeleted)", f(c.RemoveSeconds, 3)+" s")
@@ -562,7 +562,7 @@ func (r *Report) WriteMarkdown(dir string, lo, hi float64, plots []string) error
 	b.WriteString(st.String())
 	b.WriteString("\nHow the channels were made: not by pion/turn. The relay program and maps are loaded and attached natively to the " +
 		"server's veths exactly as the daemon does it (`loader.Load`, `Program.Attach`, `channelmap.New`), and the bindings are " +
-		"installed by calling `control.Mirror`'s EventHandler hooks with synthetic allocations (client ports in the client namespace, " +
+		"installed by calling `mirror.Mirror`'s EventHandler hooks with synthetic allocations (client ports in the client namespace, " +
 		"one relay port each, 1,000 channels per allocation, one peer port per channel). The generator sends from the same client " +
 		"sockets, round-robin over every bound channel, so every binding in the maps carries traffic. There is no userspace relay " +
 		"here, hence no process CPU.\n")

@@ -19,11 +19,11 @@ import (
 	"time"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
-	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
+	"github.com/l7mp/stunnerd-xdp/internal/prefix"
 )
 
 const usageHead = `stunnerd-xdp: a TURN server (pion/turn) whose UDP ChannelData hot path runs in XDP.
@@ -78,7 +78,7 @@ func (l *prefixList) String() string {
 
 func (l *prefixList) Set(v string) error {
 	for _, part := range strings.Split(v, ",") {
-		p, err := control.ParsePrefix(strings.TrimSpace(part))
+		p, err := prefix.Parse(strings.TrimSpace(part))
 		if err != nil {
 			return err
 		}

@@ -18,6 +18,8 @@ import (
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/l7mp/stunnerd-xdp/internal/prefix"
 )
 
 // Stunner is STUNner's dataplane configuration, v1.
@@ -229,7 +231,7 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 		}
 		var ps []netip.Prefix
 		for _, e := range c.Endpoints {
-			p, err := parseEndpoint(e)
+			p, err := prefix.Parse(e) // STRICT_DNS names are refused with the type
 			if err != nil {
 				return nil, fmt.Errorf("cluster %q: endpoint %q: %w", c.Name, e, err)
 			}
@@ -357,21 +359,6 @@ func decodeCert(certB64, keyB64 string) (*tls.Certificate, error) {
 		return nil, fmt.Errorf("TLS certificate: %w", err)
 	}
 	return &cert, nil
-}
-
-// parseEndpoint reads a STATIC cluster endpoint: an address or a CIDR prefix.
-func parseEndpoint(s string) (netip.Prefix, error) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		if p != p.Masked() {
-			return netip.Prefix{}, fmt.Errorf("host bits set, did you mean %v?", p.Masked())
-		}
-		return p, nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, errors.New("not an address or a CIDR prefix (STRICT_DNS names are not supported)")
-	}
-	return netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
 }
 
 // endpointAddr turns "http://:8080/metrics" into ":8080"; empty means off.

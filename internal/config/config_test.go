@@ -146,7 +146,7 @@ func TestErrors(t *testing.T) {
 		{"cert on udp", `{"version":"v1",` + auth + `,"listeners":[{"name":"a","cert":"eA=="}]}`, "TURN-TLS"},
 		{"unknown route", `{"version":"v1",` + auth + `,"listeners":[{"name":"a","routes":["nope"]}]}`, "unknown cluster"},
 		{"strict dns", `{"version":"v1",` + auth + `,` + l + `,"clusters":[{"name":"c","type":"STRICT_DNS","endpoints":["peer.svc"]}]}`, "STRICT_DNS"},
-		{"endpoint", `{"version":"v1",` + auth + `,` + l + `,"clusters":[{"name":"c","endpoints":["peer.svc"]}]}`, "not an address"},
+		{"endpoint", `{"version":"v1",` + auth + `,` + l + `,"clusters":[{"name":"c","endpoints":["peer.svc"]}]}`, "neither an address"},
 		{"host bits", `{"version":"v1",` + auth + `,` + l + `,"clusters":[{"name":"c","endpoints":["10.0.0.1/8"]}]}`, "host bits"},
 		{"quota", `{"version":"v1","admin":{"user_quota":5},` + auth + `,` + l + `}`, "user_quota"},
 		{"offload engine", `{"version":"v1","admin":{"offload_engine":"TC"},` + auth + `,` + l + `}`, "offload_engine"},

@@ -22,11 +22,12 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/config"
-	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
+	"github.com/l7mp/stunnerd-xdp/internal/mirror"
+	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 )
 
 // Config is everything the daemon runs on.
@@ -46,7 +47,7 @@ type Config struct {
 	MinRelayPort, MaxRelayPort uint16
 
 	// AllowPeers and DenyPeers are the peer access control applied to every
-	// listener (see control.PeerPolicy); by default loopback, link-local,
+	// listener (see peerpolicy.Policy); by default loopback, link-local,
 	// multicast and the node's own addresses are refused.
 	AllowPeers, DenyPeers []netip.Prefix
 	// NoOffloadPeers are relayed in userspace only (see natgate.go); the
@@ -240,7 +241,7 @@ type Daemon struct {
 	// replaced whole by Reconfigure; readers take it with config().
 	cfg    atomic.Pointer[Config]
 	log    *slog.Logger
-	mirror *control.Mirror
+	mirror *mirror.Mirror
 	hooks  hookGate // pion's hooks into the mirror and the steering
 	auth   atomic.Pointer[authState]
 
@@ -259,7 +260,7 @@ type Daemon struct {
 	linkEvents chan struct{} // a network interface changed: retry the attach now
 	wg         sync.WaitGroup
 
-	nodeWatcher atomic.Pointer[control.NodeWatcher]
+	nodeWatcher atomic.Pointer[nodelabel.Watcher]
 	draining    atomic.Bool
 	drained     chan struct{} // closed by Drain when the last allocation is gone
 
@@ -280,7 +281,7 @@ func Start(cfg Config) (*Daemon, error) {
 		drained:    make(chan struct{}),
 	}
 	d.cfg.Store(&cfg)
-	d.mirror = control.New(cfg.Logger.Slog("control"))
+	d.mirror = mirror.New(cfg.Logger.Slog("control"))
 	d.startGate()
 
 	// Relay ports are host ports: make sure the range is usable before pion
@@ -454,7 +455,7 @@ func (d *Daemon) Interfaces() []string { return d.sw.Interfaces() }
 func (d *Daemon) Maps() *channelmap.Maps { return d.sw.Maps() }
 
 // Mirror returns the mirror of pion's bindings.
-func (d *Daemon) Mirror() *control.Mirror { return d.mirror }
+func (d *Daemon) Mirror() *mirror.Mirror { return d.mirror }
 
 // Switch returns the switch between paths.
 func (d *Daemon) Switch() *fallback.Switch { return d.sw }

@@ -12,10 +12,10 @@ import (
 	"github.com/pion/turn/v4"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
-	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
+	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
 )
 
 // authState is the authentication in force; swapped atomically on reload so
@@ -42,7 +42,7 @@ func newAuthState(cfg Config, lf *logging.Factory) *authState {
 type listenerServer struct {
 	l      Listener
 	server *turn.Server
-	policy atomic.Pointer[control.PeerPolicy]
+	policy atomic.Pointer[peerpolicy.Policy]
 
 	// The socket's steering slot, when the node's daemons share the port.
 	group   handover.Group
@@ -50,10 +50,10 @@ type listenerServer struct {
 	steered bool
 }
 
-func (d *Daemon) policyFor(l Listener) *control.PeerPolicy {
+func (d *Daemon) policyFor(l Listener) *peerpolicy.Policy {
 	cfg := d.config()
 	allow := append(append([]netip.Prefix(nil), l.AllowPeers...), cfg.AllowPeers...)
-	return control.NewPeerPolicy(allow, cfg.DenyPeers, l.Allowlist, cfg.Logger.Slog("auth"))
+	return peerpolicy.New(allow, cfg.DenyPeers, l.Allowlist, cfg.Logger.Slog("auth"))
 }
 
 // startListener opens the listener's socket and starts its pion/turn server.

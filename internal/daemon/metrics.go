@@ -7,8 +7,8 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 )
 
 // collector reads the counters at scrape time: the per-CPU maps are summed in
@@ -91,11 +91,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(c.mode, v, string(m))
 	}
-	state := control.LabelAbsent
+	state := nodelabel.Absent
 	if w := c.d.nodeWatcher.Load(); w != nil {
-		state = w.LabelState()
+		state = w.State()
 	}
-	for _, s := range control.LabelStates {
+	for _, s := range nodelabel.States {
 		v := 0.0
 		if s == state {
 			v = 1

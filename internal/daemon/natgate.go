@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/natcheck"
+	"github.com/l7mp/stunnerd-xdp/internal/servicecidr"
 )
 
 // startGate makes the mirror offload only bindings whose relay<->peer flow
@@ -41,7 +41,7 @@ func (f failedChecker) Check(_, _ netip.AddrPort) (natcheck.Result, error) {
 func (d *Daemon) followServiceCIDRs(client kubernetes.Interface, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	stop := control.FollowServiceCIDRs(ctx, client, d.config().Logger.Slog("k8s"), func(cidrs []netip.Prefix) {
+	stop := servicecidr.Follow(ctx, client, d.config().Logger.Slog("k8s"), func(cidrs []netip.Prefix) {
 		d.mirror.SetNoOffloadPeers(append(slices.Clone(d.config().NoOffloadPeers), cidrs...))
 	})
 	d.wg.Add(1)

@@ -9,13 +9,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/l7mp/stunnerd-xdp/internal/control"
+	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 )
 
 // Every reason is exported, also at zero, so that alerts on a reason work
 // before the first binding takes it.
 func TestGateMetrics(t *testing.T) {
-	m := control.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	m := mirror.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	defer m.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newGateCollector(&Daemon{mirror: m}))

@@ -7,21 +7,21 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 )
 
 // FollowNode applies the node label's wish: attach (in the configured mode,
 // auto when that is off), detach, or back to the configured --xdp-mode. It is
 // the NodeWatcher's callback; sessions move between paths without loss.
-func (d *Daemon) FollowNode(_ context.Context, want control.NodeOffload) error {
+func (d *Daemon) FollowNode(_ context.Context, want nodelabel.Offload) error {
 	mode := d.config().XDPMode
 	switch want {
-	case control.NodeOffloadAttach:
+	case nodelabel.Attach:
 		if mode == loader.ModeOff {
 			mode = loader.ModeAuto
 		}
-	case control.NodeOffloadDetach:
+	case nodelabel.Detach:
 		mode = loader.ModeOff
 	}
 	d.log.Info("node label: switching path", "offload", want.String(), "mode", string(mode))
@@ -35,7 +35,7 @@ func (d *Daemon) FollowNode(_ context.Context, want control.NodeOffload) error {
 // daemon closes. It returns once the node was first listed, or with an error
 // when that takes longer than timeout.
 func (d *Daemon) WatchNode(client kubernetes.Interface, node string, timeout time.Duration) error {
-	w := control.NewNodeWatcher(client, node, d.FollowNode, d.config().Logger.Slog("k8s"))
+	w := nodelabel.NewWatcher(client, node, d.FollowNode, d.config().Logger.Slog("k8s"))
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan error, 1)
 	go func() { started <- w.Start(ctx) }()

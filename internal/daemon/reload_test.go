@@ -16,9 +16,9 @@ import (
 	"github.com/pion/turn/v4"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
-	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
+	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
@@ -81,7 +81,7 @@ func TestConfigReadDuringReload(t *testing.T) {
 	last := duringReloads(
 		func() {
 			for range rounds {
-				if err := d.FollowNode(context.Background(), control.NodeOffloadDefault); err != nil {
+				if err := d.FollowNode(context.Background(), nodelabel.Default); err != nil {
 					t.Errorf("node label: %v", err)
 				}
 			}

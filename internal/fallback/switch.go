@@ -7,8 +7,8 @@ import (
 	"sync"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 )
 
 // Switch moves the relay between the XDP path and the userspace path. Sessions
@@ -18,7 +18,7 @@ import (
 // back and forth costs an attach, not a load.
 type Switch struct {
 	log    *slog.Logger
-	mirror *control.Mirror
+	mirror *mirror.Mirror
 	cfg    loader.Config
 	ifaces []string
 
@@ -33,8 +33,8 @@ type Switch struct {
 }
 
 // NewSwitch builds a switch that starts on the userspace path.
-func NewSwitch(log *slog.Logger, mirror *control.Mirror, cfg loader.Config, ifaces []string) *Switch {
-	return &Switch{log: log, mirror: mirror, cfg: cfg, ifaces: ifaces, failed: map[string]string{}}
+func NewSwitch(log *slog.Logger, m *mirror.Mirror, cfg loader.Config, ifaces []string) *Switch {
+	return &Switch{log: log, mirror: m, cfg: cfg, ifaces: ifaces, failed: map[string]string{}}
 }
 
 // Enable attaches XDP to the interfaces in the given mode (auto: native, else

@@ -8,8 +8,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
@@ -28,7 +28,7 @@ func TestAttachRetryKeepsBindings(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	m := control.New(log)
+	m := mirror.New(log)
 	t.Cleanup(m.Close)
 	// "missing0" does not exist: the retry keeps trying it.
 	sw := NewSwitch(log, m, loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 64},

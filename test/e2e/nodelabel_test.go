@@ -10,9 +10,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 )
 
 // TestNodeLabelToggle drives the real switch through the node label. There is
@@ -24,7 +24,7 @@ func TestNodeLabelToggle(t *testing.T) {
 		d := startDaemon(t, loader.ModeOff, r.serverIfaces, nil)
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "media-1", Labels: map[string]string{}}}
 		client := fake.NewSimpleClientset(node,
-			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "media-2", Labels: map[string]string{control.OffloadLabel: "enabled"}}})
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "media-2", Labels: map[string]string{nodelabel.OffloadLabel: "enabled"}}})
 		if err := d.WatchNode(client, "media-1", 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
@@ -46,9 +46,9 @@ func TestNodeLabelToggle(t *testing.T) {
 				t.Fatal(err)
 			}
 			if value == "" {
-				delete(n.Labels, control.OffloadLabel)
+				delete(n.Labels, nodelabel.OffloadLabel)
 			} else {
-				n.Labels[control.OffloadLabel] = value
+				n.Labels[nodelabel.OffloadLabel] = value
 			}
 			if _, err := client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
 				t.Fatal(err)

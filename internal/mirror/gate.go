@@ -1,4 +1,4 @@
-package control
+package mirror
 
 import (
 	"log/slog"

@@ -1,4 +1,4 @@
-package control
+package peerpolicy
 
 import (
 	"errors"
@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"net/netip"
 	"testing"
+
+	"github.com/l7mp/stunnerd-xdp/internal/prefix"
 )
 
 func prefixes(t *testing.T, ss ...string) []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range ss {
-		p, err := ParsePrefix(s)
+		p, err := prefix.Parse(s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +61,7 @@ func TestPeerPolicy(t *testing.T) {
 		{name: "tie goes to deny", allow: []string{"10.9.0.0/16"}, deny: []string{"10.9.0.0/16"}, peer: "10.9.1.1", want: false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			p := NewPeerPolicy(prefixes(t, c.allow...), prefixes(t, c.deny...), c.allowlist, quiet)
+			p := New(prefixes(t, c.allow...), prefixes(t, c.deny...), c.allowlist, quiet)
 			p.ownAddrs = own
 			if got, why := p.Allowed(netip.MustParseAddr(c.peer)); got != c.want {
 				t.Fatalf("Allowed(%s) = %v (%s), want %v", c.peer, got, why, c.want)
@@ -69,7 +71,7 @@ func TestPeerPolicy(t *testing.T) {
 }
 
 func TestPeerPolicyKeepsOwnAddressesWhenListingFails(t *testing.T) {
-	p := NewPeerPolicy(nil, nil, false, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p := New(nil, nil, false, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	calls := 0
 	p.ownAddrs = func() ([]netip.Addr, error) {
 		calls++
@@ -84,22 +86,5 @@ func TestPeerPolicyKeepsOwnAddressesWhenListingFails(t *testing.T) {
 	p.ownUntil = p.ownUntil.Add(-ownTTL * 2) // force a refresh, which fails
 	if ok, _ := p.Allowed(netip.MustParseAddr("10.0.0.5")); ok {
 		t.Fatal("own address allowed after a failed refresh")
-	}
-}
-
-func TestParsePrefix(t *testing.T) {
-	for in, want := range map[string]string{
-		"10.0.0.0/8": "10.0.0.0/8", "10.1.2.3": "10.1.2.3/32", "::1": "::1/128",
-		"::ffff:10.0.0.0/104": "10.0.0.0/8", "fe80::/10": "fe80::/10",
-	} {
-		p, err := ParsePrefix(in)
-		if err != nil || p.String() != want {
-			t.Errorf("ParsePrefix(%q) = %v, %v; want %s", in, p, err, want)
-		}
-	}
-	for _, bad := range []string{"10.0.0.1/8", "10.0.0", "example.com", "10.0.0.0/33"} {
-		if _, err := ParsePrefix(bad); err == nil {
-			t.Errorf("ParsePrefix(%q): no error", bad)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package control_test
+package nodelabel_test
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/l7mp/stunnerd-xdp/internal/control"
+	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
@@ -30,14 +30,14 @@ const waitTimeout = 10 * time.Second
 // recorder is an OffloadFunc that keeps every call.
 type recorder struct {
 	mu       sync.Mutex
-	calls    []control.NodeOffload
+	calls    []nodelabel.Offload
 	inFlight atomic.Int32
 	overlap  atomic.Bool
 	delay    time.Duration
 	err      error
 }
 
-func (r *recorder) fn(_ context.Context, want control.NodeOffload) error {
+func (r *recorder) fn(_ context.Context, want nodelabel.Offload) error {
 	if r.inFlight.Add(1) > 1 {
 		r.overlap.Store(true)
 	}
@@ -51,7 +51,7 @@ func (r *recorder) fn(_ context.Context, want control.NodeOffload) error {
 	return r.err
 }
 
-func (r *recorder) get() []control.NodeOffload {
+func (r *recorder) get() []nodelabel.Offload {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.calls)
@@ -60,7 +60,7 @@ func (r *recorder) get() []control.NodeOffload {
 // expect waits until the callback has been called len(want) times and checks
 // the sequence. Because calls are ordered, a spurious call (a missing dedup, a
 // label on another node) shows up as a wrong element.
-func (r *recorder) expect(t *testing.T, want ...control.NodeOffload) {
+func (r *recorder) expect(t *testing.T, want ...nodelabel.Offload) {
 	t.Helper()
 	waitFor(t, func() bool { return len(r.get()) >= len(want) }, "callback calls %v, have %v", want, r.get)
 	if got := r.get(); !slices.Equal(got, want) {
@@ -74,7 +74,7 @@ func waitFor(t *testing.T, cond func() bool, format string, args ...any) {
 	for !cond() {
 		if time.Now().After(deadline) {
 			for i, a := range args {
-				if f, ok := a.(func() []control.NodeOffload); ok {
+				if f, ok := a.(func() []nodelabel.Offload); ok {
 					args[i] = f()
 				}
 			}
@@ -109,10 +109,10 @@ func setLabel(t *testing.T, client *fake.Clientset, name, key, value string) {
 	}
 }
 
-func startWatcher(t *testing.T, client *fake.Clientset, name string, rec *recorder, logs *testenv.LockedBuffer) *control.NodeWatcher {
+func startWatcher(t *testing.T, client *fake.Clientset, name string, rec *recorder, logs *testenv.LockedBuffer) *nodelabel.Watcher {
 	t.Helper()
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	w := control.NewNodeWatcher(client, name, rec.fn, log)
+	w := nodelabel.NewWatcher(client, name, rec.fn, log)
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	if err := w.Start(ctx); err != nil {
@@ -125,9 +125,9 @@ func startWatcher(t *testing.T, client *fake.Clientset, name string, rec *record
 func TestNodeWatcherFollowsLabel(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	const (
-		attach = control.NodeOffloadAttach
-		detach = control.NodeOffloadDetach
-		dflt   = control.NodeOffloadDefault
+		attach = nodelabel.Attach
+		detach = nodelabel.Detach
+		dflt   = nodelabel.Default
 	)
 	client := fake.NewClientset(node("n1", nil), node("n2", nil))
 
@@ -158,27 +158,27 @@ func TestNodeWatcherFollowsLabel(t *testing.T) {
 	logs := &testenv.LockedBuffer{}
 	w := startWatcher(t, client, "n1", rec, logs)
 
-	if got := w.LabelState(); got != control.LabelAbsent {
+	if got := w.State(); got != nodelabel.Absent {
 		t.Fatalf("label state %v at start, want absent", got)
 	}
 
 	t.Run("enabled attaches", func(t *testing.T) {
-		setLabel(t, client, "n1", control.OffloadLabel, "enabled")
+		setLabel(t, client, "n1", nodelabel.OffloadLabel, "enabled")
 		rec.expect(t, attach)
-		if got := w.LabelState(); got != control.LabelEnabled {
+		if got := w.State(); got != nodelabel.Enabled {
 			t.Fatalf("label state %v, want enabled", got)
 		}
 	})
 	t.Run("same value and other labels deduplicated", func(t *testing.T) {
-		setLabel(t, client, "n1", control.OffloadLabel, "enabled")
+		setLabel(t, client, "n1", nodelabel.OffloadLabel, "enabled")
 		setLabel(t, client, "n1", "unrelated", "x")
 	})
 	t.Run("another node ignored", func(t *testing.T) {
-		setLabel(t, client, "n2", control.OffloadLabel, "disabled")
-		setLabel(t, client, "n2", control.OffloadLabel, "enabled")
+		setLabel(t, client, "n2", nodelabel.OffloadLabel, "disabled")
+		setLabel(t, client, "n2", nodelabel.OffloadLabel, "enabled")
 	})
 	t.Run("disabled detaches", func(t *testing.T) {
-		setLabel(t, client, "n1", control.OffloadLabel, "disabled")
+		setLabel(t, client, "n1", nodelabel.OffloadLabel, "disabled")
 		// attach once only: the dedup and other-node cases above added nothing.
 		rec.expect(t, attach, detach)
 		if got := w.Desired(); got != detach {
@@ -186,31 +186,31 @@ func TestNodeWatcherFollowsLabel(t *testing.T) {
 		}
 	})
 	t.Run("invalid value is absent", func(t *testing.T) {
-		setLabel(t, client, "n1", control.OffloadLabel, "Enabled")
+		setLabel(t, client, "n1", nodelabel.OffloadLabel, "Enabled")
 		rec.expect(t, attach, detach, dflt)
-		waitFor(t, func() bool { return w.LabelState() == control.LabelInvalid }, "label state invalid")
+		waitFor(t, func() bool { return w.State() == nodelabel.Invalid }, "label state invalid")
 		waitFor(t, func() bool {
 			return strings.Contains(logs.String(), `"value":"Enabled"`) &&
 				strings.Contains(logs.String(), `"level":"WARN"`)
 		}, "a warning naming the bad value")
 		// invalid → absent: both mean default, so no call.
-		setLabel(t, client, "n1", control.OffloadLabel, "")
-		waitFor(t, func() bool { return w.LabelState() == control.LabelAbsent }, "label state absent")
+		setLabel(t, client, "n1", nodelabel.OffloadLabel, "")
+		waitFor(t, func() bool { return w.State() == nodelabel.Absent }, "label state absent")
 	})
 	t.Run("node deletion is default", func(t *testing.T) {
-		setLabel(t, client, "n1", control.OffloadLabel, "disabled")
+		setLabel(t, client, "n1", nodelabel.OffloadLabel, "disabled")
 		rec.expect(t, attach, detach, dflt, detach)
 		if err := client.CoreV1().Nodes().Delete(context.Background(), "n1", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		rec.expect(t, attach, detach, dflt, detach, dflt)
-		if got := w.LabelState(); got != control.LabelAbsent {
+		if got := w.State(); got != nodelabel.Absent {
 			t.Fatalf("label state %v after deletion, want absent", got)
 		}
 	})
 	t.Run("recreated node", func(t *testing.T) {
 		if _, err := client.CoreV1().Nodes().Create(context.Background(),
-			node("n1", map[string]string{control.OffloadLabel: "enabled"}), metav1.CreateOptions{}); err != nil {
+			node("n1", map[string]string{nodelabel.OffloadLabel: "enabled"}), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		rec.expect(t, attach, detach, dflt, detach, dflt, attach)
@@ -242,17 +242,17 @@ func TestNodeWatcherInitialState(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		nodes []runtime.Object
-		want  []control.NodeOffload
-		state control.LabelState
+		want  []nodelabel.Offload
+		state nodelabel.State
 	}{
-		{"enabled at start", []runtime.Object{node("n1", map[string]string{control.OffloadLabel: "enabled"})},
-			[]control.NodeOffload{control.NodeOffloadAttach}, control.LabelEnabled},
-		{"disabled at start", []runtime.Object{node("n1", map[string]string{control.OffloadLabel: "disabled"})},
-			[]control.NodeOffload{control.NodeOffloadDetach}, control.LabelDisabled},
+		{"enabled at start", []runtime.Object{node("n1", map[string]string{nodelabel.OffloadLabel: "enabled"})},
+			[]nodelabel.Offload{nodelabel.Attach}, nodelabel.Enabled},
+		{"disabled at start", []runtime.Object{node("n1", map[string]string{nodelabel.OffloadLabel: "disabled"})},
+			[]nodelabel.Offload{nodelabel.Detach}, nodelabel.Disabled},
 		// The daemon starts in the default state, so these need no call.
-		{"absent at start", []runtime.Object{node("n1", nil)}, nil, control.LabelAbsent},
-		{"invalid at start", []runtime.Object{node("n1", map[string]string{control.OffloadLabel: "yes"})}, nil, control.LabelInvalid},
-		{"no such node", nil, nil, control.LabelAbsent},
+		{"absent at start", []runtime.Object{node("n1", nil)}, nil, nodelabel.Absent},
+		{"invalid at start", []runtime.Object{node("n1", map[string]string{nodelabel.OffloadLabel: "yes"})}, nil, nodelabel.Invalid},
+		{"no such node", nil, nil, nodelabel.Absent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset(tc.nodes...)
@@ -260,16 +260,16 @@ func TestNodeWatcherInitialState(t *testing.T) {
 			w := startWatcher(t, client, "n1", rec, &testenv.LockedBuffer{})
 			rec.expect(t, tc.want...)
 			// Start returns after the first list, so the state is known.
-			if got := w.LabelState(); got != tc.state {
+			if got := w.State(); got != tc.state {
 				t.Fatalf("label state %v, want %v", got, tc.state)
 			}
 			if tc.nodes == nil {
 				// A node that appears later is picked up.
 				if _, err := client.CoreV1().Nodes().Create(context.Background(),
-					node("n1", map[string]string{control.OffloadLabel: "disabled"}), metav1.CreateOptions{}); err != nil {
+					node("n1", map[string]string{nodelabel.OffloadLabel: "disabled"}), metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
 				}
-				rec.expect(t, control.NodeOffloadDetach)
+				rec.expect(t, nodelabel.Detach)
 			}
 			w.Stop()
 		})
@@ -282,15 +282,15 @@ func TestNodeWatcherCallbackErrorLogged(t *testing.T) {
 	rec := &recorder{err: errors.New("attach failed: no XDP here")}
 	logs := &testenv.LockedBuffer{}
 	w := startWatcher(t, client, "n1", rec, logs)
-	setLabel(t, client, "n1", control.OffloadLabel, "enabled")
-	rec.expect(t, control.NodeOffloadAttach)
+	setLabel(t, client, "n1", nodelabel.OffloadLabel, "enabled")
+	rec.expect(t, nodelabel.Attach)
 	waitFor(t, func() bool {
 		s := logs.String()
 		return strings.Contains(s, `"level":"ERROR"`) && strings.Contains(s, "no XDP here")
 	}, "the callback's error in the log")
 	// A failed callback does not stop later changes.
-	setLabel(t, client, "n1", control.OffloadLabel, "disabled")
-	rec.expect(t, control.NodeOffloadAttach, control.NodeOffloadDetach)
+	setLabel(t, client, "n1", nodelabel.OffloadLabel, "disabled")
+	rec.expect(t, nodelabel.Attach, nodelabel.Detach)
 	w.Stop()
 }
 
@@ -304,18 +304,18 @@ func TestNodeWatcherSerialCallbacks(t *testing.T) {
 	w := startWatcher(t, client, "n1", rec, &testenv.LockedBuffer{})
 	values := []string{"enabled", "disabled"}
 	for i := range 40 {
-		setLabel(t, client, "n1", control.OffloadLabel, values[i%2])
+		setLabel(t, client, "n1", nodelabel.OffloadLabel, values[i%2])
 	}
 	waitFor(t, func() bool {
 		c := rec.get()
-		return len(c) > 0 && c[len(c)-1] == control.NodeOffloadDetach && w.LabelState() == control.LabelDisabled &&
+		return len(c) > 0 && c[len(c)-1] == nodelabel.Detach && w.State() == nodelabel.Disabled &&
 			rec.inFlight.Load() == 0
 	}, "the last call to be detach, have %v", rec.get)
 	if rec.overlap.Load() {
 		t.Fatal("callbacks ran concurrently")
 	}
 	calls := rec.get()
-	prev := control.NodeOffloadDefault
+	prev := nodelabel.Default
 	for i, c := range calls {
 		if c == prev {
 			t.Fatalf("call %d repeats %v: %v", i, c, calls)
@@ -328,16 +328,16 @@ func TestNodeWatcherSerialCallbacks(t *testing.T) {
 func TestNodeWatcherLifecycle(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	log := slog.New(slog.NewTextHandler(&testenv.LockedBuffer{}, nil))
-	noop := func(context.Context, control.NodeOffload) error { return nil }
+	noop := func(context.Context, nodelabel.Offload) error { return nil }
 
 	t.Run("Run returns when ctx ends", func(t *testing.T) {
 		rec := &recorder{}
-		w := control.NewNodeWatcher(fake.NewClientset(node("n1", map[string]string{control.OffloadLabel: "enabled"})),
+		w := nodelabel.NewWatcher(fake.NewClientset(node("n1", map[string]string{nodelabel.OffloadLabel: "enabled"})),
 			"n1", rec.fn, log)
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
 		go func() { errc <- w.Run(ctx) }()
-		rec.expect(t, control.NodeOffloadAttach) // running
+		rec.expect(t, nodelabel.Attach) // running
 		cancel()
 		select {
 		case err := <-errc:
@@ -347,15 +347,15 @@ func TestNodeWatcherLifecycle(t *testing.T) {
 		case <-time.After(waitTimeout):
 			t.Fatal("Run did not return after cancel")
 		}
-		if err := w.Start(context.Background()); !errors.Is(err, control.ErrWatcherStarted) {
+		if err := w.Start(context.Background()); !errors.Is(err, nodelabel.ErrWatcherStarted) {
 			t.Fatalf("Start after Run: %v, want ErrWatcherStarted", err)
 		}
 		w.Stop() // again: a no-op
 	})
 	t.Run("Stop before Start", func(t *testing.T) {
-		w := control.NewNodeWatcher(fake.NewClientset(), "n1", noop, log)
+		w := nodelabel.NewWatcher(fake.NewClientset(), "n1", noop, log)
 		w.Stop()
-		if err := w.Start(context.Background()); !errors.Is(err, control.ErrWatcherStopped) {
+		if err := w.Start(context.Background()); !errors.Is(err, nodelabel.ErrWatcherStopped) {
 			t.Fatalf("Start after Stop: %v, want ErrWatcherStopped", err)
 		}
 	})
@@ -365,7 +365,7 @@ func TestNodeWatcherLifecycle(t *testing.T) {
 		client.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
 			return true, nil, errors.New("apiserver unreachable")
 		})
-		w := control.NewNodeWatcher(client, "n1", noop, log)
+		w := nodelabel.NewWatcher(client, "n1", noop, log)
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
 		if err := w.Start(ctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -376,7 +376,7 @@ func TestNodeWatcherLifecycle(t *testing.T) {
 	t.Run("Stop cancels a running callback", func(t *testing.T) {
 		client := fake.NewClientset(node("n1", nil))
 		entered := make(chan struct{})
-		w := control.NewNodeWatcher(client, "n1", func(ctx context.Context, _ control.NodeOffload) error {
+		w := nodelabel.NewWatcher(client, "n1", func(ctx context.Context, _ nodelabel.Offload) error {
 			close(entered)
 			<-ctx.Done()
 			return ctx.Err()
@@ -384,7 +384,7 @@ func TestNodeWatcherLifecycle(t *testing.T) {
 		if err := w.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		setLabel(t, client, "n1", control.OffloadLabel, "enabled")
+		setLabel(t, client, "n1", nodelabel.OffloadLabel, "enabled")
 		select {
 		case <-entered:
 		case <-time.After(waitTimeout):
@@ -395,18 +395,18 @@ func TestNodeWatcherLifecycle(t *testing.T) {
 }
 
 func TestLabelStateStrings(t *testing.T) {
-	want := map[control.LabelState]string{control.LabelAbsent: "absent", control.LabelEnabled: "enabled",
-		control.LabelDisabled: "disabled", control.LabelInvalid: "invalid"}
-	if len(control.LabelStates) != len(want) {
-		t.Fatalf("LabelStates has %d states, want %d", len(control.LabelStates), len(want))
+	want := map[nodelabel.State]string{nodelabel.Absent: "absent", nodelabel.Enabled: "enabled",
+		nodelabel.Disabled: "disabled", nodelabel.Invalid: "invalid"}
+	if len(nodelabel.States) != len(want) {
+		t.Fatalf("States has %d states, want %d", len(nodelabel.States), len(want))
 	}
-	for _, s := range control.LabelStates {
+	for _, s := range nodelabel.States {
 		if s.String() != want[s] {
 			t.Errorf("%d.String() = %q, want %q", s, s.String(), want[s])
 		}
 	}
-	for o, s := range map[control.NodeOffload]string{control.NodeOffloadDefault: "default",
-		control.NodeOffloadAttach: "attach", control.NodeOffloadDetach: "detach"} {
+	for o, s := range map[nodelabel.Offload]string{nodelabel.Default: "default",
+		nodelabel.Attach: "attach", nodelabel.Detach: "detach"} {
 		if o.String() != s {
 			t.Errorf("%d.String() = %q, want %q", o, o.String(), s)
 		}

@@ -1,4 +1,4 @@
-package control_test
+package servicecidr_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -15,10 +16,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/l7mp/stunnerd-xdp/internal/control"
+	"github.com/l7mp/stunnerd-xdp/internal/servicecidr"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
@@ -59,10 +61,10 @@ func TestFollowServiceCIDRs(t *testing.T) {
 	)
 	var logs testenv.LockedBuffer
 	var rec cidrRecorder
-	stop := control.FollowServiceCIDRs(context.Background(), client, slog.New(slog.NewTextHandler(&logs, nil)), rec.fn)
+	stop := servicecidr.Follow(context.Background(), client, slog.New(slog.NewTextHandler(&logs, nil)), rec.fn)
 	defer stop()
 
-	// The first list is delivered before FollowServiceCIDRs returns.
+	// The first list is delivered before Follow returns.
 	want := [][]netip.Prefix{prefixes("10.96.0.0/16", "10.97.0.0/24", "fd00:10:96::/112")}
 	if got := rec.get(); len(got) != 1 || !slices.Equal(got[0], want[0]) {
 		t.Fatalf("first delivery %v, want %v", got, want)
@@ -113,7 +115,7 @@ func TestFollowServiceCIDRsUnavailable(t *testing.T) {
 			})
 			var logs testenv.LockedBuffer
 			var rec cidrRecorder
-			stop := control.FollowServiceCIDRs(context.Background(), client, slog.New(slog.NewTextHandler(&logs, nil)), rec.fn)
+			stop := servicecidr.Follow(context.Background(), client, slog.New(slog.NewTextHandler(&logs, nil)), rec.fn)
 			stop()
 			if lines := strings.Count(logs.String(), "\n"); lines != 1 || !strings.Contains(logs.String(), "level=INFO") {
 				t.Errorf("want one INFO line, have:\n%s", logs.String())
@@ -122,5 +124,16 @@ func TestFollowServiceCIDRsUnavailable(t *testing.T) {
 				t.Errorf("%d requests, %d deliveries; want 1 and 0", lists, len(rec.get()))
 			}
 		})
+	}
+}
+
+// waitFor polls cond until it holds; the fake clientset delivers events in
+// milliseconds, the bound is for a loaded machine.
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil })
+	if err != nil {
+		t.Fatal(what)
 	}
 }

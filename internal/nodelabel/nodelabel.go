@@ -1,4 +1,4 @@
-package control
+package nodelabel
 
 import (
 	"context"
@@ -23,51 +23,51 @@ const (
 	OffloadLabelDisabled = "disabled"
 )
 
-// NodeOffload is what the node's label asks the daemon to do with XDP.
-type NodeOffload int
+// Offload is what the node's label asks the daemon to do with XDP.
+type Offload int
 
 const (
-	// NodeOffloadDefault: no (valid) label, or no node: do what --xdp-mode says.
-	NodeOffloadDefault NodeOffload = iota
-	// NodeOffloadAttach: the label is "enabled": attach XDP.
-	NodeOffloadAttach
-	// NodeOffloadDetach: the label is "disabled": detach XDP, relay in userspace.
-	NodeOffloadDetach
+	// Default: no (valid) label, or no node: do what --xdp-mode says.
+	Default Offload = iota
+	// Attach: the label is "enabled": attach XDP.
+	Attach
+	// Detach: the label is "disabled": detach XDP, relay in userspace.
+	Detach
 )
 
-func (o NodeOffload) String() string {
+func (o Offload) String() string {
 	switch o {
-	case NodeOffloadAttach:
+	case Attach:
 		return "attach"
-	case NodeOffloadDetach:
+	case Detach:
 		return "detach"
 	default:
 		return "default"
 	}
 }
 
-// LabelState is what the watcher last saw in OffloadLabel, for metrics
+// State is what the watcher last saw in OffloadLabel, for metrics
 // (stunnerd_xdp_offload_label{state}).
-type LabelState int
+type State int
 
 const (
-	LabelAbsent LabelState = iota
-	LabelEnabled
-	LabelDisabled
-	LabelInvalid
+	Absent State = iota
+	Enabled
+	Disabled
+	Invalid
 )
 
-// LabelStates lists every LabelState, so that a gauge can export all of them
+// States lists every State, so that a gauge can export all of them
 // (1 for the current one, 0 for the others).
-var LabelStates = []LabelState{LabelAbsent, LabelEnabled, LabelDisabled, LabelInvalid}
+var States = []State{Absent, Enabled, Disabled, Invalid}
 
-func (s LabelState) String() string {
+func (s State) String() string {
 	switch s {
-	case LabelEnabled:
+	case Enabled:
 		return "enabled"
-	case LabelDisabled:
+	case Disabled:
 		return "disabled"
-	case LabelInvalid:
+	case Invalid:
 		return "invalid"
 	default:
 		return "absent"
@@ -75,50 +75,50 @@ func (s LabelState) String() string {
 }
 
 // Offload is what the label state asks for: an invalid value counts as absent.
-func (s LabelState) Offload() NodeOffload {
+func (s State) Offload() Offload {
 	switch s {
-	case LabelEnabled:
-		return NodeOffloadAttach
-	case LabelDisabled:
-		return NodeOffloadDetach
+	case Enabled:
+		return Attach
+	case Disabled:
+		return Detach
 	default:
-		return NodeOffloadDefault
+		return Default
 	}
 }
 
-// parseLabel sorts a node's labels into a LabelState; value is the raw label
+// parseLabel sorts a node's labels into a State; value is the raw label
 // value ("" when absent), for the logs.
-func parseLabel(node *corev1.Node) (state LabelState, value string) {
+func parseLabel(node *corev1.Node) (state State, value string) {
 	if node == nil {
-		return LabelAbsent, ""
+		return Absent, ""
 	}
 	value, ok := node.Labels[OffloadLabel]
 	switch {
 	case !ok:
-		return LabelAbsent, ""
+		return Absent, ""
 	case value == OffloadLabelEnabled:
-		return LabelEnabled, value
+		return Enabled, value
 	case value == OffloadLabelDisabled:
-		return LabelDisabled, value
+		return Disabled, value
 	default:
-		return LabelInvalid, value
+		return Invalid, value
 	}
 }
 
 // OffloadFunc is called when the node's desired offload changes. ctx is
 // cancelled when the watcher stops, so a slow attach or detach can give up.
-type OffloadFunc func(ctx context.Context, want NodeOffload) error
+type OffloadFunc func(ctx context.Context, want Offload) error
 
-// NodeWatcher follows OffloadLabel on one Node and reports the desired offload:
+// Watcher follows OffloadLabel on one Node and reports the desired offload:
 //
-//   - "enabled" → NodeOffloadAttach, "disabled" → NodeOffloadDetach;
-//   - no label, or the Node deleted → NodeOffloadDefault (the daemon's --xdp-mode);
+//   - "enabled" → Attach, "disabled" → Detach;
+//   - no label, or the Node deleted → Default (the daemon's --xdp-mode);
 //   - any other value is logged as a warning with the value and treated as
-//     absent (NodeOffloadDefault), so a typo never detaches a working offload
-//     nor attaches one the operator did not ask for; LabelState reports it
-//     as LabelInvalid.
+//     absent (Default), so a typo never detaches a working offload
+//     nor attaches one the operator did not ask for; State reports it
+//     as Invalid.
 //
-// The watcher starts from NodeOffloadDefault, which is what the daemon does
+// The watcher starts from Default, which is what the daemon does
 // before it knows the label, and calls the OffloadFunc only when the desired
 // offload differs from the last one it delivered: relabelling to the same
 // value, other label changes and an invalid value after an absent one cause
@@ -132,16 +132,16 @@ type OffloadFunc func(ctx context.Context, want NodeOffload) error
 // the ClusterRole still grants them on all nodes; the selector keeps the
 // traffic and the cache to one object. Events for other names are ignored
 // anyway, in case a server (or a fake) does not apply the selector.
-type NodeWatcher struct {
+type Watcher struct {
 	client   kubernetes.Interface
 	node     string
 	onChange OffloadFunc
 	log      *slog.Logger
 
 	mu        sync.Mutex // guards the label state, shared with metrics
-	state     LabelState
-	want      NodeOffload // latest desired, maybe not delivered yet
-	delivered NodeOffload // last handed to onChange
+	state     State
+	want      Offload // latest desired, maybe not delivered yet
+	delivered Offload // last handed to onChange
 
 	life     sync.Mutex // guards started, factory and cancel
 	started  bool
@@ -154,10 +154,10 @@ type NodeWatcher struct {
 	done    chan struct{} // closed when the worker exits
 }
 
-// NewNodeWatcher makes a watcher for the Node named node. It does nothing
+// NewWatcher makes a watcher for the Node named node. It does nothing
 // until Start or Run.
-func NewNodeWatcher(client kubernetes.Interface, node string, onChange OffloadFunc, log *slog.Logger) *NodeWatcher {
-	return &NodeWatcher{
+func NewWatcher(client kubernetes.Interface, node string, onChange OffloadFunc, log *slog.Logger) *Watcher {
+	return &Watcher{
 		client:   client,
 		node:     node,
 		onChange: onChange,
@@ -179,7 +179,7 @@ var (
 // informer has listed the Node once (the initial label, if any, is then on
 // its way to the callback). If ctx ends first it stops everything and returns
 // ctx's error. ctx bounds only the start; Stop ends the watch.
-func (w *NodeWatcher) Start(ctx context.Context) error {
+func (w *Watcher) Start(ctx context.Context) error {
 	w.life.Lock()
 	if w.started {
 		w.life.Unlock()
@@ -232,7 +232,7 @@ func (w *NodeWatcher) Start(ctx context.Context) error {
 // Stop stops the informer, cancels a running callback's context and waits
 // for the informer's goroutines and the worker to exit. It may be called more
 // than once, concurrently with Start, and before Start (which then fails).
-func (w *NodeWatcher) Stop() {
+func (w *Watcher) Stop() {
 	w.stopOnce.Do(func() { close(w.stopped) })
 	w.life.Lock()
 	factory, cancel := w.factory, w.cancel
@@ -250,7 +250,7 @@ func (w *NodeWatcher) Stop() {
 // had not completed yet (an unreachable API server at boot leaves the daemon
 // on --xdp-mode, which is not Run's failure); it returns an error only when
 // the watcher cannot start at all.
-func (w *NodeWatcher) Run(ctx context.Context) error {
+func (w *Watcher) Run(ctx context.Context) error {
 	if err := w.Start(ctx); err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return nil
@@ -265,22 +265,22 @@ func (w *NodeWatcher) Run(ctx context.Context) error {
 	return nil
 }
 
-// LabelState is what the label last said (for stunnerd_xdp_offload_label).
-func (w *NodeWatcher) LabelState() LabelState {
+// State is what the label last said (for stunnerd_xdp_offload_label).
+func (w *Watcher) State() State {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.state
 }
 
 // Desired is the last desired offload handed to the callback.
-func (w *NodeWatcher) Desired() NodeOffload {
+func (w *Watcher) Desired() Offload {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.delivered
 }
 
 // observe runs on the informer's handler goroutine.
-func (w *NodeWatcher) observe(obj any, deleted bool) {
+func (w *Watcher) observe(obj any, deleted bool) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
 	}
@@ -290,7 +290,7 @@ func (w *NodeWatcher) observe(obj any, deleted bool) {
 	}
 	state, value := parseLabel(node)
 	if deleted {
-		state, value = LabelAbsent, ""
+		state, value = Absent, ""
 	}
 
 	w.mu.Lock()
@@ -301,7 +301,7 @@ func (w *NodeWatcher) observe(obj any, deleted bool) {
 	if !changed {
 		return
 	}
-	if state == LabelInvalid {
+	if state == Invalid {
 		w.log.Warn("invalid node label value, treated as absent", "node", w.node, "label", OffloadLabel,
 			"value", value, "valid", []string{OffloadLabelEnabled, OffloadLabelDisabled})
 	}
@@ -314,7 +314,7 @@ func (w *NodeWatcher) observe(obj any, deleted bool) {
 }
 
 // worker is the only caller of onChange.
-func (w *NodeWatcher) worker(ctx context.Context) {
+func (w *Watcher) worker(ctx context.Context) {
 	defer close(w.done)
 	for {
 		select {

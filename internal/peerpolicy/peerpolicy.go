@@ -1,7 +1,6 @@
-package control
+package peerpolicy
 
 import (
-	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -9,7 +8,7 @@ import (
 	"time"
 )
 
-// PeerPolicy decides which peers clients may get permissions for. It runs in
+// Policy decides which peers clients may get permissions for. It runs in
 // pion/turn's permission handler, so a refused peer never gets a permission
 // or a channel and never reaches the XDP maps: neither path relays to it.
 //
@@ -22,7 +21,7 @@ import (
 //     admits them (--allow-peer 169.254.169.254/32 does, 0.0.0.0/0 does not);
 //  3. with an allowlist (STUNner clusters, or --allow-peer), a peer no allow
 //     prefix contains is refused; without one it is allowed.
-type PeerPolicy struct {
+type Policy struct {
 	allow, deny []netip.Prefix
 	allowlist   bool
 	log         *slog.Logger
@@ -36,15 +35,15 @@ type PeerPolicy struct {
 
 const ownTTL = 5 * time.Second
 
-// NewPeerPolicy builds a policy from allow and deny prefixes. allowlist makes
+// New builds a policy from allow and deny prefixes. allowlist makes
 // the allow prefixes the only peers admitted (it is implied by a non-empty
 // allow); with allowlist and no allow prefixes every peer is refused, as
 // STUNner refuses peers on a listener without routes.
-func NewPeerPolicy(allow, deny []netip.Prefix, allowlist bool, log *slog.Logger) *PeerPolicy {
-	return &PeerPolicy{allow: allow, deny: deny, allowlist: allowlist || len(allow) > 0, log: log, ownAddrs: interfaceAddrs}
+func New(allow, deny []netip.Prefix, allowlist bool, log *slog.Logger) *Policy {
+	return &Policy{allow: allow, deny: deny, allowlist: allowlist || len(allow) > 0, log: log, ownAddrs: interfaceAddrs}
 }
 
-// refusedRanges are refused by default; see PeerPolicy.
+// refusedRanges are refused by default; see Policy.
 var refusedRanges = []struct {
 	prefix netip.Prefix
 	why    string
@@ -58,29 +57,6 @@ var refusedRanges = []struct {
 	{netip.MustParsePrefix("0.0.0.0/8"), "unspecified"},
 	{netip.MustParsePrefix("::/128"), "unspecified"},
 	{netip.MustParsePrefix("255.255.255.255/32"), "broadcast"},
-}
-
-// ParsePrefix parses a CIDR or a bare address (a /32 or /128).
-func ParsePrefix(s string) (netip.Prefix, error) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		if p != p.Masked() {
-			return netip.Prefix{}, fmt.Errorf("%q has host bits set; did you mean %v?", s, p.Masked())
-		}
-		return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-unmapBits(p.Addr())), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("%q is neither an address nor a CIDR prefix", s)
-	}
-	a = a.Unmap()
-	return netip.PrefixFrom(a, a.BitLen()), nil
-}
-
-func unmapBits(a netip.Addr) int {
-	if a.Is4In6() {
-		return 96
-	}
-	return 0
 }
 
 func interfaceAddrs() ([]netip.Addr, error) {
@@ -100,7 +76,7 @@ func interfaceAddrs() ([]netip.Addr, error) {
 }
 
 // Allowed reports whether a permission to peer may be granted, and why not.
-func (p *PeerPolicy) Allowed(peer netip.Addr) (bool, string) {
+func (p *Policy) Allowed(peer netip.Addr) (bool, string) {
 	peer = peer.Unmap()
 	if !peer.IsValid() {
 		return false, "invalid address"
@@ -135,7 +111,7 @@ func (p *PeerPolicy) Allowed(peer netip.Addr) (bool, string) {
 
 // admitsInside reports whether an allow prefix within the refused range r
 // contains peer: only such a narrow, deliberate allow overrides a default.
-func (p *PeerPolicy) admitsInside(peer netip.Addr, r netip.Prefix) bool {
+func (p *Policy) admitsInside(peer netip.Addr, r netip.Prefix) bool {
 	for _, a := range p.allow {
 		if a.Contains(peer) && a.Bits() >= r.Bits() && r.Contains(a.Addr()) {
 			return true
@@ -144,7 +120,7 @@ func (p *PeerPolicy) admitsInside(peer netip.Addr, r netip.Prefix) bool {
 	return false
 }
 
-func (p *PeerPolicy) isOwn(a netip.Addr) bool {
+func (p *Policy) isOwn(a netip.Addr) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if time.Now().After(p.ownUntil) {
@@ -164,7 +140,7 @@ func (p *PeerPolicy) isOwn(a netip.Addr) bool {
 }
 
 // Handler is the pion/turn PermissionHandler (turn.PermissionHandler).
-func (p *PeerPolicy) Handler(client net.Addr, peer net.IP) bool {
+func (p *Policy) Handler(client net.Addr, peer net.IP) bool {
 	ip, ok := netip.AddrFromSlice(peer)
 	allowed, why := p.Allowed(ip)
 	if !ok {

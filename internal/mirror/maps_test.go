@@ -1,4 +1,4 @@
-package control_test
+package mirror_test
 
 import (
 	"io"
@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/control"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
@@ -24,7 +24,7 @@ func TestPermissionDeletedClearsKernelMaps(t *testing.T) {
 	}
 	defer prog.Close()
 	maps := channelmap.New(prog.Maps())
-	m := control.New(log)
+	m := mirror.New(log)
 	defer m.Close()
 	m.SetOffload(maps)
 

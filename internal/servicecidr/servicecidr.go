@@ -1,4 +1,4 @@
-package control
+package servicecidr
 
 import (
 	"cmp"
@@ -14,9 +14,11 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/l7mp/stunnerd-xdp/internal/prefix"
 )
 
-// FollowServiceCIDRs reports the cluster's Service CIDRs (networking.k8s.io/v1
+// Follow reports the cluster's Service CIDRs (networking.k8s.io/v1
 // ServiceCIDR objects, Kubernetes 1.33 and later) to onChange: once after the
 // first list, then whenever the set changes. A peer in a Service CIDR is a
 // ClusterIP, which kube-proxy DNATs and Cilium translates at the socket, both
@@ -29,7 +31,7 @@ import (
 // the informer, which retries. onChange is called from one goroutine at a
 // time; stop ends the watch and waits for its goroutines. ctx bounds the
 // first list only.
-func FollowServiceCIDRs(ctx context.Context, client kubernetes.Interface, log *slog.Logger, onChange func([]netip.Prefix)) (stop func()) {
+func Follow(ctx context.Context, client kubernetes.Interface, log *slog.Logger, onChange func([]netip.Prefix)) (stop func()) {
 	w := &serviceCIDRs{log: log, onChange: onChange}
 	list, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
 	switch {
@@ -86,7 +88,7 @@ func (w *serviceCIDRs) update(objs []any) {
 			continue
 		}
 		for _, s := range sc.Spec.CIDRs {
-			p, err := ParsePrefix(s)
+			p, err := prefix.Parse(s)
 			if err != nil {
 				w.log.Warn("ignoring an invalid Service CIDR", "servicecidr", sc.Name, "cidr", s, "error", err)
 				continue

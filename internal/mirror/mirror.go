@@ -1,4 +1,4 @@
-// Package control mirrors pion/turn's channel bindings into the XDP maps. pion
+// Package mirror mirrors pion/turn's channel bindings into the XDP maps. pion
 // calls the EventHandler hooks under its own locks, so the hooks only queue the
 // event; one worker applies events in order. A binding is offloaded only while
 // pion holds both the channel and a permission for its peer's IP, so the kernel
@@ -9,7 +9,7 @@
 // would not translate its relay<->peer flow (see gate.go and
 // internal/natcheck): peers in a no-offload prefix and NATed flows stay in
 // userspace, flows without evidence yet wait there and are checked again.
-package control
+package mirror
 
 import (
 	"errors"
