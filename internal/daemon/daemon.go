@@ -5,7 +5,6 @@ package daemon
 
 import (
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/config"
@@ -364,15 +362,6 @@ func (d *Daemon) wantMode() loader.Mode {
 	return m
 }
 
-func (d *Daemon) closeSteering() {
-	if d.steer == nil {
-		return
-	}
-	if err := d.steer.Close(); err != nil {
-		d.log.Warn("closing the listener steering", "error", err)
-	}
-}
-
 // SetMode moves the relay to the given XDP mode (off: userspace) without
 // touching sessions. It is what --xdp-mode does at start and what the node
 // label does later.
@@ -410,39 +399,6 @@ func checkRelayRange(addr netip.Addr, lo, hi uint16) error {
 		}
 	}
 	return fmt.Errorf("relay port range %d-%d on %v: both ends are in use", lo, hi, addr)
-}
-
-func (d *Daemon) serveHTTP() error {
-	cfg := d.config() // the endpoints' addresses need a restart to change
-	mm := http.NewServeMux()
-	mm.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{}))
-	if err := d.serve(cfg.MetricsAddr, mm, "metrics"); err != nil {
-		return err
-	}
-	hm := http.NewServeMux()
-	hm.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"status":"live"}` + "\n"))
-	})
-	hm.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		// Clusters that blackhole UDP to unready pods would cut live sessions
-		// during the drain: --force-ready-status keeps it green for them.
-		if d.draining.Load() && !d.config().ForceReady {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = w.Write([]byte(`{"status":"terminating"}` + "\n"))
-			return
-		}
-		_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
-	})
-	hm.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(d.Status())
-	})
-	if err := d.serve(cfg.HealthAddr, hm, "health"); err != nil {
-		return err
-	}
-	return d.serveUnix(cfg.HealthSocket, hm)
 }
 
 // Attached returns the XDP mode of every interface it runs on.
@@ -498,43 +454,6 @@ func (d *Daemon) Close() error {
 	})
 	return errors.Join(errs...)
 }
-
-// Drain starts a graceful shutdown: new allocations are refused, existing ones
-// keep relaying on whichever path they are, /ready fails (unless
-// ForceReady) and /status says TERMINATING. The returned channel closes when the
-// last allocation is gone; the caller decides how long to wait for it.
-func (d *Daemon) Drain() <-chan struct{} {
-	if d.draining.CompareAndSwap(false, true) {
-		d.log.Info("draining: new allocations are refused, live ones keep relaying",
-			"allocations", d.AllocationCount())
-		d.retire()
-		d.handOverXDP()
-		d.wg.Add(1)
-		go func() {
-			defer d.wg.Done()
-			t := time.NewTicker(100 * time.Millisecond)
-			defer t.Stop()
-			for i := 0; ; i++ {
-				if i%10 == 9 {
-					d.handOverXDP() // a successor may start after the drain began
-				}
-				if d.AllocationCount() == 0 {
-					close(d.drained)
-					return
-				}
-				select {
-				case <-d.stop:
-					return
-				case <-t.C:
-				}
-			}
-		}()
-	}
-	return d.drained
-}
-
-// Draining reports whether Drain was called.
-func (d *Daemon) Draining() bool { return d.draining.Load() }
 
 // Status is what /status reports.
 type Status struct {
