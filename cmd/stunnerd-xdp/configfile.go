@@ -31,11 +31,7 @@ func fromFile(o options, r *config.Resolved) (daemon.Config, error) {
 	case config.AuthEphemeral:
 		cfg.Secret = r.Auth.Secret
 	}
-	cfg.Listeners = nil
-	for _, l := range r.Listeners {
-		cfg.Listeners = append(cfg.Listeners, daemon.Listener{Name: l.Name, Protocol: l.Protocol, Addr: l.Addr,
-			Cert: l.Cert, AllowPeers: l.AllowPeers, Allowlist: true})
-	}
+	cfg.Listeners = r.Listeners
 	if !o.set["log"] {
 		o.log = r.LogLevel
 	}

@@ -119,38 +119,31 @@ type ResolvedAuth struct {
 	Secret   string // ephemeral
 }
 
-// ResolvedListener is a listener with its peer allowlist.
+// ResolvedListener is one TURN listener in the daemon's terms, from a config
+// file or from the command line. UDP listeners are relayed by XDP (up to 8);
+// TCP and TLS ones by pion/turn in userspace.
 type ResolvedListener struct {
 	Name     string
 	Protocol Protocol
 	Addr     netip.AddrPort
 	// Cert is the TLS certificate of a TURN-TLS listener.
 	Cert *tls.Certificate
-	// AllowPeers are the endpoints of the clusters the listener routes to; a
-	// peer outside them is refused (no routes: every peer is refused).
+	// AllowPeers admits peers: the endpoints of the clusters the listener
+	// routes to. With Allowlist, a peer outside them is refused even when
+	// AllowPeers is empty (STUNner's listener without routes).
 	AllowPeers []netip.Prefix
+	Allowlist  bool
 }
 
-// Equal reports whether two listeners would run the same socket and policy.
-func (l ResolvedListener) Equal(o ResolvedListener) bool {
-	if l.Name != o.Name || l.Protocol != o.Protocol || l.Addr != o.Addr || len(l.AllowPeers) != len(o.AllowPeers) {
+// SameSocket reports whether two listeners run the same socket: a reload
+// keeps such a listener's allocations and changes only its peer policy.
+func (l ResolvedListener) SameSocket(o ResolvedListener) bool {
+	if l.Name != o.Name || l.Protocol != o.Protocol || l.Addr != o.Addr || (l.Cert == nil) != (o.Cert == nil) {
 		return false
 	}
-	if (l.Cert == nil) != (o.Cert == nil) {
-		return false
-	}
-	if l.Cert != nil && string(l.Cert.Certificate[0]) != string(o.Cert.Certificate[0]) {
-		return false
-	}
-	for i := range l.AllowPeers {
-		if l.AllowPeers[i] != o.AllowPeers[i] {
-			return false
-		}
-	}
-	return true
+	return l.Cert == nil || string(l.Cert.Certificate[0]) == string(o.Cert.Certificate[0])
 }
 
-// ReadFile reads and resolves a configuration file.
 func ReadFile(path string) (*Resolved, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -286,7 +279,7 @@ func (a Auth) resolve() (ResolvedAuth, error) {
 }
 
 func (l Listener) resolve(clusters map[string][]netip.Prefix) (ResolvedListener, error) {
-	r := ResolvedListener{Name: l.Name}
+	r := ResolvedListener{Name: l.Name, Allowlist: true}
 	if r.Name == "" {
 		return r, errors.New("missing name")
 	}

@@ -4,7 +4,6 @@
 package daemon
 
 import (
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,7 +33,7 @@ type Config struct {
 	// used when Listeners is empty. May be a wildcard.
 	Listen netip.AddrPort
 	// Listeners are the TURN listeners (from a STUNner config).
-	Listeners []Listener
+	Listeners []config.ResolvedListener
 	// Users are static long-term credentials (username -> password).
 	Users map[string]string
 	// Secret, when set, switches to ephemeral TURN REST API credentials.
@@ -80,26 +79,6 @@ type Config struct {
 	Logger *logging.Factory
 }
 
-// Listener is one TURN listener. UDP listeners are relayed by XDP (up to 8);
-// TCP and TLS ones by pion/turn in userspace.
-type Listener struct {
-	Name     string
-	Protocol config.Protocol
-	Addr     netip.AddrPort
-	Cert     *tls.Certificate // TLS only
-	// AllowPeers admits peers (STUNner's clusters); with Allowlist, peers
-	// outside them are refused even when AllowPeers is empty.
-	AllowPeers []netip.Prefix
-	Allowlist  bool
-}
-
-func (l Listener) equalSocket(o Listener) bool {
-	if l.Name != o.Name || l.Protocol != o.Protocol || l.Addr != o.Addr || (l.Cert == nil) != (o.Cert == nil) {
-		return false
-	}
-	return l.Cert == nil || string(l.Cert.Certificate[0]) == string(o.Cert.Certificate[0])
-}
-
 // Defaults for the zero fields of Config.
 const (
 	DefaultRealm             = "stunner.l7mp.io"
@@ -116,7 +95,7 @@ func (c *Config) validate() error {
 		if !c.Listen.IsValid() || c.Listen.Port() == 0 {
 			return fmt.Errorf("invalid listener address %v", c.Listen)
 		}
-		c.Listeners = []Listener{{Name: "default", Protocol: config.UDP, Addr: c.Listen}}
+		c.Listeners = []config.ResolvedListener{{Name: "default", Protocol: config.UDP, Addr: c.Listen}}
 	}
 	names := map[string]bool{}
 	udp := 0

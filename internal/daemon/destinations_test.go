@@ -64,7 +64,7 @@ func inVIPRig(t *testing.T, body func(t *testing.T, client, peer *netns.NS)) {
 
 // startInRig starts a daemon on the rig's server with the given UDP
 // listeners, relaying from srv1's address, XDP on both interfaces in mode.
-func startInRig(t *testing.T, mode loader.Mode, listeners ...Listener) (*Daemon, Config, *testenv.LockedBuffer) {
+func startInRig(t *testing.T, mode loader.Mode, listeners ...config.ResolvedListener) (*Daemon, Config, *testenv.LockedBuffer) {
 	t.Helper()
 	var logs testenv.LockedBuffer
 	lf, err := logging.New("all:INFO,destinations:DEBUG", "text", io.MultiWriter(os.Stderr, &logs))
@@ -101,8 +101,8 @@ func TestDaemonLearnsVIPs(t *testing.T) {
 func testDaemonLearnsVIPs(t *testing.T, client, _ *netns.NS) {
 	spec, wild := netip.AddrPortFrom(srvClient, 3478), netip.MustParseAddrPort("0.0.0.0:3479")
 	d, cfg, logs := startInRig(t, loader.ModeNative,
-		Listener{Name: "specific", Protocol: config.UDP, Addr: spec},
-		Listener{Name: "wildcard", Protocol: config.UDP, Addr: wild})
+		config.ResolvedListener{Name: "specific", Protocol: config.UDP, Addr: spec},
+		config.ResolvedListener{Name: "wildcard", Protocol: config.UDP, Addr: wild})
 	static := destinations.Table{
 		spec:                                spec,
 		netip.AddrPortFrom(srvClient, 3479): wild,
@@ -165,7 +165,7 @@ func TestDaemonRelaysThroughVIP(t *testing.T) {
 func testDaemonRelaysThroughVIP(t *testing.T, mode loader.Mode, listen netip.AddrPort, client, peer *netns.NS) {
 	echo := netip.MustParseAddrPort("10.200.0.2:5001") // the rig's peer0
 	peer.ServeUDPEcho(t, echo)
-	d, _, _ := startInRig(t, mode, Listener{Name: "udp", Protocol: config.UDP, Addr: listen})
+	d, _, _ := startInRig(t, mode, config.ResolvedListener{Name: "udp", Protocol: config.UDP, Addr: listen})
 	relay, _ := allocateFrom(t, client, netip.AddrPortFrom(vip, listen.Port()))
 
 	// A datagram every 5ms for a second; pion/turn's client sends the first
@@ -236,7 +236,7 @@ func testDaemonForwardsTransit(t *testing.T, mode loader.Mode, client, peer *net
 	server := netip.AddrPortFrom(srvClient, listen.Port())
 	echo := netip.MustParseAddrPort("10.200.0.2:5001") // the rig's peer0
 	peer.ServeUDPEcho(t, echo)
-	d, _, _ := startInRig(t, mode, Listener{Name: "udp", Protocol: config.UDP, Addr: listen})
+	d, _, _ := startInRig(t, mode, config.ResolvedListener{Name: "udp", Protocol: config.UDP, Addr: listen})
 	relay, conn := allocateFrom(t, client, server)
 	echoes := make(chan string, 100)
 	go func() {

@@ -40,7 +40,7 @@ func newAuthState(cfg Config, lf *logging.Factory) *authState {
 // listenerServer is one listener with its own pion/turn server, so that a
 // reload can start, stop or restart it without touching the others' sessions.
 type listenerServer struct {
-	l      Listener
+	l      config.ResolvedListener
 	server *turn.Server
 	policy atomic.Pointer[peerpolicy.Policy]
 
@@ -50,7 +50,7 @@ type listenerServer struct {
 	steered bool
 }
 
-func (d *Daemon) policyFor(l Listener) *peerpolicy.Policy {
+func (d *Daemon) policyFor(l config.ResolvedListener) *peerpolicy.Policy {
 	cfg := d.config()
 	allow := append(append([]netip.Prefix(nil), l.AllowPeers...), cfg.AllowPeers...)
 	return peerpolicy.New(allow, cfg.DenyPeers, l.Allowlist, cfg.Logger.Slog("auth"))
@@ -58,7 +58,7 @@ func (d *Daemon) policyFor(l Listener) *peerpolicy.Policy {
 
 // startListener opens the listener's socket and starts its pion/turn server.
 // Called with lmu held or before the daemon runs.
-func (d *Daemon) startListener(l Listener) error {
+func (d *Daemon) startListener(l config.ResolvedListener) error {
 	cfg := d.config()
 	ls := &listenerServer{l: l}
 	ls.policy.Store(d.policyFor(l))

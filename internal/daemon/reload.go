@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/l7mp/stunnerd-xdp/internal/config"
 )
 
 // Reconfigure applies a new configuration to the running daemon without
@@ -54,12 +56,12 @@ func (d *Daemon) Reconfigure(next Config) error {
 	d.auth.Store(newAuthState(next, next.Logger))
 
 	var errs []error
-	want := map[string]Listener{}
+	want := map[string]config.ResolvedListener{}
 	for _, l := range next.Listeners {
 		want[l.Name] = l
 	}
 	for name, ls := range d.listeners {
-		if l, ok := want[name]; !ok || realmChanged || !ls.l.equalSocket(l) {
+		if l, ok := want[name]; !ok || realmChanged || !ls.l.SameSocket(l) {
 			errs = append(errs, d.stopListener(name))
 		}
 	}

@@ -35,7 +35,7 @@ func TestConfigReadDuringReload(t *testing.T) {
 	}
 	cfg := func(users map[string]string) Config {
 		return Config{
-			Listeners:    []Listener{{Name: "udp", Protocol: config.UDP, Addr: listen}},
+			Listeners:    []config.ResolvedListener{{Name: "udp", Protocol: config.UDP, Addr: listen}},
 			Users:        users,
 			RelayAddress: netip.MustParseAddr("127.0.0.1"),
 			MinRelayPort: 62000, MaxRelayPort: 62999,
@@ -155,7 +155,7 @@ func TestCloseWithLiveAllocations(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, err := Start(Config{
-		Listeners:    []Listener{{Name: "udp", Protocol: config.UDP, Addr: listen}},
+		Listeners:    []config.ResolvedListener{{Name: "udp", Protocol: config.UDP, Addr: listen}},
 		Users:        map[string]string{"u": "p"},
 		RelayAddress: netip.MustParseAddr("127.0.0.1"),
 		MinRelayPort: 63000, MaxRelayPort: 63999,

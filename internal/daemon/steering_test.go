@@ -36,7 +36,7 @@ func startOn(t *testing.T, listen netip.AddrPort, dir string) (*Daemon, *testenv
 		t.Fatal(err)
 	}
 	d, err := Start(Config{
-		Listeners: []Listener{
+		Listeners: []config.ResolvedListener{
 			{Name: "udp", Protocol: config.UDP, Addr: listen},
 			{Name: "tcp", Protocol: config.TCP, Addr: listen},
 		},

@@ -76,7 +76,7 @@ func inIPv6Rig(t *testing.T, bridged bool, body func(t *testing.T, r rig)) {
 func startDualStackDaemon(t *testing.T, mode loader.Mode, ifaces []string) *daemon.Daemon {
 	t.Helper()
 	return startDaemon(t, mode, ifaces, func(c *daemon.Config) {
-		c.Listeners = []daemon.Listener{
+		c.Listeners = []config.ResolvedListener{
 			{Name: "udp4", Protocol: config.UDP, Addr: listenAddr},
 			{Name: "udp6", Protocol: config.UDP, Addr: listen6},
 		}
