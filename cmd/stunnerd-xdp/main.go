@@ -100,7 +100,7 @@ func run(args []string, stderr io.Writer) int {
 	var o options
 	fs.StringVar(&o.log, "log", "all:INFO", "log levels per scope: `SPEC` as scope:LEVEL,... with LEVEL TRACE, DEBUG, INFO, WARN, ERROR or DISABLE;\nscope 'all' is the default; scopes include turn, auth, control, loader, stunnerd-xdp")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
-	fs.StringVar(&o.realm, "realm", daemon.DefaultRealm, "TURN realm for long-term credentials")
+	fs.StringVar(&o.realm, "realm", config.DefaultRealm, "TURN realm for long-term credentials")
 	fs.StringVar(&o.relayAddr, "relay-address", "", "`IP` that relay sockets bind to and relayed packets leave from\n(default: the listener address when it is not a wildcard)")
 	fs.UintVar(&o.minPort, "min-relay-port", daemon.DefaultMinRelayPort, "lowest relay port (relay ports are host ports)")
 	fs.UintVar(&o.maxPort, "max-relay-port", daemon.DefaultMaxRelayPort, "highest relay port")

@@ -81,7 +81,6 @@ type Config struct {
 
 // Defaults for the zero fields of Config.
 const (
-	DefaultRealm             = "stunner.l7mp.io"
 	DefaultMinRelayPort      = 49152
 	DefaultMaxRelayPort      = 65535
 	DefaultMaxBindings       = 131072
@@ -126,7 +125,7 @@ func (c *Config) validate() error {
 		return errors.New("no TURN credentials: give them in the URI as turn://USER:PASS@ADDR:PORT or in the config's auth")
 	}
 	if c.Realm == "" {
-		c.Realm = DefaultRealm
+		c.Realm = config.DefaultRealm
 	}
 	if !c.RelayAddress.IsValid() || c.RelayAddress.IsUnspecified() {
 		for _, l := range c.Listeners {

@@ -366,7 +366,7 @@ func allocateFrom(t *testing.T, client *netns.NS, server netip.AddrPort) (relay,
 	}
 	relay, err := testenv.Allocate(t, &turn.ClientConfig{
 		TURNServerAddr: server.String(), STUNServerAddr: server.String(),
-		Username: "u", Password: "p", Realm: DefaultRealm, Conn: conn,
+		Username: "u", Password: "p", Realm: config.DefaultRealm, Conn: conn,
 	})
 	if err != nil {
 		t.Fatalf("allocate through %v: %v", server, err)

@@ -139,7 +139,7 @@ func allocateAs(t *testing.T, server netip.AddrPort, user string) (net.PacketCon
 	}
 	_, err = testenv.Allocate(t, &turn.ClientConfig{
 		TURNServerAddr: server.String(), STUNServerAddr: server.String(),
-		Username: user, Password: "p", Realm: DefaultRealm, Conn: conn,
+		Username: user, Password: "p", Realm: config.DefaultRealm, Conn: conn,
 	})
 	return conn, err
 }

@@ -109,7 +109,7 @@ func allocate(t *testing.T, server netip.AddrPort) {
 	}
 	if _, err := testenv.Allocate(t, &turn.ClientConfig{
 		TURNServerAddr: server.String(), STUNServerAddr: server.String(),
-		Username: "u", Password: "p", Realm: DefaultRealm, Conn: conn,
+		Username: "u", Password: "p", Realm: config.DefaultRealm, Conn: conn,
 	}); err != nil {
 		t.Fatalf("allocate: %v", err)
 	}

@@ -114,7 +114,7 @@ func allocate6(t *testing.T, ns *netns.NS) (net.PacketConn, netip.AddrPort) {
 	}
 	relay, err := testenv.Allocate(t, &turn.ClientConfig{
 		TURNServerAddr: listen6.String(), STUNServerAddr: listen6.String(),
-		Username: user, Password: password, Realm: daemon.DefaultRealm,
+		Username: user, Password: password, Realm: config.DefaultRealm,
 		Conn: conn, Net: udp6Net{sn},
 	})
 	if err != nil {

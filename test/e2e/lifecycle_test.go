@@ -13,6 +13,7 @@ import (
 
 	"github.com/pion/turn/v4"
 
+	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
@@ -32,7 +33,7 @@ func allocate(t *testing.T, d *daemon.Daemon) net.PacketConn {
 	}
 	relay, err := testenv.Allocate(t, &turn.ClientConfig{
 		TURNServerAddr: listenAddr.String(), STUNServerAddr: listenAddr.String(),
-		Username: user, Password: password, Realm: daemon.DefaultRealm, Conn: conn,
+		Username: user, Password: password, Realm: config.DefaultRealm, Conn: conn,
 	})
 	if err != nil {
 		t.Fatalf("allocate: %v", err)

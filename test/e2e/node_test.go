@@ -16,7 +16,7 @@ import (
 	"github.com/pion/turn/v4"
 	"golang.org/x/sys/unix"
 
-	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
@@ -65,7 +65,7 @@ auth:
   credentials: {username: %s, password: %s}
 listeners:
 %sclusters:
-%s`, daemon.DefaultRealm, user, password, ls.String(), cs.String())
+%s`, config.DefaultRealm, user, password, ls.String(), cs.String())
 }
 
 // startNode runs the stunnerd-xdp binary in the rig's server namespace on a
@@ -267,7 +267,7 @@ func (s *clientSocket) allocate(t *testing.T, server netip.AddrPort) (net.Packet
 	s.mu.Unlock()
 	return testenv.Allocate(t, &turn.ClientConfig{
 		TURNServerAddr: server.String(), STUNServerAddr: server.String(),
-		Username: user, Password: password, Realm: daemon.DefaultRealm, Conn: c,
+		Username: user, Password: password, Realm: config.DefaultRealm, Conn: c,
 	})
 }
 

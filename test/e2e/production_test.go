@@ -12,6 +12,7 @@ import (
 
 	"github.com/pion/turn/v4"
 
+	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
@@ -85,7 +86,7 @@ func allocateWith(t *testing.T, ns *netns.NS, server, username, pass string, tcp
 	}
 	return testenv.Allocate(t, &turn.ClientConfig{
 		TURNServerAddr: server, STUNServerAddr: server,
-		Username: username, Password: pass, Realm: daemon.DefaultRealm, Conn: conn,
+		Username: username, Password: pass, Realm: config.DefaultRealm, Conn: conn,
 	})
 }
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/pion/turn/v4"
 
-	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
@@ -28,7 +28,7 @@ func TestMetadataPeerRefused(t *testing.T) {
 		defer conn.Close()
 		c, err := turn.NewClient(&turn.ClientConfig{
 			TURNServerAddr: listenAddr.String(), STUNServerAddr: listenAddr.String(),
-			Username: user, Password: password, Realm: daemon.DefaultRealm, Conn: conn,
+			Username: user, Password: password, Realm: config.DefaultRealm, Conn: conn,
 		})
 		if err != nil {
 			t.Fatal(err)
