@@ -41,8 +41,12 @@ func fromFile(o options, r *config.Resolved) (daemon.Config, error) {
 	if !o.set["health-addr"] {
 		cfg.HealthAddr = r.HealthAddr
 	}
-	if !o.set["xdp-mode"] && r.XDPMode != "" {
-		if cfg.XDPMode, err = loader.ParseMode(r.XDPMode); err != nil {
+	// internal/offload weighs the two: a mode given on the command line wins.
+	if !o.set["xdp-mode"] {
+		cfg.XDPMode = ""
+	}
+	if r.XDPMode != "" {
+		if cfg.ConfigXDPMode, err = loader.ParseMode(r.XDPMode); err != nil {
 			return cfg, err
 		}
 	}
@@ -55,7 +59,7 @@ func fromFile(o options, r *config.Resolved) (daemon.Config, error) {
 // watchConfig polls the config file and applies changes: a ConfigMap update
 // swaps a symlink, which a content check sees and an inotify on the file
 // would miss.
-func watchConfig(o options, d *daemon.Daemon, logger *logging.Factory, mode loader.Mode, stop <-chan struct{}) {
+func watchConfig(o options, d *daemon.Daemon, logger *logging.Factory, stop <-chan struct{}) {
 	log := logger.Slog("stunnerd-xdp")
 	last, _ := os.ReadFile(o.configFile)
 	t := time.NewTicker(time.Second)
@@ -81,12 +85,6 @@ func watchConfig(o options, d *daemon.Daemon, logger *logging.Factory, mode load
 					}
 				}
 				err = d.Reconfigure(cfg)
-				if cfg.XDPMode != mode {
-					mode = cfg.XDPMode
-					if merr := d.SetMode(mode); merr != nil {
-						log.Warn("config: XDP mode", "mode", string(mode), "error", merr)
-					}
-				}
 			}
 		}
 		if err != nil {

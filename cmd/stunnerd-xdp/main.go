@@ -181,7 +181,7 @@ func run(args []string, stderr io.Writer) int {
 	if o.watch {
 		stopWatch := make(chan struct{})
 		defer close(stopWatch)
-		go watchConfig(o, d, logger, cfg.XDPMode, stopWatch)
+		go watchConfig(o, d, logger, stopWatch)
 	}
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)

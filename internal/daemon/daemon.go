@@ -1,6 +1,6 @@
 // Package daemon assembles stunnerd-xdp: the pion/turn server, the mirror of its
-// channel bindings into the XDP maps, the loader and the switch between the
-// kernel and userspace paths, metrics and health.
+// channel bindings into the XDP maps, the offload manager that decides between
+// the kernel and userspace paths, metrics and health.
 package daemon
 
 import (
@@ -25,6 +25,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
+	"github.com/l7mp/stunnerd-xdp/internal/offload"
 )
 
 // Config is everything the daemon runs on.
@@ -51,9 +52,12 @@ type Config struct {
 	// cluster's Service CIDRs join them when the Kubernetes API lists them.
 	NoOffloadPeers []netip.Prefix
 
-	XDPMode     loader.Mode
-	Interfaces  []string // empty: those carrying the listener and relay addresses
-	MaxBindings uint32
+	// XDPMode is --xdp-mode when given on the command line; empty when not.
+	// ConfigXDPMode is what the config's admin.offload_engine asks for;
+	// empty when it does not say. internal/offload decides between them.
+	XDPMode, ConfigXDPMode loader.Mode
+	Interfaces             []string // empty: those carrying the listener and relay addresses
+	MaxBindings            uint32
 
 	MetricsAddr string // empty: no metrics server
 	HealthAddr  string // empty: no health server
@@ -156,9 +160,6 @@ func (c *Config) validate() error {
 			return fmt.Errorf("listener %q port %d is inside the relay port range %d-%d", l.Name, p, c.MinRelayPort, c.MaxRelayPort)
 		}
 	}
-	if c.XDPMode == "" {
-		c.XDPMode = loader.ModeAuto
-	}
 	if c.MaxBindings == 0 {
 		c.MaxBindings = DefaultMaxBindings
 	}
@@ -223,11 +224,8 @@ type Daemon struct {
 
 	lmu        sync.Mutex // guards listeners and cfg.Listeners
 	listeners  map[string]*listenerServer
-	sw         *fallback.Switch
+	xdp        *offload.Manager
 	dests      *destinationSync
-	modeMu     sync.Mutex   // serialises SetMode and the attach retry
-	handedOver bool         // under modeMu: XDP given up for a successor
-	want       atomic.Value // loader.Mode asked for by --xdp-mode or the node label
 	steer      *handover.Steering
 	counters   *fallback.Counters
 	registry   *prometheus.Registry
@@ -307,15 +305,19 @@ func (d *Daemon) startXDP() {
 			xlog.Warn("cannot tell which interfaces carry the listener and relay addresses; set --xdp-iface", "error", err)
 		}
 	}
-	d.sw = fallback.NewSwitch(xlog, d.mirror, cfg.loaderConfig(), ifaces)
+	d.xdp = offload.New(offload.Options{
+		Log: xlog, Load: offload.LoadXDP(xlog), Sink: d.mirror, Program: cfg.loaderConfig(), Interfaces: ifaces,
+		Flag: cfg.XDPMode, Config: cfg.ConfigXDPMode,
+	})
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
 		d.mirror.RunReconcile(cfg.ReconcileInterval, d.stop)
 	}()
-	if err := d.SetMode(cfg.XDPMode); err != nil {
+	if err := d.xdp.Start(); err != nil {
 		xlog.Warn("serving from userspace; retrying the attach", "error", err, "every", cfg.XDPRetryInterval.String())
 	}
+	d.syncDestinations()
 	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
@@ -335,30 +337,20 @@ func (d *Daemon) startXDP() {
 // config returns the running configuration; it must not be modified.
 func (d *Daemon) config() *Config { return d.cfg.Load() }
 
-func (d *Daemon) wantMode() loader.Mode {
-	m, _ := d.want.Load().(loader.Mode)
-	return m
+// SetConfigMode applies what the config's admin.offload_engine asks for
+// (empty: it does not say); internal/offload weighs it against --xdp-mode and
+// the node label. Reconfigure calls it when the config's mode changes.
+func (d *Daemon) SetConfigMode(mode loader.Mode) error {
+	d.lmu.Lock()
+	defer d.lmu.Unlock()
+	return d.setConfigModeLocked(mode)
 }
 
-// SetMode moves the relay to the given XDP mode (off: userspace) without
-// touching sessions. It is what --xdp-mode does at start and what the node
-// label does later.
-func (d *Daemon) SetMode(mode loader.Mode) error {
-	xlog := d.config().Logger.Slog("loader")
-	d.modeMu.Lock()
-	defer d.modeMu.Unlock()
-	if d.handedOver && mode != loader.ModeOff {
-		return errors.New("draining: XDP was handed over to the newer daemon on this node")
-	}
-	d.want.Store(mode)
-	if mode == loader.ModeOff {
-		if err := d.sw.Disable(); err != nil {
-			return err
-		}
-		xlog.Info("XDP off: pion/turn relays everything in userspace")
-		return nil
-	}
-	_, err := d.sw.Enable(mode)
+func (d *Daemon) setConfigModeLocked(mode loader.Mode) error {
+	next := *d.config()
+	next.ConfigXDPMode = mode
+	d.cfg.Store(&next)
+	err := d.xdp.SetConfig(mode)
 	d.syncDestinations()
 	return err
 }
@@ -380,19 +372,19 @@ func checkRelayRange(addr netip.Addr, lo, hi uint16) error {
 }
 
 // Attached returns the XDP mode of every interface it runs on.
-func (d *Daemon) Attached() map[string]loader.Mode { return d.sw.Attached() }
+func (d *Daemon) Attached() map[string]loader.Mode { return d.xdp.Attached() }
+
+// Mode returns the XDP mode the offload manager's inputs give (off: userspace).
+func (d *Daemon) Mode() loader.Mode { return d.xdp.Mode() }
 
 // Interfaces returns the interfaces the daemon manages.
-func (d *Daemon) Interfaces() []string { return d.sw.Interfaces() }
+func (d *Daemon) Interfaces() []string { return d.xdp.Interfaces() }
 
 // Maps returns the binding maps (nil until XDP was first enabled).
-func (d *Daemon) Maps() *channelmap.Maps { return d.sw.Maps() }
+func (d *Daemon) Maps() *channelmap.Maps { return d.xdp.Maps() }
 
 // Mirror returns the mirror of pion's bindings.
 func (d *Daemon) Mirror() *mirror.Mirror { return d.mirror }
-
-// Switch returns the switch between paths.
-func (d *Daemon) Switch() *fallback.Switch { return d.sw }
 
 // Registry returns the Prometheus registry.
 func (d *Daemon) Registry() *prometheus.Registry { return d.registry }
@@ -424,8 +416,8 @@ func (d *Daemon) Close() error {
 		d.closeDestinations()
 		d.closeSteering()
 		d.wg.Wait()
-		if d.sw != nil {
-			errs = append(errs, d.sw.Close())
+		if d.xdp != nil {
+			errs = append(errs, d.xdp.Close())
 		}
 		d.mirror.Close()
 		d.log.Info("stopped")
@@ -456,7 +448,7 @@ func (d *Daemon) Status() Status {
 		st.Status, st.Draining = "TERMINATING", true
 	}
 	_, st.Channels = d.mirror.Counts()
-	if m := d.sw.Maps(); m != nil {
+	if m := d.xdp.Maps(); m != nil {
 		st.Offloaded = m.Len()
 		if t, err := m.Totals(); err == nil {
 			st.XDPPackets = t.ClientToPeerPackets + t.PeerToClientPackets
@@ -468,7 +460,7 @@ func (d *Daemon) Status() Status {
 			st.Steering = &s
 		}
 	}
-	for i, m := range d.sw.Attached() {
+	for i, m := range d.xdp.Attached() {
 		st.Attached[i] = string(m)
 	}
 	return st

@@ -16,7 +16,7 @@ import (
 // listeners, the node's addresses and the VIPs allocations come through.
 type destinationSync struct {
 	tracker *destinations.Tracker
-	// maps is the switch's binding maps once it created them: the tracker
+	// maps is the offload manager's binding maps once it loaded them: the tracker
 	// pushes there from its own goroutine.
 	maps atomic.Pointer[channelmap.Maps]
 }
@@ -39,15 +39,15 @@ func (s *destinationSync) push(t destinations.Table) error {
 	return m.SetDestinations(t)
 }
 
-// syncDestinations pushes the table into maps the switch created since the
-// last call. Called after every XDP enable.
+// syncDestinations pushes the table into maps the offload manager loaded
+// since the last call. Called after every input to the manager and retry.
 func (d *Daemon) syncDestinations() {
-	if m := d.sw.Maps(); d.dests.maps.Swap(m) != m {
+	if m := d.xdp.Maps(); d.dests.maps.Swap(m) != m {
 		d.dests.tracker.Resync()
 	}
 }
 
-// closeDestinations stops the tracker before the switch frees the maps.
+// closeDestinations stops the tracker before the offload manager frees the maps.
 func (d *Daemon) closeDestinations() {
 	d.dests.maps.Store(nil)
 	d.dests.tracker.Close()

@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"time"
-
-	"github.com/l7mp/stunnerd-xdp/internal/loader"
 )
 
 // A rolling update with surge runs the old and the new daemon side by side on
@@ -21,17 +19,12 @@ import (
 
 // handOverXDP gives the XDP hook to a newer daemon on the node once one serves
 // our listeners: this daemon's live sessions move to pion/turn in userspace
-// (the switch loses nothing), and the newcomer's retry attaches its program
+// (the mirror loses nothing), and the newcomer's retry attaches its program
 // within XDPRetryInterval, so the sessions of the rest of the drain, all of
 // them new ones, run in the kernel. Without a successor (a plain stop) XDP
 // stays until exit. Called periodically while draining.
 func (d *Daemon) handOverXDP() {
-	if d.steer == nil {
-		return
-	}
-	d.modeMu.Lock()
-	defer d.modeMu.Unlock()
-	if d.handedOver {
+	if d.steer == nil || d.xdp.HandedOver() {
 		return
 	}
 	ok, err := d.steer.Successor()
@@ -42,14 +35,12 @@ func (d *Daemon) handOverXDP() {
 	if !ok {
 		return
 	}
-	d.handedOver = true
-	d.want.Store(loader.ModeOff) // and the attach retry stops
-	if len(d.sw.Attached()) == 0 {
-		return
+	wasAttached, err := d.xdp.HandOver()
+	if wasAttached {
+		d.log.Info("another daemon serves this node: XDP handed over to it, live sessions continue in userspace",
+			"allocations", d.AllocationCount())
 	}
-	d.log.Info("another daemon serves this node: handing XDP over to it, live sessions continue in userspace",
-		"allocations", d.AllocationCount())
-	if err := d.sw.Disable(); err != nil {
+	if err != nil {
 		d.log.Warn("detaching XDP for the successor", "error", err)
 	}
 }

@@ -59,7 +59,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.bytes, u.PeerToClientBytes.Load(), "userspace", "peer_to_client")
 
 	var xdp channelmap.Stats
-	if m := c.d.sw.Maps(); m != nil {
+	if m := c.d.xdp.Maps(); m != nil {
 		if s, err := m.Totals(); err == nil {
 			xdp = s
 		}
@@ -79,7 +79,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	_, chans := c.d.mirror.Counts()
 	gauge(c.chans, float64(chans))
 
-	attached := c.d.sw.Attached()
+	attached := c.d.xdp.Attached()
 	inUse := map[loader.Mode]bool{}
 	for _, m := range attached {
 		inUse[m] = true
@@ -104,7 +104,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	// The managed interfaces, and any renamed since the attach (the program
 	// runs there still).
-	ifaces := c.d.sw.Interfaces()
+	ifaces := c.d.xdp.Interfaces()
 	for iface := range attached {
 		if !slices.Contains(ifaces, iface) {
 			ifaces = append(ifaces, iface)

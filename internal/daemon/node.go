@@ -7,25 +7,17 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 )
 
-// FollowNode applies the node label's wish: attach (in the configured mode,
-// auto when that is off), detach, or back to the configured --xdp-mode. It is
-// the NodeWatcher's callback; sessions move between paths without loss.
+// FollowNode hands the node label's wish to the offload manager, which weighs
+// it against the other inputs (see internal/offload); sessions move between
+// paths without loss. It is the label watcher's callback.
 func (d *Daemon) FollowNode(_ context.Context, want nodelabel.Offload) error {
-	mode := d.config().XDPMode
-	switch want {
-	case nodelabel.Attach:
-		if mode == loader.ModeOff {
-			mode = loader.ModeAuto
-		}
-	case nodelabel.Detach:
-		mode = loader.ModeOff
-	}
-	d.log.Info("node label: switching path", "offload", want.String(), "mode", string(mode))
-	if err := d.SetMode(mode); err != nil {
+	d.log.Info("node label", "offload", want.String())
+	err := d.xdp.SetLabel(want)
+	d.syncDestinations()
+	if err != nil {
 		return fmt.Errorf("node label %s: %w", want, err)
 	}
 	return nil

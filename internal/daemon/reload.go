@@ -17,7 +17,9 @@ import (
 //     changed ones (address, port, protocol, certificate) restart;
 //   - the XDP program is reloaded over the same maps when the UDP listener
 //     ports change, and swapped into its links atomically;
-//   - a realm change restarts every listener (pion/turn keys on the realm).
+//   - a realm change restarts every listener (pion/turn keys on the realm);
+//   - the config's XDP mode goes to the offload manager, where the node
+//     label and --xdp-mode outrank it.
 //
 // Settings that only a restart can change (relay address and ports, maximum
 // bindings, metrics and health addresses, interfaces) are kept, with an error
@@ -50,6 +52,8 @@ func (d *Daemon) Reconfigure(next Config) error {
 	next.RelayAddress, next.MinRelayPort, next.MaxRelayPort = cur.RelayAddress, cur.MinRelayPort, cur.MaxRelayPort
 	next.MaxBindings, next.MetricsAddr, next.HealthAddr, next.Interfaces = cur.MaxBindings, cur.MetricsAddr, cur.HealthAddr, cur.Interfaces
 	next.SocketBuffer, next.ReconcileInterval, next.ChannelBindTimeout = cur.SocketBuffer, cur.ReconcileInterval, cur.ChannelBindTimeout
+	// The command line does not change under a running process.
+	next.XDPMode = cur.XDPMode
 
 	realmChanged := next.Realm != cur.Realm
 	d.cfg.Store(&next)
@@ -69,7 +73,7 @@ func (d *Daemon) Reconfigure(next Config) error {
 	d.dests.tracker.SetListeners(next.udpListenerAddrs())
 	// Reprogram XDP for the new UDP ports before new listeners take traffic.
 	if !slices.Equal(next.udpPorts(), cur.udpPorts()) {
-		if err := d.sw.Reconfigure(next.loaderConfig()); err != nil {
+		if err := d.xdp.Reconfigure(next.loaderConfig()); err != nil {
 			errs = append(errs, fmt.Errorf("reprogram XDP for the new UDP listeners: %w", err))
 		}
 	}
@@ -81,6 +85,12 @@ func (d *Daemon) Reconfigure(next Config) error {
 		}
 		if err := d.startListener(l); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if next.ConfigXDPMode != cur.ConfigXDPMode {
+		// Not a config problem: the manager logs it and retries the attach.
+		if err := d.setConfigModeLocked(next.ConfigXDPMode); err != nil {
+			d.log.Warn("config: XDP mode", "offload_engine", string(next.ConfigXDPMode), "mode", string(d.xdp.Mode()), "error", err)
 		}
 	}
 	if len(kept) > 0 {

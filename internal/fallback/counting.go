@@ -1,7 +1,6 @@
-// Package fallback is the userspace path and the switch between paths. pion/turn
-// relays whatever the XDP program passes (and everything when XDP is off); the
-// wrappers here count what it relays, and Switch moves bindings between the
-// kernel and userspace without touching the sessions themselves.
+// Package fallback wraps pion/turn's sockets on the userspace path: pion/turn
+// relays whatever the XDP program passes (and everything when XDP is off), and
+// the wrappers here count what it relays.
 package fallback
 
 import (

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -21,6 +22,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
@@ -490,7 +492,7 @@ func TestIPv6ClientSwitch(t *testing.T) {
 		if _, ok, _ := findBinding(t, d, local); !ok {
 			t.Errorf("no binding of client %v in the maps before the switch", local)
 		}
-		if err := d.SetMode(loader.ModeOff); err != nil {
+		if err := d.FollowNode(context.Background(), nodelabel.Detach); err != nil {
 			t.Fatalf("switch off: %v", err)
 		}
 		off := snapshot(t, d)
@@ -499,7 +501,7 @@ func TestIPv6ClientSwitch(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second)
 		user := snapshot(t, d)
-		if err := d.SetMode(loader.ModeNative); err != nil {
+		if err := d.FollowNode(context.Background(), nodelabel.Default); err != nil { // --xdp-mode=native
 			t.Fatalf("switch back to native: %v", err)
 		}
 		if _, ok, _ := findBinding(t, d, local); !ok {

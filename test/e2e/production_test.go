@@ -24,14 +24,15 @@ import (
 // loss stays under 1 %.
 func TestLiveSwitch(t *testing.T) {
 	inRig(t, false, func(t *testing.T, r rig) {
-		d := startDaemon(t, loader.ModeNative, r.serverIfaces, nil)
+		// The config's mode, not the command line's, which would pin it.
+		d := startDaemon(t, loader.ModeNative, r.serverIfaces, func(c *daemon.Config) { c.XDPMode, c.ConfigXDPMode = "", loader.ModeNative })
 		done := make(chan netns.IperfResult, 1)
 		go func() { done <- iperfThroughTurncat(t, r) }()
 		modes := []loader.Mode{loader.ModeOff, loader.ModeGeneric, loader.ModeOff, loader.ModeNative, loader.ModeOff, loader.ModeNative}
 		var seen []string
 		for _, m := range modes {
 			time.Sleep(1500 * time.Millisecond)
-			if err := d.SetMode(m); err != nil {
+			if err := d.SetConfigMode(m); err != nil {
 				t.Errorf("switch to %s: %v", m, err)
 			}
 			p := snapshot(t, d)

@@ -1,4 +1,4 @@
-package fallback
+package offload
 
 import (
 	"io"
@@ -10,11 +10,12 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
+	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
 // TestAttachRetryKeepsBindings: while one interface cannot take the program,
-// the daemon calls Enable again every retry interval. Those calls must leave
+// the daemon calls Retry every retry interval. Those calls must leave
 // the bindings where they are (no removal, no re-install: either would forget
 // what the program learned about each and hold pion's hooks behind the
 // mirror); only a real change of path moves them.
@@ -31,19 +32,15 @@ func TestAttachRetryKeepsBindings(t *testing.T) {
 	m := mirror.New(log)
 	t.Cleanup(m.Close)
 	// "missing0" does not exist: the retry keeps trying it.
-	sw := NewSwitch(log, m, loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 64},
-		[]string{"sw0", "missing0"})
-	// Cleanups run last-in first-out: the switch closes inside the namespace.
+	sw := New(Options{Log: log, Load: LoadXDP(log), Sink: m,
+		Program:    loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 64},
+		Interfaces: []string{"sw0", "missing0"}, Flag: loader.ModeGeneric})
+	// Cleanups run last-in first-out: the manager closes inside the namespace.
 	t.Cleanup(func() { _ = ns.Do(sw.Close) })
-	enable := func() map[string]loader.Mode {
-		t.Helper()
-		var got map[string]loader.Mode
-		if err := ns.Do(func() (err error) { got, err = sw.Enable(loader.ModeGeneric); return err }); err != nil {
-			t.Fatalf("enable: %v", err)
-		}
-		return got
+	if err := ns.Do(sw.Start); err != nil {
+		t.Fatalf("start: %v", err)
 	}
-	if got := enable(); len(got) != 1 || got["sw0"] != loader.ModeGeneric {
+	if got := sw.Attached(); len(got) != 1 || got["sw0"] != loader.ModeGeneric {
 		t.Fatalf("attached %v, want sw0 in generic mode", got)
 	}
 
@@ -65,7 +62,9 @@ func TestAttachRetryKeepsBindings(t *testing.T) {
 		if missing := sw.Missing(); len(missing) != 1 || missing[0] != "missing0" {
 			t.Fatalf("missing %v, want [missing0]", missing)
 		}
-		enable()
+		if err := ns.Do(func() error { sw.Retry(); return nil }); err != nil {
+			t.Fatal(err)
+		}
 	}
 	m.Sync()
 	if after := m.Stats(); after.Installs != before.Installs || after.Removals != before.Removals {
@@ -76,18 +75,22 @@ func TestAttachRetryKeepsBindings(t *testing.T) {
 		t.Errorf("%d bindings in the maps after the retries, want 1", n)
 	}
 
-	// A real change of path does move them: out on Disable, back on Enable.
-	if err := ns.Do(sw.Disable); err != nil {
+	// A real change of path does move them: out when the label turns XDP
+	// off, back when it returns to the flag's mode.
+	if err := ns.Do(func() error { return sw.SetLabel(nodelabel.Detach) }); err != nil {
 		t.Fatal(err)
 	}
 	m.Sync()
 	if st := m.Stats(); st.Removals != before.Removals+1 || sw.Maps().Len() != 0 {
-		t.Errorf("after Disable: %+v, %d in the maps; want the binding removed", st, sw.Maps().Len())
+		t.Errorf("after the label's detach: %+v, %d in the maps; want the binding removed", st, sw.Maps().Len())
 	}
-	enable()
+	// Only sw0 attaches: missing0 still fails, which is no error.
+	if err := ns.Do(func() error { return sw.SetLabel(nodelabel.Default) }); err != nil {
+		t.Fatal(err)
+	}
 	m.Sync()
 	if st := m.Stats(); st.Installs != before.Installs+1 || sw.Maps().Len() != 1 {
-		t.Errorf("after Enable: %+v, %d in the maps; want the binding installed again", st, sw.Maps().Len())
+		t.Errorf("after the label's default: %+v, %d in the maps; want the binding installed again", st, sw.Maps().Len())
 	}
 }
 

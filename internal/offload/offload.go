@@ -1,0 +1,406 @@
+// Package offload owns the XDP mode: whether the relay program runs, where
+// and how. Sessions never notice a change: pion/turn keeps every allocation
+// and socket either way; only where the packets of bound channels are relayed
+// moves. The program is loaded on the first attach and kept (with its maps)
+// until Close, so flipping back and forth costs an attach, not a load.
+//
+// The Manager is the only caller of the loader's attach and detach and of the
+// mirror's SetOffload. It decides the mode from its inputs, highest first:
+//
+//	| # | input                                            | mode                                         |
+//	|---|--------------------------------------------------|----------------------------------------------|
+//	| 1 | drain hand-over to a newer daemon (HandOver)     | off, for good: no input below turns XDP on   |
+//	| 2 | node label stunner.l7mp.io/xdp-offload=disabled  | off                                          |
+//	| 3 | node label stunner.l7mp.io/xdp-offload=enabled   | the configured mode (4-6), auto if that is off |
+//	| 4 | --xdp-mode given on the command line (Flag)      | that mode                                    |
+//	| 5 | admin.offload_engine, config file or CDS (SetConfig) | that mode                                |
+//	| 6 | nothing says                                     | auto                                         |
+//
+// The label is the operator's live switch for one node, so it beats the pod
+// template's flag and the fleet-wide config; a flag written on the command
+// line pins the mode against config pushes (as every other flag does). Attach
+// failures do not change the mode: an interface that cannot take the program
+// (another daemon holds it during a rolling update, it does not exist yet) is
+// served from userspace and tried again by Retry, on a timer and on link
+// events, for as long as the mode wants XDP.
+package offload
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/mirror"
+	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
+)
+
+// Errors callers branch on.
+var (
+	// ErrHandedOver: an input asks for XDP after the hook was handed over to
+	// the newer daemon on the node; the mode stays off.
+	ErrHandedOver = errors.New("XDP was handed over to the newer daemon on this node")
+	// ErrNoInterfaces: XDP is wanted but no interface carries the listener
+	// and relay addresses, and none was named.
+	ErrNoInterfaces = errors.New("no interfaces to attach XDP to")
+	// ErrNotAttached: XDP is wanted but no interface took the program; the
+	// error wraps each interface's reason. Retry tries again.
+	ErrNotAttached = errors.New("no interface took the XDP program")
+)
+
+// Program is the loaded relay program (loader.Program).
+type Program interface {
+	Attach(iface string, mode loader.Mode) (loader.Mode, error)
+	Detach(iface string) error
+	// Attached returns the mode per interface the program runs on now.
+	Attached() map[string]loader.Mode
+	// Reconfigure reloads the program over its maps with a new load-time
+	// configuration.
+	Reconfigure(loader.Config) error
+	Close() error
+}
+
+// LoadFunc loads the program and returns it with its binding maps.
+type LoadFunc func(loader.Config) (Program, mirror.Offload, error)
+
+// Sink receives the binding maps while the program runs anywhere and nil
+// otherwise (mirror.Mirror).
+type Sink interface {
+	SetOffload(mirror.Offload)
+}
+
+// loader.Program is the Program the daemon runs.
+var _ Program = (*loader.Program)(nil)
+
+// LoadXDP loads the real program (loader.Load) with channelmap over its maps.
+func LoadXDP(log *slog.Logger) LoadFunc {
+	return func(cfg loader.Config) (Program, mirror.Offload, error) {
+		p, err := loader.Load(cfg, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return p, channelmap.New(p.Maps()), nil
+	}
+}
+
+// Options configure a Manager.
+type Options struct {
+	Log  *slog.Logger
+	Load LoadFunc
+	Sink Sink
+	// Program is the load-time configuration (listener ports, relay range).
+	Program loader.Config
+	// Interfaces are the interfaces XDP is attached to.
+	Interfaces []string
+	// Flag is --xdp-mode when given on the command line; empty otherwise.
+	Flag loader.Mode
+	// Config is admin.offload_engine's mode at start; empty when unsaid.
+	Config loader.Mode
+}
+
+// inputs are what the mode is decided from.
+type inputs struct {
+	flag, config loader.Mode
+	label        nodelabel.Offload
+	handedOver   bool
+}
+
+// mode applies the precedence table of the package comment.
+func (in inputs) mode() loader.Mode {
+	if in.handedOver {
+		return loader.ModeOff
+	}
+	configured := loader.ModeAuto
+	if in.config != "" {
+		configured = in.config
+	}
+	if in.flag != "" {
+		configured = in.flag
+	}
+	switch in.label {
+	case nodelabel.Detach:
+		return loader.ModeOff
+	case nodelabel.Attach:
+		if configured == loader.ModeOff {
+			return loader.ModeAuto
+		}
+	}
+	return configured
+}
+
+// Manager decides the XDP mode and applies it.
+type Manager struct {
+	log    *slog.Logger
+	load   LoadFunc
+	sink   Sink
+	ifaces []string
+
+	mu  sync.Mutex
+	cfg loader.Config
+	in  inputs
+	// applied is the mode last applied; "" before the first Start.
+	applied loader.Mode
+	prog    Program
+	maps    mirror.Offload
+	// offloaded says the sink has the maps. It changes only when the
+	// program starts or stops running anywhere: moving the bindings costs a
+	// write per binding and forgets what the program learned about each.
+	offloaded bool
+	failed    map[string]string // last attach error per interface, to log each once
+}
+
+// New builds a manager that serves from userspace until Start.
+func New(o Options) *Manager {
+	return &Manager{
+		log: o.Log, load: o.Load, sink: o.Sink, ifaces: append([]string(nil), o.Interfaces...),
+		cfg: o.Program, in: inputs{flag: o.Flag, config: o.Config}, failed: map[string]string{},
+	}
+}
+
+// Start applies the mode the inputs give. An error says why XDP is not
+// attached anywhere although the mode wants it; sessions are served from
+// userspace meanwhile and Retry keeps trying.
+func (m *Manager) Start() error { return m.update(func(*inputs) {}) }
+
+// SetConfig records the config's offload_engine (empty: the config does not
+// say) and applies the resulting mode.
+func (m *Manager) SetConfig(mode loader.Mode) error {
+	return m.set(func(in *inputs) { in.config = mode })
+}
+
+// SetLabel records what the node label asks for and applies the resulting
+// mode.
+func (m *Manager) SetLabel(o nodelabel.Offload) error {
+	return m.set(func(in *inputs) { in.label = o })
+}
+
+// HandOver turns XDP off for good: a newer daemon on the node takes the hook.
+// It reports whether the program was attached anywhere.
+func (m *Manager) HandOver() (wasAttached bool, err error) {
+	m.mu.Lock()
+	done := m.in.handedOver
+	wasAttached = len(m.attachedLocked()) > 0
+	m.mu.Unlock()
+	if done {
+		return false, nil
+	}
+	return wasAttached, m.update(func(in *inputs) { in.handedOver = true })
+}
+
+// HandedOver reports whether HandOver was called.
+func (m *Manager) HandedOver() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.in.handedOver
+}
+
+// update changes the inputs and applies the mode they give.
+func (m *Manager) update(change func(*inputs)) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	change(&m.in)
+	mode := m.in.mode()
+	if mode != m.applied {
+		m.log.Info("XDP mode", "mode", string(mode), "was", string(m.applied), "flag", string(m.in.flag),
+			"config", string(m.in.config), "label", m.in.label.String(), "handed_over", m.in.handedOver)
+	}
+	return m.applyLocked(mode)
+}
+
+// set is update for the inputs a hand-over overrides: it says so.
+func (m *Manager) set(change func(*inputs)) error {
+	if err := m.update(change); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.in.handedOver && inputsWantXDP(m.in) {
+		return ErrHandedOver
+	}
+	return nil
+}
+
+// inputsWantXDP says whether the inputs would run XDP but for the hand-over.
+func inputsWantXDP(in inputs) bool {
+	in.handedOver = false
+	return in.mode() != loader.ModeOff
+}
+
+// Retry attaches where the mode wants XDP and the program is not attached:
+// another daemon's program still holds the interface, or the interface came
+// later, or was deleted and created again. Bindings stay where they are.
+func (m *Manager) Retry() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.applied != loader.ModeOff && m.applied != "" && len(m.missingLocked()) > 0 {
+		_ = m.applyLocked(m.applied) // applyLocked logs what changed
+	}
+}
+
+// Mode returns the mode the inputs give (what Start, the setters and Retry
+// apply); the interfaces it runs on are Attached.
+func (m *Manager) Mode() loader.Mode {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.in.mode()
+}
+
+func (m *Manager) applyLocked(mode loader.Mode) error {
+	m.applied = mode
+	if mode == loader.ModeOff {
+		return m.disableLocked()
+	}
+	if len(m.ifaces) == 0 {
+		return ErrNoInterfaces
+	}
+	if m.prog == nil {
+		prog, maps, err := m.load(m.cfg)
+		if err != nil {
+			return err
+		}
+		m.prog, m.maps = prog, maps
+	}
+	attached := m.prog.Attached()
+	var errs []error
+	for _, iface := range m.ifaces {
+		if got, ok := attached[iface]; ok && (got == mode || mode == loader.ModeAuto) {
+			continue
+		}
+		if _, ok := attached[iface]; ok {
+			// A different mode was asked for: reattach.
+			if err := m.prog.Detach(iface); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			delete(attached, iface)
+		}
+		got, err := m.prog.Attach(iface, mode)
+		if err != nil {
+			errs = append(errs, err)
+			// Retried while another daemon holds the interface: say each
+			// new reason once.
+			if m.failed[iface] != err.Error() {
+				m.failed[iface] = err.Error()
+				m.log.Warn("XDP not attached, interface served from userspace", "iface", iface, "error", err)
+			} else {
+				m.log.Debug("XDP still not attached", "iface", iface, "error", err)
+			}
+			continue
+		}
+		delete(m.failed, iface)
+		attached[iface] = got
+		m.log.Info("XDP attached", "iface", iface, "mode", string(got))
+	}
+	// The bindings go into the maps after the first attach: until then the
+	// program passes every packet to pion/turn (it knows no binding), which
+	// is the userspace path, so nothing is lost; installing first would move
+	// every binding in and out again on each failed retry.
+	if len(attached) == 0 {
+		m.setOffloadLocked(false)
+		return fmt.Errorf("%w: %w", ErrNotAttached, errors.Join(errs...))
+	}
+	m.setOffloadLocked(true)
+	return nil
+}
+
+// setOffloadLocked points the sink at the maps (on) or at nothing, when that
+// is a change.
+func (m *Manager) setOffloadLocked(on bool) {
+	if on == m.offloaded {
+		return
+	}
+	m.offloaded = on
+	if on {
+		m.sink.SetOffload(m.maps)
+		return
+	}
+	m.sink.SetOffload(nil)
+}
+
+func (m *Manager) disableLocked() error {
+	var errs []error
+	// Detach first: until then the kernel relays with complete maps, and
+	// after it pion/turn's relay sockets see every packet.
+	for iface := range m.attachedLocked() {
+		if err := m.prog.Detach(iface); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		m.log.Info("XDP detached", "iface", iface)
+	}
+	m.setOffloadLocked(false)
+	return errors.Join(errs...)
+}
+
+// Close detaches and frees the program and its maps.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	err := m.disableLocked()
+	if m.prog != nil {
+		err = errors.Join(err, m.prog.Close())
+		m.prog, m.maps = nil, nil
+	}
+	return err
+}
+
+// Attached returns the mode of each interface the program runs on now, by
+// the interfaces' current names: one renamed since the attach is listed under
+// its new name, one deleted is not listed.
+func (m *Manager) Attached() map[string]loader.Mode {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.attachedLocked()
+}
+
+func (m *Manager) attachedLocked() map[string]loader.Mode {
+	if m.prog == nil {
+		return map[string]loader.Mode{}
+	}
+	return m.prog.Attached()
+}
+
+// Missing returns the managed interfaces the program is not attached to.
+func (m *Manager) Missing() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.missingLocked()
+}
+
+func (m *Manager) missingLocked() []string {
+	attached := m.attachedLocked()
+	var out []string
+	for _, iface := range m.ifaces {
+		if _, ok := attached[iface]; !ok {
+			out = append(out, iface)
+		}
+	}
+	return out
+}
+
+// Maps returns the binding maps, nil until the program was first loaded (and
+// with a LoadFunc that does not return channelmap's).
+func (m *Manager) Maps() *channelmap.Maps {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cm, _ := m.maps.(*channelmap.Maps)
+	return cm
+}
+
+// Interfaces returns the interfaces the manager attaches to.
+func (m *Manager) Interfaces() []string { return append([]string(nil), m.ifaces...) }
+
+// Reconfigure changes the program's load-time configuration (UDP listener
+// ports). A loaded program is reloaded over its maps and swapped into its
+// links; otherwise the next attach loads with the new configuration.
+func (m *Manager) Reconfigure(cfg loader.Config) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cfg = cfg
+	if m.prog == nil {
+		return nil
+	}
+	return m.prog.Reconfigure(cfg)
+}

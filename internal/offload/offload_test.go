@@ -1,0 +1,366 @@
+package offload
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"sync"
+	"testing"
+
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/mirror"
+	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
+)
+
+var errBusy = errors.New("device busy")
+
+// fakeProgram stands in for loader.Program: interfaces in busy refuse the
+// attach, the others take it (auto becomes native).
+type fakeProgram struct {
+	mu       sync.Mutex
+	attached map[string]loader.Mode
+	busy     map[string]bool
+	attaches int
+	cfg      loader.Config
+	closed   bool
+}
+
+func (p *fakeProgram) Attach(iface string, mode loader.Mode) (loader.Mode, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.attaches++
+	if p.busy[iface] {
+		return "", fmt.Errorf("attach %s: %w", iface, errBusy)
+	}
+	if mode == loader.ModeAuto {
+		mode = loader.ModeNative
+	}
+	p.attached[iface] = mode
+	return mode, nil
+}
+
+func (p *fakeProgram) Detach(iface string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.attached, iface)
+	return nil
+}
+
+func (p *fakeProgram) Attached() map[string]loader.Mode {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.attached)
+}
+
+func (p *fakeProgram) Reconfigure(cfg loader.Config) error { p.cfg = cfg; return nil }
+func (p *fakeProgram) Close() error                        { p.closed = true; return nil }
+
+func (p *fakeProgram) setBusy(iface string, busy bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.busy[iface] = busy
+}
+
+// fakeMaps is the binding maps the sink receives.
+type fakeMaps struct{ mirror.Offload }
+
+// sink records what the mirror would be given.
+type sink struct {
+	got   []mirror.Offload
+	calls int
+}
+
+func (s *sink) SetOffload(o mirror.Offload) { s.got = append(s.got, o); s.calls++ }
+
+func (s *sink) current() mirror.Offload {
+	if len(s.got) == 0 {
+		return nil
+	}
+	return s.got[len(s.got)-1]
+}
+
+type fixture struct {
+	m     *Manager
+	prog  *fakeProgram
+	maps  *fakeMaps
+	sink  *sink
+	loads int
+}
+
+func newFixture(t *testing.T, flag, config loader.Mode, ifaces ...string) *fixture {
+	t.Helper()
+	if len(ifaces) == 0 {
+		ifaces = []string{"eth0", "eth1"}
+	}
+	f := &fixture{prog: &fakeProgram{attached: map[string]loader.Mode{}, busy: map[string]bool{}}, maps: &fakeMaps{}, sink: &sink{}}
+	f.m = New(Options{
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Load: func(loader.Config) (Program, mirror.Offload, error) {
+			f.loads++
+			return f.prog, f.maps, nil
+		},
+		Sink: f.sink, Interfaces: ifaces, Flag: flag, Config: config,
+	})
+	t.Cleanup(func() { _ = f.m.Close() })
+	return f
+}
+
+// want checks the mode, where the program runs and what the mirror writes to.
+func (f *fixture) want(t *testing.T, mode loader.Mode) {
+	t.Helper()
+	if got := f.m.Mode(); got != mode {
+		t.Errorf("mode %q, want %q", got, mode)
+	}
+	attached := f.m.Attached()
+	if mode == loader.ModeOff {
+		if len(attached) != 0 || f.sink.current() != nil {
+			t.Errorf("mode off: attached %v, mirror writes to %v", attached, f.sink.current())
+		}
+		return
+	}
+	want := mode
+	if mode == loader.ModeAuto {
+		want = loader.ModeNative
+	}
+	for _, iface := range f.m.Interfaces() {
+		if attached[iface] != want {
+			t.Errorf("%s attached %q, want %q (all: %v)", iface, attached[iface], want, attached)
+		}
+	}
+	if f.sink.current() != f.maps {
+		t.Errorf("mode %q: the mirror writes to %v, want the maps", mode, f.sink.current())
+	}
+}
+
+// TestPrecedence has one case per row of the package comment's table.
+func TestPrecedence(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		flag, config loader.Mode
+		label        nodelabel.Offload
+		handOver     bool
+		want         loader.Mode
+	}{
+		{name: "1 hand-over beats an enabled label", flag: loader.ModeNative, label: nodelabel.Attach, handOver: true, want: loader.ModeOff},
+		{name: "2 disabled label beats the flag", flag: loader.ModeGeneric, label: nodelabel.Detach, want: loader.ModeOff},
+		{name: "2 disabled label beats the config", config: loader.ModeAuto, label: nodelabel.Detach, want: loader.ModeOff},
+		{name: "3 enabled label keeps the configured mode", flag: loader.ModeGeneric, label: nodelabel.Attach, want: loader.ModeGeneric},
+		{name: "3 enabled label beats --xdp-mode=off", flag: loader.ModeOff, label: nodelabel.Attach, want: loader.ModeAuto},
+		{name: "3 enabled label beats offload_engine None", config: loader.ModeOff, label: nodelabel.Attach, want: loader.ModeAuto},
+		{name: "4 flag beats config", flag: loader.ModeNative, config: loader.ModeOff, want: loader.ModeNative},
+		{name: "4 flag off beats config", flag: loader.ModeOff, config: loader.ModeAuto, want: loader.ModeOff},
+		{name: "5 config without flag", config: loader.ModeGeneric, want: loader.ModeGeneric},
+		{name: "5 config off without flag", config: loader.ModeOff, want: loader.ModeOff},
+		{name: "6 nothing says: auto", want: loader.ModeAuto},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, c.flag, c.config)
+			if err := f.m.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if c.handOver {
+				if _, err := f.m.HandOver(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := f.m.SetLabel(c.label)
+			if c.handOver && !errors.Is(err, ErrHandedOver) {
+				t.Errorf("label after the hand-over: %v, want ErrHandedOver", err)
+			} else if !c.handOver && err != nil {
+				t.Fatal(err)
+			}
+			f.want(t, c.want)
+		})
+	}
+}
+
+// TestConfigReloadKeepsLabel: a config push that changes offload_engine
+// changes the configured mode, which the node label overrides, in both
+// directions (it used to switch XDP over the label's head).
+func TestConfigReloadKeepsLabel(t *testing.T) {
+	f := newFixture(t, "", loader.ModeOff)
+	if err := f.m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.SetLabel(nodelabel.Detach); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.SetConfig(loader.ModeAuto); err != nil {
+		t.Fatal(err)
+	}
+	f.want(t, loader.ModeOff)
+
+	if err := f.m.SetLabel(nodelabel.Attach); err != nil {
+		t.Fatal(err)
+	}
+	f.want(t, loader.ModeAuto)
+	if err := f.m.SetConfig(loader.ModeOff); err != nil {
+		t.Fatal(err)
+	}
+	f.want(t, loader.ModeAuto)
+
+	// Back to the default: the config decides again.
+	if err := f.m.SetLabel(nodelabel.Default); err != nil {
+		t.Fatal(err)
+	}
+	f.want(t, loader.ModeOff)
+	if err := f.m.SetConfig(loader.ModeGeneric); err != nil {
+		t.Fatal(err)
+	}
+	f.want(t, loader.ModeGeneric)
+}
+
+// TestFlagPinsAgainstConfig: a mode written on the command line is not moved
+// by config pushes.
+func TestFlagPinsAgainstConfig(t *testing.T) {
+	f := newFixture(t, loader.ModeGeneric, loader.ModeOff)
+	if err := f.m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []loader.Mode{loader.ModeAuto, loader.ModeOff, ""} {
+		if err := f.m.SetConfig(c); err != nil {
+			t.Fatal(err)
+		}
+		f.want(t, loader.ModeGeneric)
+	}
+}
+
+// TestHandOverIsFinal: after the hand-over no input attaches again, and
+// Retry leaves the interfaces to the successor.
+func TestHandOverIsFinal(t *testing.T) {
+	f := newFixture(t, "", "")
+	if err := f.m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	was, err := f.m.HandOver()
+	if err != nil || !was {
+		t.Fatalf("hand-over: attached before %v, error %v; want true, nil", was, err)
+	}
+	f.want(t, loader.ModeOff)
+	if was, err := f.m.HandOver(); was || err != nil {
+		t.Errorf("second hand-over: %v, %v", was, err)
+	}
+	if err := f.m.SetConfig(loader.ModeNative); !errors.Is(err, ErrHandedOver) {
+		t.Errorf("config after the hand-over: %v, want ErrHandedOver", err)
+	}
+	if err := f.m.SetLabel(nodelabel.Detach); err != nil {
+		t.Errorf("label asking for off after the hand-over: %v", err)
+	}
+	f.m.Retry()
+	f.want(t, loader.ModeOff)
+}
+
+// TestAttachFailuresRetry: an interface that cannot take the program stays in
+// userspace without changing the mode; Retry attaches it once it can, and the
+// retries leave the bindings where they are.
+func TestAttachFailuresRetry(t *testing.T) {
+	f := newFixture(t, "", "")
+	f.prog.setBusy("eth0", true)
+	f.prog.setBusy("eth1", true)
+	err := f.m.Start()
+	if !errors.Is(err, ErrNotAttached) || !errors.Is(err, errBusy) {
+		t.Fatalf("start with every interface busy: %v, want ErrNotAttached wrapping the reason", err)
+	}
+	if f.m.Mode() != loader.ModeAuto || f.sink.current() != nil {
+		t.Fatalf("mode %q, mirror writes to %v; want auto and nothing while nothing is attached", f.m.Mode(), f.sink.current())
+	}
+
+	f.prog.setBusy("eth1", false)
+	f.m.Retry()
+	if got := f.m.Attached(); len(got) != 1 || got["eth1"] != loader.ModeNative {
+		t.Fatalf("after eth1 freed: attached %v", got)
+	}
+	if f.sink.calls != 1 || f.sink.current() != f.maps {
+		t.Fatalf("mirror given %v (%d calls), want the maps once", f.sink.got, f.sink.calls)
+	}
+	for range 3 {
+		f.m.Retry() // eth0 still busy
+	}
+	if f.sink.calls != 1 {
+		t.Errorf("retries moved the bindings: %d SetOffload calls", f.sink.calls)
+	}
+	if got := f.m.Missing(); len(got) != 1 || got[0] != "eth0" {
+		t.Errorf("missing %v, want [eth0]", got)
+	}
+	f.prog.setBusy("eth0", false)
+	f.m.Retry()
+	f.want(t, loader.ModeAuto)
+	if f.loads != 1 {
+		t.Errorf("program loaded %d times, want once", f.loads)
+	}
+
+	// Off stops the retries: nothing is attached behind the label's back.
+	if err := f.m.SetLabel(nodelabel.Detach); err != nil {
+		t.Fatal(err)
+	}
+	before := f.prog.attaches
+	f.m.Retry()
+	if f.prog.attaches != before {
+		t.Errorf("Retry attached while the mode is off")
+	}
+	f.want(t, loader.ModeOff)
+}
+
+// TestNoInterfaces: XDP wanted without an interface to run on.
+func TestNoInterfaces(t *testing.T) {
+	f := newFixture(t, "", "", []string{}...)
+	f.m.ifaces = nil
+	if err := f.m.Start(); !errors.Is(err, ErrNoInterfaces) {
+		t.Fatalf("start: %v, want ErrNoInterfaces", err)
+	}
+}
+
+// TestLoadFailureRetried: a program that cannot load (no BPF permission yet)
+// is loaded again by Retry.
+func TestLoadFailureRetried(t *testing.T) {
+	f := newFixture(t, "", "")
+	errLoad := errors.New("operation not permitted")
+	fail := true
+	load := f.m.load
+	f.m.load = func(c loader.Config) (Program, mirror.Offload, error) {
+		if fail {
+			return nil, nil, errLoad
+		}
+		return load(c)
+	}
+	if err := f.m.Start(); !errors.Is(err, errLoad) {
+		t.Fatalf("start: %v, want the load error", err)
+	}
+	fail = false
+	f.m.Retry()
+	f.want(t, loader.ModeAuto)
+}
+
+// TestReconfigure: the load-time configuration reaches a loaded program, and
+// the first load when none is loaded yet.
+func TestReconfigure(t *testing.T) {
+	f := newFixture(t, loader.ModeOff, "")
+	var loaded loader.Config
+	load := f.m.load
+	f.m.load = func(c loader.Config) (Program, mirror.Offload, error) { loaded = c; return load(c) }
+	if err := f.m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := loader.Config{ListenerPorts: []uint16{3478, 3479}}
+	if err := f.m.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.SetLabel(nodelabel.Attach); err != nil {
+		t.Fatal(err)
+	}
+	if len(loaded.ListenerPorts) != 2 {
+		t.Errorf("loaded with %+v, want the reconfigured ports", loaded)
+	}
+	cfg.ListenerPorts = []uint16{3478}
+	if err := f.m.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.prog.cfg.ListenerPorts) != 1 {
+		t.Errorf("the loaded program was not reconfigured: %+v", f.prog.cfg)
+	}
+	if f.m.Maps() != nil {
+		t.Errorf("Maps() of a fake is %v, want nil", f.m.Maps())
+	}
+}
