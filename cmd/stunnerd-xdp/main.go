@@ -104,7 +104,7 @@ func run(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.relayAddr, "relay-address", "", "`IP` that relay sockets bind to and relayed packets leave from\n(default: the listener address when it is not a wildcard)")
 	fs.UintVar(&o.minPort, "min-relay-port", daemon.DefaultMinRelayPort, "lowest relay port (relay ports are host ports)")
 	fs.UintVar(&o.maxPort, "max-relay-port", daemon.DefaultMaxRelayPort, "highest relay port")
-	fs.StringVar(&o.xdpMode, "xdp-mode", string(loader.ModeAuto), "XDP attach mode: auto (native, then generic, then userspace), native, generic or off")
+	fs.StringVar(&o.xdpMode, "xdp-mode", string(loader.ModeAuto), "XDP attach mode: auto (native, then generic, then userspace), native, generic or off;\ngiven, it wins over the config's admin.offload_engine; the node label wins over both (internal/offload)")
 	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
 	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off)")
