@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -94,6 +96,11 @@ const (
 )
 
 func (c *Config) validate() error {
+	// The running config is a snapshot nobody changes: take copies of what
+	// the caller may still hold and of what validate rewrites.
+	c.Listeners, c.Users = slices.Clone(c.Listeners), maps.Clone(c.Users)
+	c.AllowPeers, c.DenyPeers = slices.Clone(c.AllowPeers), slices.Clone(c.DenyPeers)
+	c.NoOffloadPeers, c.Interfaces = slices.Clone(c.NoOffloadPeers), slices.Clone(c.Interfaces)
 	if len(c.Listeners) == 0 {
 		if !c.Listen.IsValid() || c.Listen.Port() == 0 {
 			return fmt.Errorf("invalid listener address %v", c.Listen)

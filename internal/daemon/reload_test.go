@@ -193,3 +193,43 @@ func TestCloseWithLiveAllocations(t *testing.T) {
 		t.Errorf("%d pion/turn events reached the mirror after the daemon closed", late)
 	}
 }
+
+// TestConfigSnapshotIsOwned: the running config shares no memory with the
+// Config a caller passed to Start or Reconfigure, so a caller that reuses its
+// value cannot change the snapshot under the daemon's readers.
+func TestConfigSnapshotIsOwned(t *testing.T) {
+	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+	lf, err := logging.New("all:WARN", "text", t.Output())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{
+		Listeners:    []config.ResolvedListener{{Name: "udp", Protocol: config.UDP, Addr: listen, AllowPeers: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}},
+		Users:        map[string]string{"u": "p"},
+		RelayAddress: netip.MustParseAddr("127.0.0.1"),
+		MinRelayPort: 63000, MaxRelayPort: 63999,
+		XDPMode:      loader.ModeOff,
+		Logger:       lf,
+	}
+	d, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	check := func(when string) {
+		t.Helper()
+		got := d.config()
+		if got.Listeners[0].Name != "udp" || got.Users["u"] != "p" || len(got.Users) != 1 {
+			t.Errorf("%s: the caller's changes reached the running config: %+v, users %v", when, got.Listeners[0], got.Users)
+		}
+	}
+	cfg.Listeners[0].Name, cfg.Users["intruder"] = "changed", "x"
+	check("after Start")
+
+	cfg.Listeners[0].Name, cfg.Users = "udp", map[string]string{"u": "p"}
+	if err := d.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listeners[0].Name, cfg.Users["intruder"] = "changed", "x"
+	check("after Reconfigure")
+}
