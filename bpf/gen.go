@@ -3,5 +3,5 @@
 // `go build` needs no clang; `make generate` rebuilds them.
 package bpf
 
-//go:generate go tool bpf2go -cc clang -strip llvm-strip -target bpfel -type c2p_key -type c2p_val -type p2c_key -type p2c_val -type binding_stats -type reason Relay relay.c -- -O2 -g -Wall -Werror -I./include -I/usr/include/x86_64-linux-gnu
-//go:generate go tool bpf2go -cc clang -strip llvm-strip -target bpfel -type group -type flow -type verdict -type slot_info Steer steer.c -- -O2 -g -Wall -Werror -I./include -I/usr/include/x86_64-linux-gnu
+//go:generate go tool bpf2go -cc clang -strip llvm-strip -target bpfel -type c2p_key -type c2p_val -type p2c_key -type p2c_val -type binding_stats -type reason Relay relay.c -- -O2 -g -Wall -Werror -I./include
+//go:generate go tool bpf2go -cc clang -strip llvm-strip -target bpfel -type group -type flow -type verdict -type slot_info Steer steer.c -- -O2 -g -Wall -Werror -I./include
