@@ -6,6 +6,27 @@ import (
 	"strings"
 )
 
+// Live-cost rows: the relay program attached to the rig's server interfaces,
+// real datagrams from sockets in the client and peer namespaces (senders with
+// their default offloads: CHECKSUM_PARTIAL frames), the kernel's BPF run-time
+// statistics of the relay program beside those of the trivial XDP_PASS
+// program on the receiving veth, over the same interval.
+const (
+	liveC2P4 = "client→peer, IPv4 client"
+	liveP2C4 = "peer→client, IPv4 client"
+	liveC2P6 = "client→peer, IPv6 client"
+	liveP2C6 = "peer→client, IPv6 client"
+	// The same with tx checksum offload off on the sender: full checksums, as
+	// real NICs deliver them.
+	liveC2P4Full = "client→peer, IPv4 client, full checksum"
+	liveP2C4Full = "peer→client, IPv4 client, full checksum"
+	// Branches of the same program that end early: the differences between
+	// them and the relay row are the cost breakdown.
+	liveParse   = "breakdown: parse only (UDP to no listener or relay port: pass_not_ours)"
+	liveLookups = "breakdown: parse + listener and binding lookups (unbound channel: pass_no_channel)"
+	liveFIB     = "breakdown: parse + lookups + bpf_fib_lookup (peer without neighbour: pass_fib_no_neigh)"
+)
+
 // writeLiveCost writes the live program cost section, the cost breakdown and
 // the map memory table.
 func (r *Report) writeLiveCost(b *strings.Builder) {
