@@ -40,6 +40,10 @@ type config struct {
 	scalingRate     float64 // the fixed-rate rung of each scaling point (plus a max rung)
 	scalingPoint    time.Duration
 
+	liveRate   float64       // packets/s of each live-cost interval
+	livePoint  time.Duration // one interval
+	liveRounds int           // intervals per row, interleaved
+
 	lo, hi float64 // reference rates of the summary (must be rungs of ladder100)
 }
 
@@ -54,6 +58,7 @@ var configs = map[string]config{
 		iperfRate: 20000, iperfSeconds: 10,
 		controlBindings: 100000,
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 5 * time.Second,
+		liveRate: 50000, livePoint: 2 * time.Second, liveRounds: 5,
 		lo: 20000, hi: 100000,
 	},
 	"smoke": {
@@ -65,6 +70,7 @@ var configs = map[string]config{
 		iperfRate: 20000, iperfSeconds: 1,
 		controlBindings: 20000,
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 500 * time.Millisecond,
+		liveRate: 50000, livePoint: 500 * time.Millisecond, liveRounds: 3,
 		lo: 20000, hi: 100000,
 	},
 }
@@ -106,6 +112,7 @@ func TestBench(t *testing.T) {
 	h.rep.Meta = meta(cfg, started)
 	h.rep.Expected = ExpectedRows{
 		ProgRun:        progRunNames,
+		LiveCost:       liveCostNames,
 		RelayServers:   []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerXDPOffSteered, ServerStunnerd, ServerCoturn, ServerKernelFwd, ServerDeliveryFloor},
 		RelayPoints:    len(cfg.ladder100) + len(cfg.ladder1200),
 		LatencyServers: []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerXDPOffSteered, ServerStunnerd, ServerCoturn, ServerKernelFwd},
@@ -134,6 +141,7 @@ func TestBench(t *testing.T) {
 		t.Logf("stage %s: %.1f s", name, time.Since(begin).Seconds())
 	}
 	stage("progrun", h.stageProgRun)
+	stage("livecost", h.stageLiveCost)
 	stage("control", h.stageControl)
 	stage("scaling", h.stageScaling)
 	stage("relay", h.stageRelay)

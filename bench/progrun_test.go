@@ -101,13 +101,8 @@ func (h *harness) stageProgRun(t *testing.T) {
 	}
 	defer floor.Close()
 
-	listen := netip.AddrPortFrom(netip.MustParseAddr("10.100.0.1"), uint16(listenPort))
-	listen6 := netip.AddrPortFrom(netip.MustParseAddr("fd00:100::1"), uint16(listenPort))
-	b := channelmap.Binding{Client: netip.MustParseAddrPort("10.100.0.2:40000"), Listener: listen, Channel: 0x4000,
-		Peer: netip.MustParseAddrPort("10.200.0.2:5001"), Relay: netip.MustParseAddrPort("10.200.0.1:50000")}
-	// The same client over IPv6 (the rig gives cl0/srv0 fd00:100::2 and ::1).
-	b6 := channelmap.Binding{Client: netip.MustParseAddrPort("[fd00:100::2]:40000"), Listener: listen6, Channel: 0x4000,
-		Peer: netip.MustParseAddrPort("10.200.0.2:5002"), Relay: netip.MustParseAddrPort("10.200.0.1:50001")}
+	b, b6 := rigBindings(40000, 5001, 50000)
+	listen, listen6 := b.Listener, b6.Listener
 	maps := channelmap.New(prog.Maps())
 	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{listen: listen, listen6: listen6}); err != nil {
 		t.Fatal(err)

@@ -22,6 +22,8 @@ import (
 type Report struct {
 	Meta     Meta            `json:"meta"`
 	ProgRun  []ProgRunRow    `json:"prog_run"`
+	LiveCost []LiveCostRow   `json:"live_cost"`
+	Memory   []MemoryRow     `json:"map_memory"`
 	Relay    []RelayPoint    `json:"relay"`
 	Latency  []LatencyRow    `json:"latency"`
 	Iperf    []IperfRow      `json:"iperf"`
@@ -76,6 +78,38 @@ type ProgRunRow struct {
 	Method      string  `json:"method"`         // how it was measured
 	Valid       bool    `json:"valid"`          // false: shown only to illustrate a pitfall
 	WrongRets   int     `json:"wrong_verdicts"` // runs that returned another verdict (must be 0)
+}
+
+// LiveCostRow is the attached relay program's cost per run on live traffic of
+// one kind, from the kernel's BPF run-time statistics, beside the trivial
+// XDP_PASS program that the relayed frames meet on the receiving veth in the
+// same intervals.
+type LiveCostRow struct {
+	Name    string  `json:"name"`
+	Reason  string  `json:"reason"` // the verdict reason every run of the row ends in
+	RatePPS float64 `json:"rate_pps"`
+	Seconds float64 `json:"seconds_per_interval"`
+	Sent    uint64  `json:"sent"`
+	Runs    uint64  `json:"relay_runs"`
+	Counted uint64  `json:"counted"` // runs that ended in Reason
+	// Per interval: relay program ns/run and trivial program ns/run.
+	RelayNs       []float64 `json:"relay_ns"`
+	FloorNs       []float64 `json:"trivial_ns,omitempty"`
+	RelayMedianNs float64   `json:"relay_median_ns"`
+	FloorMedianNs float64   `json:"trivial_median_ns"`
+	Ratio         float64   `json:"x_trivial"` // median of the per-interval ratios; 0 for rows that relay nothing
+}
+
+// MemoryRow is the kernel memory of the relay program's maps for one size.
+type MemoryRow struct {
+	Bindings uint32 `json:"bindings"`
+	CPUs     int    `json:"cpus"`
+	// Bytes per map as the kernel reports it (bpf_map_memory_usage via fdinfo
+	// memlock), for maps created with these sizes on this machine, or computed
+	// from the entry sizes for CPU counts the machine does not have.
+	Maps     map[string]uint64 `json:"bytes_per_map"`
+	Total    uint64            `json:"total_bytes"`
+	Measured bool              `json:"measured"` // false: computed
 }
 
 // RelayPoint is one rung of the offered-load ladder for one server.
@@ -181,6 +215,7 @@ type TargetResult struct {
 // ExpectedRows is what a complete report holds; Validate checks against it.
 type ExpectedRows struct {
 	ProgRun        []string `json:"prog_run"`
+	LiveCost       []string `json:"live_cost"`
 	RelayServers   []string `json:"relay_servers"`
 	RelayPoints    int      `json:"relay_points_per_server"`
 	LatencyServers []string `json:"latency_servers"`
@@ -206,6 +241,18 @@ func (r *Report) Validate() error {
 	for _, n := range r.Expected.ProgRun {
 		if !seen[n] {
 			errs = append(errs, fmt.Errorf("prog_run: row %q missing", n))
+		}
+	}
+	seen = map[string]bool{}
+	for _, l := range r.LiveCost {
+		seen[l.Name] = true
+		if l.Runs == 0 || bad(l.RelayMedianNs) || l.RelayMedianNs <= 0 || bad(l.Ratio) || (len(l.FloorNs) > 0 && !(l.Ratio > 0)) {
+			errs = append(errs, fmt.Errorf("live_cost %q: no numbers: %+v", l.Name, l))
+		}
+	}
+	for _, n := range r.Expected.LiveCost {
+		if !seen[n] {
+			errs = append(errs, fmt.Errorf("live_cost: row %q missing", n))
 		}
 	}
 	perServer := map[string]int{}
@@ -479,6 +526,8 @@ func (r *Report) WriteMarkdown(dir string, lo, hi float64, plots []string) error
 		"the veth and peer cost. Caveat: one program run per syscall sees microarchitectural state disturbed by the syscall " +
 		"(branch predictors, caches), which costs a branchy program with helper calls (bpf_fib_lookup, map lookups, " +
 		"adjust_head, redirect_map) more than a two-instruction floor, so the figures are an upper bound for a warm run.\n")
+
+	r.writeLiveCost(&b)
 
 	b.WriteString("\n## 2. End to end: ChannelData over a real allocation\n\n")
 	b.WriteString("One pion/turn client in the client namespace allocates, creates a permission and binds channels 0x4000 " +

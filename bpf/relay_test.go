@@ -303,7 +303,7 @@ func contractCases(e *env) []golden {
 	}
 	// CHECKSUM_PARTIAL senders: the output carries a full checksum. Lengths
 	// around every chunk the program sums in.
-	for _, n := range []int{0, 1, 2, 3, 4, 5, 63, 64, 67, 100, 511, 512, 513, 515, 1200, 1201} {
+	for _, n := range []int{0, 1, 2, 3, 4, 5, 8, 16, 63, 64, 67, 100, 260, 511, 512, 513, 515, 1023, 1200, 1201} {
 		for _, name := range []string{"redirect", "v6redirect"} {
 			b := bindings[name]
 			in := fromClient(b, map[string]string{"redirect": "10.100.0.1", "v6redirect": "fd00:100::1"}[name],

@@ -1,0 +1,101 @@
+package bench
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Live-cost rows: the relay program attached to the rig's server interfaces,
+// real datagrams from sockets in the client and peer namespaces (senders with
+// their default offloads: CHECKSUM_PARTIAL frames), the kernel's BPF run-time
+// statistics of the relay program beside those of the trivial XDP_PASS
+// program on the receiving veth, over the same interval.
+const (
+	liveC2P4 = "client→peer, IPv4 client"
+	liveP2C4 = "peer→client, IPv4 client"
+	liveC2P6 = "client→peer, IPv6 client"
+	liveP2C6 = "peer→client, IPv6 client"
+	// The same with tx checksum offload off on the sender: full checksums, as
+	// real NICs deliver them.
+	liveC2P4Full = "client→peer, IPv4 client, full checksum"
+	liveP2C4Full = "peer→client, IPv4 client, full checksum"
+	// Branches of the same program that end early: the differences between
+	// them and the relay row are the cost breakdown.
+	liveParse   = "breakdown: parse only (UDP to no listener or relay port: pass_not_ours)"
+	liveLookups = "breakdown: parse + listener and binding lookups (unbound channel: pass_no_channel)"
+	liveFIB     = "breakdown: parse + lookups + bpf_fib_lookup (peer without neighbour: pass_fib_no_neigh)"
+)
+
+// writeLiveCost writes the live program cost section, the cost breakdown and
+// the map memory table.
+func (r *Report) writeLiveCost(b *strings.Builder) {
+	if len(r.LiveCost) > 0 {
+		b.WriteString("\n### 1a. Live program cost per packet (kernel BPF statistics)\n\n")
+		lt := table{head: []string{"traffic", "every run ends in", "runs", "relay program ns/run (median)",
+			"trivial XDP_PASS ns/run (median, same intervals)", "× trivial (median of per-interval ratios)", "relay ns/run per interval"}}
+		byName := map[string]LiveCostRow{}
+		for _, l := range r.LiveCost {
+			byName[l.Name] = l
+			trivial, ratio := "–", "–"
+			if len(l.FloorNs) > 0 {
+				trivial, ratio = f(l.FloorMedianNs, 0), f(l.Ratio, 2)
+			}
+			per := make([]string, len(l.RelayNs))
+			for i, v := range l.RelayNs {
+				per[i] = f(v, 0)
+			}
+			lt.add(l.Name, l.Reason, f(float64(l.Runs), 0), f(l.RelayMedianNs, 0), trivial, ratio, strings.Join(per, " / "))
+		}
+		b.WriteString(lt.String())
+		fmt.Fprintf(b, "\nMethod: the relay program attached (native) to both server veths with bindings installed through "+
+			"internal/channelmap; 100-byte datagrams from sockets in the client and peer namespaces at %.0f packets/s, "+
+			"one traffic kind at a time, in rounds; per interval the growth of run_time_ns / run_cnt of the relay program "+
+			"(`kernel.bpf_stats_enabled=1`) and of the trivial XDP_PASS program on the veth that receives the relayed frames "+
+			"(peer0 for client→peer, cl0 for peer→client). Senders keep their default offloads (their UDP checksums arrive "+
+			"CHECKSUM_PARTIAL, as from containers), except the \"full checksum\" rows (tx checksum offload off on the sender, "+
+			"as real NICs deliver them). Every run of an interval must end in the row's verdict (checked against the "+
+			"verdict counters).\n", r.LiveCost[0].RatePPS)
+		if p, l, fib, c2p := byName[liveParse], byName[liveLookups], byName[liveFIB], byName[liveC2P4Full]; p.Runs > 0 && l.Runs > 0 && fib.Runs > 0 && c2p.Runs > 0 {
+			bt := table{head: []string{"part (client→peer, IPv4, full checksum)", "ns/run"}}
+			bt.add("parse (Ethernet, IP, UDP) and the verdict counter", f(p.RelayMedianNs, 0))
+			bt.add("ChannelData parse, listener-destination and binding lookups (miss)", f(l.RelayMedianNs-p.RelayMedianNs, 0))
+			bt.add("checks and bpf_fib_lookup (no neighbour)", f(fib.RelayMedianNs-l.RelayMedianNs, 0))
+			bt.add("the relay path after them: next hop, checksum, resize, rewrite, redirect, counters", f(c2p.RelayMedianNs-fib.RelayMedianNs, 0))
+			bt.add("total (client→peer, full checksum)", f(c2p.RelayMedianNs, 0))
+			b.WriteString("\nCost breakdown from the same program's early exits (differences of medians; a lookup that misses " +
+				"costs about what a hit does):\n\n")
+			b.WriteString(bt.String())
+		}
+	}
+	if len(r.Memory) > 0 {
+		b.WriteString("\n### Map memory\n\n")
+		rows := append([]MemoryRow(nil), r.Memory...)
+		sort.Slice(rows, func(i, j int) bool {
+			if rows[i].Bindings != rows[j].Bindings {
+				return rows[i].Bindings < rows[j].Bindings
+			}
+			return rows[i].CPUs < rows[j].CPUs
+		})
+		var names []string
+		for n := range rows[0].Maps {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		mt := table{head: append(append([]string{"bindings", "CPUs"}, names...), "total MiB", "bytes per binding", "how")}
+		for _, m := range rows {
+			cells := []string{f(float64(m.Bindings), 0), f(float64(m.CPUs), 0)}
+			for _, n := range names {
+				cells = append(cells, f(float64(m.Maps[n])/(1<<20), 1))
+			}
+			how := "computed from entry sizes"
+			if m.Measured {
+				how = "kernel-reported (fdinfo memlock)"
+			}
+			cells = append(cells, f(float64(m.Total)/(1<<20), 1), f(float64(m.Total)/float64(m.Bindings), 0), how)
+			mt.add(cells...)
+		}
+		b.WriteString("Per map, MiB:\n\n")
+		b.WriteString(mt.String())
+	}
+}

@@ -1,0 +1,309 @@
+package bench
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/test/netns"
+)
+
+var liveCostNames = []string{liveC2P4, liveP2C4, liveC2P6, liveP2C6, liveC2P4Full, liveP2C4Full, liveParse, liveLookups, liveFIB}
+
+// liveSender is one socket's datagrams: payload to dst.
+type liveSender struct {
+	fd      int
+	dst     unix.Sockaddr
+	payload []byte
+}
+
+// send sends for dur at rate packets/s, in bursts of a millisecond's worth.
+func (s liveSender) send(rate float64, dur time.Duration) (sent uint64) {
+	start := time.Now()
+	for {
+		el := time.Since(start)
+		if el >= dur {
+			return sent
+		}
+		due := rate*el.Seconds() - float64(sent)
+		if due < 1 {
+			time.Sleep(time.Duration((1 - due) / rate * float64(time.Second)))
+			continue
+		}
+		for i := 0; i < int(due) && i < 256; i++ {
+			if unix.Sendto(s.fd, s.payload, unix.MSG_DONTWAIT, s.dst) == nil {
+				sent++
+			}
+		}
+	}
+}
+
+// liveRow is one row of the stage: who sends, where it lands, what it counts.
+type liveRow struct {
+	name      string
+	sender    liveSender
+	floorNS   *netns.NS // where the trivial program runs on the relayed frames (nil: not relayed)
+	floorIf   string
+	reason    string
+	offloadNS *netns.NS // sender namespace and interface whose tx checksum offload goes off for the row
+	offloadIf string
+}
+
+// udpSocket opens a UDP socket bound to addr in ns with a small receive buffer
+// (the relayed datagrams it receives are dropped there: the cost measured is
+// the programs').
+func udpSocket(t *testing.T, ns *netns.NS, addr netip.AddrPort) int {
+	t.Helper()
+	var fd int
+	err := ns.Do(func() error {
+		family, sa := unix.AF_INET, unix.Sockaddr(nil)
+		if addr.Addr().Is4() {
+			sa = &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()}
+		} else {
+			family, sa = unix.AF_INET6, &unix.SockaddrInet6{Port: int(addr.Port()), Addr: addr.Addr().As16()}
+		}
+		var err error
+		if fd, err = unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096)
+		return unix.Bind(fd, sa)
+	})
+	if err != nil {
+		t.Fatalf("netns %s: socket %v: %v", ns.Name, addr, err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+func sockaddrOf(a netip.AddrPort) unix.Sockaddr {
+	if a.Addr().Is4() {
+		return &unix.SockaddrInet4{Port: int(a.Port()), Addr: a.Addr().As4()}
+	}
+	return &unix.SockaddrInet6{Port: int(a.Port()), Addr: a.Addr().As16()}
+}
+
+// xdpProgOn returns the XDP program attached to iface in ns.
+func xdpProgOn(ns *netns.NS, iface string) (*ebpf.Program, error) {
+	var prog *ebpf.Program
+	err := ns.Do(func() error {
+		l, err := netlink.LinkByName(iface)
+		if err != nil {
+			return err
+		}
+		x := l.Attrs().Xdp
+		if x == nil || !x.Attached || x.ProgId == 0 {
+			return fmt.Errorf("no XDP program on %s", iface)
+		}
+		prog, err = ebpf.NewProgramFromID(ebpf.ProgramID(x.ProgId))
+		return err
+	})
+	return prog, err
+}
+
+func statsOf(p *ebpf.Program) (progStats, error) {
+	st, err := p.Stats()
+	if err != nil {
+		return progStats{}, err
+	}
+	return progStats{runTime: st.Runtime, runs: st.RunCount}, nil
+}
+
+// rigBindings returns a binding of an IPv4 and one of an IPv6 client of the
+// rig (cl0/srv0 have 10.100.0.2/.1 and fd00:100::2/::1) on channel 0x4000 to
+// peers on the peer subnet: client port clientPort, peer port peerPort, relay
+// port relayPort; the IPv6 one uses each port plus one.
+func rigBindings(clientPort, peerPort, relayPort uint16) (b4, b6 channelmap.Binding) {
+	listen := netip.AddrPortFrom(netip.MustParseAddr("10.100.0.1"), uint16(listenPort))
+	listen6 := netip.AddrPortFrom(netip.MustParseAddr("fd00:100::1"), uint16(listenPort))
+	peer, relay := netip.MustParseAddr("10.200.0.2"), netip.MustParseAddr("10.200.0.1")
+	b4 = channelmap.Binding{Client: netip.AddrPortFrom(netip.MustParseAddr("10.100.0.2"), clientPort), Listener: listen, Channel: 0x4000,
+		Peer: netip.AddrPortFrom(peer, peerPort), Relay: netip.AddrPortFrom(relay, relayPort)}
+	b6 = channelmap.Binding{Client: netip.AddrPortFrom(netip.MustParseAddr("fd00:100::2"), clientPort+1), Listener: listen6, Channel: 0x4000,
+		Peer: netip.AddrPortFrom(peer, peerPort+1), Relay: netip.AddrPortFrom(relay, relayPort+1)}
+	return b4, b6
+}
+
+// stageLiveCost measures the relay program's live cost per relayed packet per
+// direction and client family, next to the trivial XDP_PASS program that the
+// relayed frames meet on the receiving veth in the same interval.
+func (h *harness) stageLiveCost(t *testing.T) {
+	defer enableBPFStats(t).Close()
+	r := h.rig
+	b4, b6 := rigBindings(40100, 5103, 50100)
+	listen, listen6 := b4.Listener, b6.Listener
+	// A peer on the peer subnet without a neighbour entry: the lookup ends in
+	// pass_fib_no_neigh every time (the stack never sends to it).
+	bNoNeigh := channelmap.Binding{Client: b4.Client, Listener: listen, Channel: 0x4001,
+		Peer: netip.MustParseAddrPort("10.200.0.99:5105"), Relay: netip.MustParseAddrPort("10.200.0.1:50102")}
+
+	var prog *loader.Program
+	err := r.Server.Do(func() error {
+		var err error
+		prog, err = loader.Load(loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535,
+			MaxBindings: 1024, IPv6Clients: true}, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+		if err != nil {
+			return err
+		}
+		for _, ifc := range r.ServerIfaces() {
+			if _, err := prog.Attach(ifc, loader.ModeNative); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Server.Do(prog.Close) }()
+	maps := channelmap.New(prog.Maps())
+	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{listen: listen, listen6: listen6}); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []channelmap.Binding{b4, b6, bNoNeigh} {
+		if err := maps.Upsert(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	data := make([]byte, 100)
+	cl4 := udpSocket(t, r.Client, b4.Client)
+	cl6 := udpSocket(t, r.Client, b6.Client)
+	pe4 := udpSocket(t, r.Peer, b4.Peer)
+	pe6 := udpSocket(t, r.Peer, b6.Peer)
+	c2p4 := liveSender{cl4, sockaddrOf(listen), packet.ChannelData(b4.Channel, data, nil)}
+	c2p6 := liveSender{cl6, sockaddrOf(listen6), packet.ChannelData(b6.Channel, data, nil)}
+	p2c4 := liveSender{pe4, sockaddrOf(b4.Relay), data}
+	p2c6 := liveSender{pe6, sockaddrOf(b6.Relay), data}
+	rows := []liveRow{
+		{name: liveC2P4, sender: c2p4, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect"},
+		{name: liveP2C4, sender: p2c4, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect"},
+		{name: liveC2P6, sender: c2p6, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect"},
+		{name: liveP2C6, sender: p2c6, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect"},
+		{name: liveC2P4Full, sender: c2p4, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect",
+			offloadNS: r.Client, offloadIf: r.ClientIf.Name},
+		{name: liveP2C4Full, sender: p2c4, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect",
+			offloadNS: r.Peer, offloadIf: r.PeerIf.Name},
+		{name: liveParse, sender: liveSender{cl4, sockaddrOf(netip.AddrPortFrom(listen.Addr(), 3479)), packet.ChannelData(b4.Channel, data, nil)},
+			reason: "pass_not_ours"},
+		{name: liveLookups, sender: liveSender{cl4, sockaddrOf(listen), packet.ChannelData(0x4ffe, data, nil)}, reason: "pass_no_channel"},
+		{name: liveFIB, sender: liveSender{cl4, sockaddrOf(listen), packet.ChannelData(bNoNeigh.Channel, data, nil)}, reason: "pass_fib_no_neigh"},
+	}
+	// Replies to IPv4 and IPv6 clients come from the learned listener address:
+	// let the client speak first.
+	c2p4.send(2000, 50*time.Millisecond)
+	c2p6.send(2000, 50*time.Millisecond)
+
+	floors := map[string]*ebpf.Program{}
+	for _, row := range rows {
+		if row.floorNS == nil || floors[row.floorIf] != nil {
+			continue
+		}
+		p, err := xdpProgOn(row.floorNS, row.floorIf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		floors[row.floorIf] = p
+	}
+	results := make([]LiveCostRow, len(rows))
+	for i, row := range rows {
+		results[i] = LiveCostRow{Name: row.name, Reason: row.reason, RatePPS: h.cfg.liveRate, Seconds: h.cfg.livePoint.Seconds()}
+	}
+	h.command("live program cost: %d rounds of %v per row at %.0f pps, 100 B; kernel.bpf_stats_enabled=1", h.cfg.liveRounds, h.cfg.livePoint, h.cfg.liveRate)
+	for round := 0; round < h.cfg.liveRounds; round++ {
+		for i, row := range rows {
+			if row.offloadNS != nil {
+				row.offloadNS.Run(t, "ethtool", "-K", row.offloadIf, "tx", "off")
+			}
+			row.sender.send(h.cfg.liveRate, 20*time.Millisecond) // warm up
+			v0, err := maps.Verdicts()
+			if err != nil {
+				t.Fatal(err)
+			}
+			relay0, err := statsOf(prog.XDP())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var floor0 progStats
+			if row.floorNS != nil {
+				if floor0, err = statsOf(floors[row.floorIf]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sent := row.sender.send(h.cfg.liveRate, h.cfg.livePoint)
+			relay1, err := statsOf(prog.XDP())
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := &results[i]
+			res.Sent += sent
+			res.RelayNs = append(res.RelayNs, relay1.nsPerRunSince(relay0))
+			res.Runs += relay1.runs - relay0.runs
+			if row.floorNS != nil {
+				floor1, err := statsOf(floors[row.floorIf])
+				if err != nil {
+					t.Fatal(err)
+				}
+				res.FloorNs = append(res.FloorNs, floor1.nsPerRunSince(floor0))
+			}
+			v1, err := maps.Verdicts()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for r, n := range v1 {
+				if channelmap.ReasonNames[bpf.RelayReason(r)] == row.reason && r < len(v0) {
+					res.Counted += n - v0[r]
+				}
+			}
+			if row.offloadNS != nil {
+				row.offloadNS.Run(t, "ethtool", "-K", row.offloadIf, "tx", "on")
+			}
+		}
+	}
+	for i := range results {
+		res := &results[i]
+		res.finish()
+		// Every run of the interval must be the row's branch (a few ARP/ND or
+		// MLD frames aside), else the figure is not the row's cost.
+		if res.Counted*100 < res.Runs*95 {
+			t.Errorf("%s: only %d of %d program runs ended in %s", res.Name, res.Counted, res.Runs, res.Reason)
+		}
+		t.Logf("%s: relay %.0f ns/run, trivial %.0f ns/run, %.2fx (%d runs)", res.Name, res.RelayMedianNs, res.FloorMedianNs, res.Ratio, res.Runs)
+		h.rep.LiveCost = append(h.rep.LiveCost, *res)
+	}
+}
+
+// finish computes the medians; the ratio is the median of the per-interval
+// ratios (each interval's relay and trivial runs were side by side).
+func (r *LiveCostRow) finish() {
+	med := func(v []float64) float64 {
+		s := append([]float64(nil), v...)
+		sort.Float64s(s)
+		return quantile(s, 0.5)
+	}
+	r.RelayMedianNs = med(r.RelayNs)
+	if len(r.FloorNs) == 0 {
+		return
+	}
+	r.FloorMedianNs = med(r.FloorNs)
+	ratios := make([]float64, 0, len(r.FloorNs))
+	for i := range r.FloorNs {
+		if r.FloorNs[i] > 0 {
+			ratios = append(ratios, r.RelayNs[i]/r.FloorNs[i])
+		}
+	}
+	r.Ratio = med(ratios)
+}
