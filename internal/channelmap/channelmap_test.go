@@ -75,3 +75,78 @@ func mustPerCPU(t *testing.T, m interface {
 	}
 	return v
 }
+
+// TestAccountTotalsGrowAcrossRemovalAndPeerMoves: the totals by account hold
+// live and removed bindings' counters, a binding installed before SetAccount
+// is assigned by it, and a binding whose channel moves to a peer of another
+// account leaves its traffic so far with the old one.
+func TestAccountTotalsGrowAcrossRemovalAndPeerMoves(t *testing.T) {
+	testenv.RequireRoot(t)
+	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 64},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	m := channelmap.New(prog.Maps())
+	counters := prog.Maps().BindingCounters
+	ncpu := uint64(len(mustPerCPU(t, counters, 0)))
+	binding := func(i int, peer string) channelmap.Binding {
+		return channelmap.Binding{
+			Client:   netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), 40000),
+			Listener: netip.MustParseAddrPort("10.100.0.1:3478"), Channel: 0x4000,
+			Peer: netip.MustParseAddrPort(peer), Relay: netip.AddrPortFrom(netip.MustParseAddr("10.200.0.1"), uint16(50000+i)),
+		}
+	}
+	// One packet of 10 bytes each way per CPU into slot id.
+	bump := func(id uint32) {
+		vals := mustPerCPU(t, counters, id)
+		for c := range vals {
+			vals[c].C2pPackets++
+			vals[c].C2pBytes += 10
+			vals[c].P2cPackets++
+			vals[c].P2cBytes += 10
+		}
+		if err := counters.Put(id, vals); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b0, b1 := binding(0, "10.200.0.2:5000"), binding(1, "10.201.0.2:5000")
+	for _, b := range []channelmap.Binding{b0, b1} {
+		if err := m.Upsert(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bump(0) // b0 counted before the accounts exist
+	m.SetAccount(func(b channelmap.Binding) string { return netip.PrefixFrom(b.Peer.Addr(), 16).Masked().String() })
+	bump(0)
+	bump(1)
+	want := func(step string, a, b uint64) {
+		t.Helper()
+		got, err := m.AccountTotals()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for acct, n := range map[string]uint64{"10.200.0.0/16": a, "10.201.0.0/16": b} {
+			if s := got[acct]; s.ClientToPeerPackets != n*ncpu || s.PeerToClientBytes != 10*n*ncpu {
+				t.Errorf("%s: account %s has %+v, want %d packets each way per CPU", step, acct, s, n)
+			}
+		}
+	}
+	want("live", 2, 1)
+	// b0's channel moves to the other account's peer: its two stay.
+	moved := b0
+	moved.Peer = netip.MustParseAddrPort("10.201.0.9:5000")
+	if err := m.Upsert(moved); err != nil {
+		t.Fatal(err)
+	}
+	bump(0)
+	want("moved", 2, 2)
+	if err := m.Delete(b1.Key()); err != nil {
+		t.Fatal(err)
+	}
+	want("removed", 2, 2)
+	if tot, err := m.Totals(); err != nil || tot.ClientToPeerPackets != 4*ncpu {
+		t.Errorf("totals %+v (%v), want %d client->peer packets", tot, err, 4*ncpu)
+	}
+}
