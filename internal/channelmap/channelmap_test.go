@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
@@ -16,15 +18,7 @@ import (
 // bindings and in batches for many; both must give the same sums, removed
 // bindings included.
 func TestTotalsBatchAndPerBinding(t *testing.T) {
-	testenv.RequireRoot(t)
-	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 8192},
-		slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prog.Close()
-	m := channelmap.New(prog.Maps())
-	counters := prog.Maps().BindingCounters
+	m, counters := loadMaps(t, 8192)
 	ncpu := len(mustPerCPU(t, counters, 0))
 	var want channelmap.Stats
 	const n = 2000 // above the batch threshold
@@ -66,6 +60,19 @@ func TestTotalsBatchAndPerBinding(t *testing.T) {
 	}
 }
 
+// loadMaps loads the program (not attached) and wraps its maps.
+func loadMaps(t *testing.T, maxBindings uint32) (*channelmap.Maps, *ebpf.Map) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: maxBindings},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	return channelmap.New(prog.Maps()), prog.Maps().BindingCounters
+}
+
 func mustPerCPU(t *testing.T, m interface {
 	Lookup(key, value any) error
 }, id uint32) []bpf.RelayBindingStats {
@@ -81,15 +88,7 @@ func mustPerCPU(t *testing.T, m interface {
 // is assigned by it, and a binding whose channel moves to a peer of another
 // account leaves its traffic so far with the old one.
 func TestAccountTotalsGrowAcrossRemovalAndPeerMoves(t *testing.T) {
-	testenv.RequireRoot(t)
-	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 64},
-		slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prog.Close()
-	m := channelmap.New(prog.Maps())
-	counters := prog.Maps().BindingCounters
+	m, counters := loadMaps(t, 64)
 	ncpu := uint64(len(mustPerCPU(t, counters, 0)))
 	binding := func(i int, peer string) channelmap.Binding {
 		return channelmap.Binding{
