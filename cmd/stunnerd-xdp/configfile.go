@@ -34,8 +34,9 @@ func fromFile(o options, r *config.Resolved) (daemon.Config, error) {
 	cfg.Listeners = nil
 	for _, l := range r.Listeners {
 		cfg.Listeners = append(cfg.Listeners, daemon.Listener{Name: l.Name, Protocol: l.Protocol, Addr: l.Addr,
-			Cert: l.Cert, AllowPeers: l.AllowPeers, Allowlist: true})
+			Cert: l.Cert, AllowPeers: l.AllowPeers, Allowlist: true, Clusters: l.Clusters})
 	}
+	cfg.Source = r.Source
 	if !o.set["log"] {
 		o.log = r.LogLevel
 	}

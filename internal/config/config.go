@@ -106,6 +106,8 @@ type Resolved struct {
 	Interfaces []string
 	Auth       ResolvedAuth
 	Listeners  []ResolvedListener
+	// Source is the configuration as given: /status reports it as stunnerd does.
+	Source *Stunner
 }
 
 // ResolvedAuth is the authentication in force.
@@ -127,6 +129,15 @@ type ResolvedListener struct {
 	// AllowPeers are the endpoints of the clusters the listener routes to; a
 	// peer outside them is refused (no routes: every peer is refused).
 	AllowPeers []netip.Prefix
+	// Clusters are the clusters the listener routes to, in route order: the
+	// metrics count a peer's traffic under the first that has it.
+	Clusters []ResolvedCluster
+}
+
+// ResolvedCluster is a cluster's name and peers.
+type ResolvedCluster struct {
+	Name  string
+	Peers []netip.Prefix
 }
 
 // Equal reports whether two listeners would run the same socket and policy.
@@ -177,7 +188,7 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 	if s.APIVersion != "v1" {
 		return nil, fmt.Errorf("version %q is not supported, want v1", s.APIVersion)
 	}
-	r := &Resolved{LogLevel: s.Admin.LogLevel}
+	r := &Resolved{LogLevel: s.Admin.LogLevel, Source: s}
 	if r.LogLevel == "" {
 		r.LogLevel = "all:INFO"
 	}
@@ -335,6 +346,7 @@ func (l Listener) resolve(clusters map[string][]netip.Prefix) (ResolvedListener,
 			return r, fmt.Errorf("route to unknown cluster %q", route)
 		}
 		r.AllowPeers = append(r.AllowPeers, ps...)
+		r.Clusters = append(r.Clusters, ResolvedCluster{Name: route, Peers: ps})
 	}
 	return r, nil
 }

@@ -43,6 +43,9 @@ func (s *destinationSync) push(t destinations.Table) error {
 // last call. Called after every XDP enable.
 func (d *Daemon) syncDestinations() {
 	if m := d.sw.Maps(); d.dests.maps.Swap(m) != m {
+		if m != nil {
+			m.SetAccount(d.traffic.Account)
+		}
 		d.dests.tracker.Resync()
 	}
 }
