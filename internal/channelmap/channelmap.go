@@ -513,12 +513,31 @@ func (m *Maps) SetAccount(account func(Binding) string) {
 
 // AccountTotals returns what the fast path relayed by account (see
 // SetAccount) over the process's lifetime: removed bindings' counters plus the
-// live ones'. Each total only grows. The live counters are read outside the
-// lock, one lookup per binding: the cost follows the live bindings, not the
-// map's size, and writers are not held up. A binding removed or moved to
-// another account meanwhile is skipped: its counters are in the retired
-// totals taken under the same lock as that check.
+// live ones'. Each total only grows.
 func (m *Maps) AccountTotals() (map[string]Stats, error) {
+	var out map[string]Stats
+	err := m.eachLive(func() { out = maps.Clone(m.byAccount) }, func(e entry, s Stats) {
+		if out == nil {
+			out = map[string]Stats{}
+		}
+		a := out[e.account]
+		a.add(s)
+		out[e.account] = a
+	})
+	if out == nil {
+		out = map[string]Stats{}
+	}
+	return out, err
+}
+
+// eachLive reads the counters of the installed bindings: one lookup per
+// binding, outside the lock, so the cost follows the live bindings (not the
+// map's size) and writers are not held up. Then, under the lock, it calls
+// retired (to take the removed bindings' totals) and f with each binding
+// still installed as it was read. A binding removed or moved to another
+// account meanwhile is skipped: its counters are in the retired totals taken
+// under the same lock, so a sum of both only grows.
+func (m *Maps) eachLive(retired func(), f func(entry, Stats)) error {
 	m.mu.Lock()
 	snap := make([]entry, 0, len(m.bindings))
 	for _, e := range m.bindings {
@@ -532,25 +551,20 @@ func (m *Maps) AccountTotals() (map[string]Stats, error) {
 		s, err := m.bindingStats(e.id)
 		if err != nil {
 			errs = append(errs, err)
-			snap[i].gen = 0 // not counted: the next scrape has it
+			snap[i].gen = 0 // not counted: the caller reports the error
 		}
 		live[i] = s
 	}
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := maps.Clone(m.byAccount)
-	if out == nil {
-		out = map[string]Stats{}
-	}
+	retired()
 	for i, e := range snap {
-		if cur, ok := m.bindings[e.binding.Key()]; ok && cur.gen == e.gen && e.gen != 0 {
-			a := out[e.account]
-			a.add(live[i])
-			out[e.account] = a
+		if cur, ok := m.bindings[e.binding.Key()]; ok && e.gen != 0 && cur.gen == e.gen {
+			f(e, live[i])
 		}
 	}
-	return out, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 func (m *Maps) bindingStats(id uint32) (Stats, error) {
@@ -581,59 +595,11 @@ func (m *Maps) Stats(k Key) (Stats, error) {
 }
 
 // Totals returns what the fast path relayed over the process's lifetime,
-// including bindings already removed.
+// including bindings already removed (see eachLive for the cost).
 func (m *Maps) Totals() (Stats, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	total := m.retired
-	if len(m.bindings) > batchThreshold {
-		// Freed slots are zeroed, so summing every slot in a few batch
-		// syscalls beats one syscall per binding.
-		s, err := m.sumAllSlots()
-		total.add(s)
-		return total, err
-	}
-	for _, e := range m.bindings {
-		s, err := m.bindingStats(e.id)
-		if err != nil {
-			return total, err
-		}
-		total.add(s)
-	}
-	return total, nil
-}
-
-// batchThreshold is where Totals switches from per-binding lookups to batch
-// lookups of the whole counter array.
-const batchThreshold = 1024
-
-func (m *Maps) sumAllSlots() (Stats, error) {
-	ncpu, err := ebpf.PossibleCPU()
-	if err != nil {
-		return Stats{}, err
-	}
-	const chunk = 4096
-	keys := make([]uint32, chunk)
-	vals := make([]bpf.RelayBindingStats, chunk*ncpu)
-	var (
-		cursor ebpf.MapBatchCursor
-		s      Stats
-	)
-	for {
-		n, err := m.counters.BatchLookup(&cursor, keys, vals, nil)
-		for _, c := range vals[:n*ncpu] {
-			s.ClientToPeerPackets += c.C2pPackets
-			s.ClientToPeerBytes += c.C2pBytes
-			s.PeerToClientPackets += c.P2cPackets
-			s.PeerToClientBytes += c.P2cBytes
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return s, nil
-		}
-		if err != nil {
-			return s, fmt.Errorf("batch-read binding counters: %w", err)
-		}
-	}
+	var total Stats
+	err := m.eachLive(func() { total = m.retired }, func(_ entry, s Stats) { total.add(s) })
+	return total, err
 }
 
 // Verdicts returns the per-reason packet counts summed over CPUs, indexed by

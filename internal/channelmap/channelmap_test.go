@@ -14,14 +14,13 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
-// TestTotalsBatchAndPerBinding: Totals reads the counters per binding for few
-// bindings and in batches for many; both must give the same sums, removed
-// bindings included.
-func TestTotalsBatchAndPerBinding(t *testing.T) {
+// TestTotalsLiveAndRemoved: Totals sums the live bindings' counters (read one
+// binding at a time) and those of removed bindings, for many bindings.
+func TestTotalsLiveAndRemoved(t *testing.T) {
 	m, counters := loadMaps(t, 8192)
 	ncpu := len(mustPerCPU(t, counters, 0))
 	var want channelmap.Stats
-	const n = 2000 // above the batch threshold
+	const n = 2000
 	for i := 0; i < n; i++ {
 		b := channelmap.Binding{
 			Client:   netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 40000),
@@ -47,16 +46,16 @@ func TestTotalsBatchAndPerBinding(t *testing.T) {
 		PeerToClientPackets: uint64(2 * n * ncpu), PeerToClientBytes: uint64(n * ncpu * 50)}
 	got, err := m.Totals()
 	if err != nil || got != want {
-		t.Fatalf("batch totals %+v (%v), want %+v", got, err, want)
+		t.Fatalf("live totals %+v (%v), want %+v", got, err, want)
 	}
-	// Remove all but a few: the per-binding path, with the removed ones retired.
+	// Remove all but a few: their counters stay in the totals.
 	for _, b := range m.Installed()[:n-10] {
 		if err := m.Delete(b.Key()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if got, err = m.Totals(); err != nil || got != want {
-		t.Fatalf("per-binding totals %+v (%v), want %+v", got, err, want)
+		t.Fatalf("totals after removal %+v (%v), want %+v", got, err, want)
 	}
 }
 
