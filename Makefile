@@ -9,7 +9,7 @@ TESTFLAGS ?= -count=1 -p 1 -timeout 40m
 # goroutines meet there; instrumenting the traffic tests would only slow them.
 RACEFLAGS ?= -race -short -count=1 -timeout 20m
 
-.PHONY: help generate check-generate build tools test test-short test-race fuzz-ci lint demo bench bench-smoke clean
+.PHONY: help generate check-generate build tools test test-short test-race test-modules fuzz-ci lint demo bench bench-smoke clean
 
 # Differential fuzz targets (XDP program vs the Go reference model); CI runs
 # each for FUZZTIME as a regression check. Minimizing is kept short: every
@@ -41,8 +41,17 @@ lint: ## go vet and gofmt
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 
-test: lint tools test-race ## run every test; as root the XDP and network-namespace tests run too
+test: lint tools test-race test-modules ## run every test; as root the XDP and network-namespace tests run too
 	$(GO) test $(TESTFLAGS) ./...
+
+# Test modules of their own: they need STUNner's packages, which bring pion/turn v5.
+TEST_MODULES ?= test/stunnerstatus
+
+test-modules: ## vet and run the test modules under test/ that build against STUNner itself
+	@for m in $(TEST_MODULES); do \
+		echo "test module $$m"; \
+		(cd $$m && $(GO) vet ./... && $(GO) test -count=1 ./...) || exit 1; \
+	done
 
 test-race: ## the -short tests under the race detector
 	$(GO) test $(RACEFLAGS) ./...

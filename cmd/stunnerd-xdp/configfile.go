@@ -32,6 +32,7 @@ func fromFile(o options, r *config.Resolved) (daemon.Config, error) {
 		cfg.Secret = r.Auth.Secret
 	}
 	cfg.Listeners = r.Listeners
+	cfg.Source = r.Source
 	if !o.set["log"] {
 		o.log = r.LogLevel
 	}

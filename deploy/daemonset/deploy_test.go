@@ -325,8 +325,10 @@ type stunnerCluster struct {
 	Endpoints []string `json:"endpoints,omitempty"`
 }
 
-func TestStunnerConfig(t *testing.T) {
-	m := render(t, ".")
+// stunnerConf decodes the shipped stunnerd.conf strictly, with $STUNNER_ADDR
+// expanded.
+func stunnerConf(t *testing.T, m manifests) stunnerConfig {
+	t.Helper()
 	cm := one(t, "ConfigMap", m.configMaps)
 	raw, ok := cm.Data["stunnerd.conf"]
 	if !ok {
@@ -344,6 +346,11 @@ func TestStunnerConfig(t *testing.T) {
 	if err := yaml.UnmarshalStrict([]byte(expanded), &conf); err != nil {
 		t.Fatalf("stunnerd.conf: %v", err)
 	}
+	return conf
+}
+
+func TestStunnerConfig(t *testing.T) {
+	conf := stunnerConf(t, render(t, "."))
 	if conf.Version != "v1" {
 		t.Errorf("version %q, want v1", conf.Version)
 	}

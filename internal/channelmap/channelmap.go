@@ -99,6 +99,11 @@ type Maps struct {
 	nextID   uint32
 	maxID    uint32
 	retired  Stats // counters of bindings already removed, so totals only grow
+	// account names what a binding's traffic counts under (see SetAccount);
+	// byAccount holds the counters of removed bindings by account.
+	account   func(Binding) string
+	byAccount map[string]Stats
+	gen       uint64 // numbers the entries, so a reader outside mu tells a replaced one
 	// Listener ids: the program keys bindings by the listener's id, which the
 	// destination table maps each accepted address:port to.
 	listenerIDs  map[netip.AddrPort]uint32
@@ -110,11 +115,16 @@ type Maps struct {
 type entry struct {
 	binding Binding
 	id      uint32
+	gen     uint64
+	account string
 }
 
 type freedID struct {
 	id uint32
 	at time.Time
+	// account is the slot's last owner's: packets in flight at its removal
+	// still count into the slot, and are its.
+	account string
 }
 
 // New wraps the loaded maps.
@@ -341,8 +351,24 @@ func (m *Maps) Upsert(b Binding) error {
 		m.fail(k, exists, id)
 		return err
 	}
-	m.bindings[k] = entry{binding: b, id: id}
+	e := entry{binding: b, id: id, gen: old.gen, account: m.accountOf(b)}
+	if exists && e.account != old.account {
+		// Traffic so far was the old account's: it must not move to the new one.
+		m.drain(id, old.account)
+	}
+	if !exists || e.account != old.account {
+		m.gen++
+		e.gen = m.gen
+	}
+	m.bindings[k] = e
 	return nil
+}
+
+func (m *Maps) accountOf(b Binding) string {
+	if m.account == nil {
+		return ""
+	}
+	return m.account(b)
 }
 
 // fail undoes an Upsert that could not write both directions. A replaced
@@ -357,8 +383,9 @@ func (m *Maps) fail(k Key, existed bool, id uint32) {
 	if err := m.c2p.Delete(m.c2pKey(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return // keep the record: the reconcile retries and RemoveStray knows it
 	}
+	old := m.bindings[k]
 	delete(m.bindings, k)
-	m.retire(id)
+	m.retire(old)
 }
 
 // mapErr marks a full map.
@@ -391,7 +418,7 @@ func (m *Maps) Delete(k Key) error {
 		return errors.Join(errs...)
 	}
 	delete(m.bindings, k)
-	m.retire(e.id)
+	m.retire(e)
 	return nil
 }
 
@@ -422,12 +449,12 @@ func (m *Maps) allocID() (uint32, error) {
 	if len(m.freed) == 0 || m.now().Sub(m.freed[0].at) < idQuarantine {
 		return 0, ErrFull
 	}
-	id := m.freed[0].id
+	f := m.freed[0]
 	m.freed = m.freed[1:]
 	// Packets that were in flight when the slot's binding went counted into
 	// it after retire: they belong to the totals, not to the new owner.
-	m.drain(id)
-	return id, nil
+	m.drain(f.id, f.account)
+	return f.id, nil
 }
 
 // free returns an id that was never used by a binding.
@@ -438,18 +465,106 @@ func (m *Maps) free(id uint32) {
 // retire folds a removed binding's counters into the totals, zeroes its slot
 // and puts the id in quarantine. Called with mu held, after both map entries
 // are gone.
-func (m *Maps) retire(id uint32) {
-	m.drain(id)
-	m.freed = append(m.freed, freedID{id: id, at: m.now()})
+func (m *Maps) retire(e entry) {
+	m.drain(e.id, e.account)
+	m.freed = append(m.freed, freedID{id: e.id, at: m.now(), account: e.account})
 }
 
-// drain moves a slot's counters into the retired totals and zeroes it.
-func (m *Maps) drain(id uint32) {
+// drain moves a slot's counters into the retired totals (overall and the
+// account's) and zeroes it.
+func (m *Maps) drain(id uint32, account string) {
 	if s, err := m.bindingStats(id); err == nil {
 		m.retired.add(s)
+		if m.byAccount != nil {
+			a := m.byAccount[account]
+			a.add(s)
+			m.byAccount[account] = a
+		}
 	}
 	zero := make([]bpf.RelayBindingStats, ebpf.MustPossibleCPU())
 	_ = m.counters.Put(id, zero)
+}
+
+// SetAccount has the maps keep their counters by account: account(b) names
+// the account binding b's traffic counts under (the metrics' listener and
+// cluster), from its installation to its removal. Bindings installed before
+// the first call are assigned whole; a later call leaves what bindings counted
+// so far with their old accounts. account runs under the maps' lock: it must not call back
+// into Maps.
+func (m *Maps) SetAccount(account func(Binding) string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	first := m.account == nil
+	m.account = account
+	if m.byAccount == nil {
+		m.byAccount = map[string]Stats{}
+	}
+	for k, e := range m.bindings {
+		if a := account(e.binding); a != e.account {
+			if !first {
+				m.drain(e.id, e.account)
+			}
+			m.gen++
+			e.account, e.gen = a, m.gen
+			m.bindings[k] = e
+		}
+	}
+}
+
+// AccountTotals returns what the fast path relayed by account (see
+// SetAccount) over the process's lifetime: removed bindings' counters plus the
+// live ones'. Each total only grows.
+func (m *Maps) AccountTotals() (map[string]Stats, error) {
+	var out map[string]Stats
+	err := m.eachLive(func() { out = maps.Clone(m.byAccount) }, func(e entry, s Stats) {
+		if out == nil {
+			out = map[string]Stats{}
+		}
+		a := out[e.account]
+		a.add(s)
+		out[e.account] = a
+	})
+	if out == nil {
+		out = map[string]Stats{}
+	}
+	return out, err
+}
+
+// eachLive reads the counters of the installed bindings: one lookup per
+// binding, outside the lock, so the cost follows the live bindings (not the
+// map's size) and writers are not held up. Then, under the lock, it calls
+// retired (to take the removed bindings' totals) and f with each binding
+// still installed as it was read. A binding removed or moved to another
+// account meanwhile is skipped: its counters are in the retired totals taken
+// under the same lock, so a sum of both only grows.
+func (m *Maps) eachLive(retired func(), f func(entry, Stats)) error {
+	m.mu.Lock()
+	snap := make([]entry, 0, len(m.bindings))
+	for _, e := range m.bindings {
+		snap = append(snap, e)
+	}
+	m.mu.Unlock()
+
+	live := make([]Stats, len(snap))
+	var errs []error
+	for i, e := range snap {
+		s, err := m.bindingStats(e.id)
+		if err != nil {
+			errs = append(errs, err)
+			snap[i].gen = 0 // not counted: the caller reports the error
+		}
+		live[i] = s
+	}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	retired()
+	for i, e := range snap {
+		if cur, ok := m.bindings[e.binding.Key()]; ok && e.gen != 0 && cur.gen == e.gen {
+			f(e, live[i])
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (m *Maps) bindingStats(id uint32) (Stats, error) {
@@ -480,59 +595,11 @@ func (m *Maps) Stats(k Key) (Stats, error) {
 }
 
 // Totals returns what the fast path relayed over the process's lifetime,
-// including bindings already removed.
+// including bindings already removed (see eachLive for the cost).
 func (m *Maps) Totals() (Stats, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	total := m.retired
-	if len(m.bindings) > batchThreshold {
-		// Freed slots are zeroed, so summing every slot in a few batch
-		// syscalls beats one syscall per binding.
-		s, err := m.sumAllSlots()
-		total.add(s)
-		return total, err
-	}
-	for _, e := range m.bindings {
-		s, err := m.bindingStats(e.id)
-		if err != nil {
-			return total, err
-		}
-		total.add(s)
-	}
-	return total, nil
-}
-
-// batchThreshold is where Totals switches from per-binding lookups to batch
-// lookups of the whole counter array.
-const batchThreshold = 1024
-
-func (m *Maps) sumAllSlots() (Stats, error) {
-	ncpu, err := ebpf.PossibleCPU()
-	if err != nil {
-		return Stats{}, err
-	}
-	const chunk = 4096
-	keys := make([]uint32, chunk)
-	vals := make([]bpf.RelayBindingStats, chunk*ncpu)
-	var (
-		cursor ebpf.MapBatchCursor
-		s      Stats
-	)
-	for {
-		n, err := m.counters.BatchLookup(&cursor, keys, vals, nil)
-		for _, c := range vals[:n*ncpu] {
-			s.ClientToPeerPackets += c.C2pPackets
-			s.ClientToPeerBytes += c.C2pBytes
-			s.PeerToClientPackets += c.P2cPackets
-			s.PeerToClientBytes += c.P2cBytes
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return s, nil
-		}
-		if err != nil {
-			return s, fmt.Errorf("batch-read binding counters: %w", err)
-		}
-	}
+	var total Stats
+	err := m.eachLive(func() { total = m.retired }, func(_ entry, s Stats) { total.add(s) })
+	return total, err
 }
 
 // Verdicts returns the per-reason packet counts summed over CPUs, indexed by

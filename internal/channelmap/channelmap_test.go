@@ -6,28 +6,21 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
-// TestTotalsBatchAndPerBinding: Totals reads the counters per binding for few
-// bindings and in batches for many; both must give the same sums, removed
-// bindings included.
-func TestTotalsBatchAndPerBinding(t *testing.T) {
-	testenv.RequireRoot(t)
-	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 8192},
-		slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prog.Close()
-	m := channelmap.New(prog.Maps())
-	counters := prog.Maps().BindingCounters
+// TestTotalsLiveAndRemoved: Totals sums the live bindings' counters (read one
+// binding at a time) and those of removed bindings, for many bindings.
+func TestTotalsLiveAndRemoved(t *testing.T) {
+	m, counters := loadMaps(t, 8192)
 	ncpu := len(mustPerCPU(t, counters, 0))
 	var want channelmap.Stats
-	const n = 2000 // above the batch threshold
+	const n = 2000
 	for i := 0; i < n; i++ {
 		b := channelmap.Binding{
 			Client:   netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 40000),
@@ -53,17 +46,30 @@ func TestTotalsBatchAndPerBinding(t *testing.T) {
 		PeerToClientPackets: uint64(2 * n * ncpu), PeerToClientBytes: uint64(n * ncpu * 50)}
 	got, err := m.Totals()
 	if err != nil || got != want {
-		t.Fatalf("batch totals %+v (%v), want %+v", got, err, want)
+		t.Fatalf("live totals %+v (%v), want %+v", got, err, want)
 	}
-	// Remove all but a few: the per-binding path, with the removed ones retired.
+	// Remove all but a few: their counters stay in the totals.
 	for _, b := range m.Installed()[:n-10] {
 		if err := m.Delete(b.Key()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if got, err = m.Totals(); err != nil || got != want {
-		t.Fatalf("per-binding totals %+v (%v), want %+v", got, err, want)
+		t.Fatalf("totals after removal %+v (%v), want %+v", got, err, want)
 	}
+}
+
+// loadMaps loads the program (not attached) and wraps its maps.
+func loadMaps(t *testing.T, maxBindings uint32) (*channelmap.Maps, *ebpf.Map) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: maxBindings},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	return channelmap.New(prog.Maps()), prog.Maps().BindingCounters
 }
 
 func mustPerCPU(t *testing.T, m interface {
@@ -74,4 +80,71 @@ func mustPerCPU(t *testing.T, m interface {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// TestAccountTotalsGrowAcrossRemovalAndPeerMoves: the totals by account hold
+// live and removed bindings' counters, a binding installed before SetAccount
+// is assigned by it, and a binding whose channel moves to a peer of another
+// account leaves its traffic so far with the old one.
+func TestAccountTotalsGrowAcrossRemovalAndPeerMoves(t *testing.T) {
+	m, counters := loadMaps(t, 64)
+	ncpu := uint64(len(mustPerCPU(t, counters, 0)))
+	binding := func(i int, peer string) channelmap.Binding {
+		return channelmap.Binding{
+			Client:   netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), 40000),
+			Listener: netip.MustParseAddrPort("10.100.0.1:3478"), Channel: 0x4000,
+			Peer: netip.MustParseAddrPort(peer), Relay: netip.AddrPortFrom(netip.MustParseAddr("10.200.0.1"), uint16(50000+i)),
+		}
+	}
+	// One packet of 10 bytes each way per CPU into slot id.
+	bump := func(id uint32) {
+		vals := mustPerCPU(t, counters, id)
+		for c := range vals {
+			vals[c].C2pPackets++
+			vals[c].C2pBytes += 10
+			vals[c].P2cPackets++
+			vals[c].P2cBytes += 10
+		}
+		if err := counters.Put(id, vals); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b0, b1 := binding(0, "10.200.0.2:5000"), binding(1, "10.201.0.2:5000")
+	for _, b := range []channelmap.Binding{b0, b1} {
+		if err := m.Upsert(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bump(0) // b0 counted before the accounts exist
+	m.SetAccount(func(b channelmap.Binding) string { return netip.PrefixFrom(b.Peer.Addr(), 16).Masked().String() })
+	bump(0)
+	bump(1)
+	want := func(step string, a, b uint64) {
+		t.Helper()
+		got, err := m.AccountTotals()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for acct, n := range map[string]uint64{"10.200.0.0/16": a, "10.201.0.0/16": b} {
+			if s := got[acct]; s.ClientToPeerPackets != n*ncpu || s.PeerToClientBytes != 10*n*ncpu {
+				t.Errorf("%s: account %s has %+v, want %d packets each way per CPU", step, acct, s, n)
+			}
+		}
+	}
+	want("live", 2, 1)
+	// b0's channel moves to the other account's peer: its two stay.
+	moved := b0
+	moved.Peer = netip.MustParseAddrPort("10.201.0.9:5000")
+	if err := m.Upsert(moved); err != nil {
+		t.Fatal(err)
+	}
+	bump(0)
+	want("moved", 2, 2)
+	if err := m.Delete(b1.Key()); err != nil {
+		t.Fatal(err)
+	}
+	want("removed", 2, 2)
+	if tot, err := m.Totals(); err != nil || tot.ClientToPeerPackets != 4*ncpu {
+		t.Errorf("totals %+v (%v), want %d client->peer packets", tot, err, 4*ncpu)
+	}
 }

@@ -35,3 +35,6 @@ var ReasonNames = map[bpf.RelayReason]string{
 	bpf.RelayReasonREASON_BAD_IP_CHECKSUM:        "pass_bad_ip_checksum",
 	bpf.RelayReasonREASON_REDIRECT_FAILED:        "drop_redirect_failed",
 }
+
+// ReasonName is the metric label of Verdicts()[i].
+func ReasonName(i int) string { return ReasonNames[bpf.RelayReason(i)] }

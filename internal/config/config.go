@@ -108,6 +108,8 @@ type Resolved struct {
 	Interfaces []string
 	Auth       ResolvedAuth
 	Listeners  []ResolvedListener
+	// Source is the configuration as given: /status reports it as stunnerd does.
+	Source *Stunner
 }
 
 // ResolvedAuth is the authentication in force.
@@ -133,6 +135,15 @@ type ResolvedListener struct {
 	// AllowPeers is empty (STUNner's listener without routes).
 	AllowPeers []netip.Prefix
 	Allowlist  bool
+	// Clusters are the clusters the listener routes to, in route order: the
+	// metrics count a peer's traffic under the first that has it.
+	Clusters []ResolvedCluster
+}
+
+// ResolvedCluster is a cluster's name and peers.
+type ResolvedCluster struct {
+	Name  string
+	Peers []netip.Prefix
 }
 
 // SameSocket reports whether two listeners run the same socket: a reload
@@ -172,7 +183,7 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 	if s.APIVersion != "v1" {
 		return nil, fmt.Errorf("version %q is not supported, want v1", s.APIVersion)
 	}
-	r := &Resolved{LogLevel: s.Admin.LogLevel}
+	r := &Resolved{LogLevel: s.Admin.LogLevel, Source: s}
 	if r.LogLevel == "" {
 		r.LogLevel = "all:INFO"
 	}
@@ -330,6 +341,7 @@ func (l Listener) resolve(clusters map[string][]netip.Prefix) (ResolvedListener,
 			return r, fmt.Errorf("route to unknown cluster %q", route)
 		}
 		r.AllowPeers = append(r.AllowPeers, ps...)
+		r.Clusters = append(r.Clusters, ResolvedCluster{Name: route, Peers: ps})
 	}
 	return r, nil
 }

@@ -25,9 +25,11 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
+	"github.com/l7mp/stunnerd-xdp/internal/metrics"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/offload"
+	"github.com/l7mp/stunnerd-xdp/internal/status"
 )
 
 // Config is everything the daemon runs on.
@@ -83,6 +85,10 @@ type Config struct {
 	SocketBuffer int
 
 	Logger *logging.Factory
+
+	// Source is the STUNner configuration the daemon runs (nil when started
+	// from flags): /status reports it as stunnerd does.
+	Source *config.Stunner
 }
 
 // Defaults for the zero fields of Config.
@@ -235,6 +241,7 @@ type Daemon struct {
 	dests      *destinationSync
 	steer      *handover.Steering
 	counters   *fallback.Counters
+	traffic    *metrics.Traffic
 	registry   *prometheus.Registry
 	https      []*http.Server
 	stop       chan struct{}
@@ -257,11 +264,13 @@ func Start(cfg Config) (*Daemon, error) {
 	d := &Daemon{
 		log:        cfg.Logger.Slog("stunnerd-xdp"),
 		counters:   &fallback.Counters{},
+		traffic:    metrics.NewTraffic(),
 		stop:       make(chan struct{}),
 		linkEvents: make(chan struct{}, 1),
 		drained:    make(chan struct{}),
 	}
 	d.cfg.Store(&cfg)
+	d.traffic.SetListeners(cfg.trafficListeners())
 	d.mirror = mirror.New(cfg.Logger.Slog("control"))
 	d.startGate()
 
@@ -287,8 +296,7 @@ func Start(cfg Config) (*Daemon, error) {
 	}
 	d.startXDP()
 
-	d.registry = prometheus.NewRegistry()
-	d.registry.MustRegister(newCollector(d), newGateCollector(d))
+	d.registry = metrics.NewRegistry(d, newGateCollector(d))
 	if err := d.serveHTTP(); err != nil {
 		d.Close()
 		return nil, err
@@ -399,6 +407,48 @@ func (d *Daemon) Registry() *prometheus.Registry { return d.registry }
 // UserspaceCounters returns what pion/turn relayed.
 func (d *Daemon) UserspaceCounters() *fallback.Counters { return d.counters }
 
+// Traffic returns the listeners' and clusters' accounting.
+func (d *Daemon) Traffic() *metrics.Traffic { return d.traffic }
+
+// MirrorStats returns the mirror's counters and the channels pion holds.
+func (d *Daemon) MirrorStats() (mirror.Stats, int) {
+	_, chans := d.mirror.Counts()
+	return d.mirror.Stats(), chans
+}
+
+// NodeLabel returns the state of the node's offload label.
+func (d *Daemon) NodeLabel() nodelabel.State {
+	if w := d.nodeWatcher.Load(); w != nil {
+		return w.State()
+	}
+	return nodelabel.Absent
+}
+
+// Steering returns the node's listener steering verdicts (nil without it).
+func (d *Daemon) Steering() (*handover.Stats, error) {
+	if d.steer == nil {
+		return nil, nil
+	}
+	s, err := d.steer.Stats()
+	if err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// trafficListeners are the listeners as the metrics account them.
+func (c *Config) trafficListeners() []metrics.Listener {
+	out := make([]metrics.Listener, 0, len(c.Listeners))
+	for _, l := range c.Listeners {
+		ml := metrics.Listener{Name: l.Name, Clusters: l.Clusters}
+		if l.Protocol == config.UDP {
+			ml.Addr = l.Addr
+		}
+		out = append(out, ml)
+	}
+	return out
+}
+
 // AllocationCount returns pion's live allocations.
 func (d *Daemon) AllocationCount() int {
 	d.lmu.Lock()
@@ -432,43 +482,56 @@ func (d *Daemon) Close() error {
 	return errors.Join(errs...)
 }
 
-// Status is what /status reports.
-type Status struct {
-	Status      string            `json:"status"`
-	Allocations int               `json:"allocations"`
-	Channels    int               `json:"channels"`
-	Offloaded   int               `json:"offloaded"`
-	Attached    map[string]string `json:"attached"`
-	Draining    bool              `json:"draining"`
-	// Packets relayed since start, by path (both directions).
-	XDPPackets       uint64 `json:"xdpPackets"`
-	UserspacePackets uint64 `json:"userspacePackets"`
-	// Steering holds the node-wide listener steering verdicts when two
-	// daemons may share the ports (nil without --handover-dir).
-	Steering *handover.Stats `json:"steering,omitempty"`
+// Status returns what /status reports: STUNner's StunnerStatus with the xdp
+// section.
+func (d *Daemon) Status() status.Status {
+	cfg := d.config()
+	x := status.XDP{Attached: map[string]string{}, Draining: d.draining.Load()}
+	_, x.Channels = d.mirror.Counts()
+	if m := d.xdp.Maps(); m != nil {
+		x.Offloaded = m.Len()
+		if t, err := m.Totals(); err == nil {
+			x.XDPPackets = t.ClientToPeerPackets + t.PeerToClientPackets
+		}
+	}
+	x.UserspacePackets = d.counters.ClientToPeerPackets.Load() + d.counters.PeerToClientPackets.Load()
+	x.Steering, _ = d.Steering()
+	for i, m := range d.xdp.Attached() {
+		x.Attached[i] = string(m)
+	}
+	traffic, _ := metrics.KernelTotals(d) // on error, userspace's only: a status is a snapshot
+	return status.New(status.Input{
+		Version:     "v1",
+		Source:      cfg.stunnerConfig(),
+		Offload:     status.OffloadString(d.offloadEngine(), cfg.Interfaces),
+		Allocations: d.AllocationCount(),
+		Draining:    x.Draining,
+		Traffic:     traffic,
+		XDP:         x,
+	})
 }
 
-// Status returns the daemon's state.
-func (d *Daemon) Status() Status {
-	st := Status{Status: "READY", Allocations: d.AllocationCount(), Attached: map[string]string{}}
-	if d.draining.Load() {
-		st.Status, st.Draining = "TERMINATING", true
+// offloadEngine names the path in use as STUNner's admin.offload_engine does.
+func (d *Daemon) offloadEngine() string {
+	if len(d.xdp.Attached()) == 0 {
+		return "None"
 	}
-	_, st.Channels = d.mirror.Counts()
-	if m := d.xdp.Maps(); m != nil {
-		st.Offloaded = m.Len()
-		if t, err := m.Totals(); err == nil {
-			st.XDPPackets = t.ClientToPeerPackets + t.PeerToClientPackets
-		}
+	return "XDP"
+}
+
+// stunnerConfig is the STUNner configuration the daemon runs: the one it was
+// given, or one describing the flags.
+func (c *Config) stunnerConfig() *config.Stunner {
+	if c.Source != nil {
+		return c.Source
 	}
-	st.UserspacePackets = d.counters.ClientToPeerPackets.Load() + d.counters.PeerToClientPackets.Load()
-	if d.steer != nil {
-		if s, err := d.steer.Stats(); err == nil {
-			st.Steering = &s
-		}
+	s := &config.Stunner{APIVersion: "v1", Auth: config.Auth{Type: string(config.AuthStatic), Realm: c.Realm}}
+	if c.Secret != "" {
+		s.Auth.Type = string(config.AuthEphemeral)
 	}
-	for i, m := range d.xdp.Attached() {
-		st.Attached[i] = string(m)
+	for _, l := range c.Listeners {
+		s.Listeners = append(s.Listeners, config.Listener{Name: l.Name, Protocol: string(l.Protocol),
+			Addr: l.Addr.Addr().String(), Port: int(l.Addr.Port())})
 	}
-	return st
+	return s
 }

@@ -43,6 +43,9 @@ func (s *destinationSync) push(t destinations.Table) error {
 // since the last call. Called after every input to the manager and retry.
 func (d *Daemon) syncDestinations() {
 	if m := d.xdp.Maps(); d.dests.maps.Swap(m) != m {
+		if m != nil {
+			m.SetAccount(d.traffic.Account)
+		}
 		d.dests.tracker.Resync()
 	}
 }

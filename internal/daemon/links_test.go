@@ -55,7 +55,7 @@ func TestFollowsInterfaces(t *testing.T) {
 	reports(t, d, map[string]string{})
 
 	addLink(t, "xv0", addr)
-	eventually(t, 5*time.Second, "re-attached to the new xv0", func() bool { return maps.Equal(d.Status().Attached, generic("xv0")) })
+	eventually(t, 5*time.Second, "re-attached to the new xv0", func() bool { return maps.Equal(d.Status().XDP.Attached, generic("xv0")) })
 	reports(t, d, generic("xv0"))
 
 	l, err := netlink.LinkByName("xv0")
@@ -82,7 +82,7 @@ func TestFollowsInterfaces(t *testing.T) {
 // all say the program runs on exactly the given interfaces.
 func reports(t *testing.T, d *Daemon, want map[string]string) {
 	t.Helper()
-	if got := d.Status().Attached; !maps.Equal(got, want) {
+	if got := d.Status().XDP.Attached; !maps.Equal(got, want) {
 		t.Errorf("/status says attached %v, want %v", got, want)
 	}
 	mfs, err := d.Registry().Gather()

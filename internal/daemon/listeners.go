@@ -63,7 +63,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 	ls := &listenerServer{l: l}
 	ls.policy.Store(d.policyFor(l))
 	permit := func(client net.Addr, peer net.IP) bool { return ls.policy.Load().Handler(client, peer) }
-	relay := &fallback.RelayAddressGenerator{
+	relay := d.traffic.RelayAddressGenerator(l.Name, &fallback.RelayAddressGenerator{
 		RelayAddressGeneratorPortRange: turn.RelayAddressGeneratorPortRange{
 			RelayAddress: net.IP(cfg.RelayAddress.AsSlice()),
 			Address:      cfg.RelayAddress.String(),
@@ -71,7 +71,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 			MaxPort:      cfg.MaxRelayPort,
 		},
 		Counters: d.counters,
-	}
+	})
 	sc := turn.ServerConfig{
 		Realm:              cfg.Realm,
 		LoggerFactory:      cfg.Logger,
@@ -114,7 +114,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		}
 		sc.EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, sc.EventHandler)))
 		sc.PacketConnConfigs = []turn.PacketConnConfig{{
-			PacketConn:            &fallback.ListenerConn{PacketConn: conn, Counters: d.counters},
+			PacketConn:            &fallback.ListenerConn{PacketConn: d.traffic.ListenerConn(l.Name, conn), Counters: d.counters},
 			PermissionHandler:     permit,
 			RelayAddressGenerator: relay,
 		}}
@@ -130,6 +130,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		if l.Protocol == config.TLS {
 			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*l.Cert}, MinVersion: tls.VersionTLS12})
 		}
+		ln = d.traffic.Listener(l.Name, ln)
 		sc.ListenerConfigs = []turn.ListenerConfig{{
 			Listener:              ln,
 			PermissionHandler:     permit,

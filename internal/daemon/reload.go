@@ -57,6 +57,7 @@ func (d *Daemon) Reconfigure(next Config) error {
 
 	realmChanged := next.Realm != cur.Realm
 	d.cfg.Store(&next)
+	d.traffic.SetListeners(next.trafficListeners())
 	d.auth.Store(newAuthState(next, next.Logger))
 
 	var errs []error

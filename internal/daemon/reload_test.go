@@ -208,8 +208,8 @@ func TestConfigSnapshotIsOwned(t *testing.T) {
 		Users:        map[string]string{"u": "p"},
 		RelayAddress: netip.MustParseAddr("127.0.0.1"),
 		MinRelayPort: 63000, MaxRelayPort: 63999,
-		XDPMode:      loader.ModeOff,
-		Logger:       lf,
+		XDPMode: loader.ModeOff,
+		Logger:  lf,
 	}
 	d, err := Start(cfg)
 	if err != nil {

@@ -72,7 +72,7 @@ func TestTwoDaemonsShareThePorts(t *testing.T) {
 	if !strings.Contains(logs.String(), "listener handover on") {
 		t.Errorf("no handover log:\n%s", logs.String())
 	}
-	if st := b.Status(); st.Steering == nil {
+	if st := b.Status(); st.XDP.Steering == nil {
 		t.Errorf("status without steering: %+v", st)
 	}
 	// A new client allocates on the newer daemon.

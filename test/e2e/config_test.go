@@ -109,7 +109,7 @@ func TestSTUNnerConfigAndReload(t *testing.T) {
 	if _, err := relay.WriteTo([]byte("x"), mustUDPAddr("198.51.100.1:5000")); err == nil {
 		time.Sleep(200 * time.Millisecond)
 	}
-	if st := status(t, r.Server); st.Channels > 1 {
+	if st := status(t, r.Server); st.XDP.Channels > 1 {
 		t.Fatalf("a peer outside the cluster got a channel: %+v", st)
 	}
 
@@ -156,7 +156,7 @@ func TestSTUNnerConfigAndReload(t *testing.T) {
 	if float64(res.received) < 0.99*float64(res.sent) {
 		t.Errorf("session across the reloads: %d of %d echoes", res.received, res.sent)
 	}
-	if st := status(t, r.Server); st.Allocations != 3 || st.Status != "READY" {
+	if st := status(t, r.Server); st.AllocationCount != 3 || st.Status != "READY" {
 		t.Errorf("after the reloads: %+v", st)
 	}
 	if strings.Contains(p.Stderr(), `"level":"ERROR"`) && !strings.Contains(p.Stderr(), "config reload") {

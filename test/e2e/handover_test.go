@@ -12,14 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	dstatus "github.com/l7mp/stunnerd-xdp/internal/status"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
 // socketStatus reads /status from a daemon's --health-socket: the answer of
 // that process, whichever holds the health port.
-func socketStatus(t *testing.T, sock string) daemon.Status {
+func socketStatus(t *testing.T, sock string) dstatus.Status {
 	t.Helper()
 	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -33,7 +33,7 @@ func socketStatus(t *testing.T, sock string) daemon.Status {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	var st daemon.Status
+	var st dstatus.Status
 	if err := json.Unmarshal(body, &st); err != nil {
 		t.Fatalf("status over %s: %v: %q", sock, err, body)
 	}
@@ -113,7 +113,7 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 	}
 	if late {
 		drain()
-		if st := socketStatus(t, sockA); mode == "native" && len(st.Attached) == 0 {
+		if st := socketStatus(t, sockA); mode == "native" && len(st.XDP.Attached) == 0 {
 			t.Errorf("the old daemon gave up XDP with no successor: %+v", st)
 		}
 	}
@@ -124,7 +124,7 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 		t.Errorf("the new daemon did not report the busy health port:\n%s", b.Stderr())
 	}
 	stB := socketStatus(t, sockB)
-	if mode == "native" && len(stB.Attached) != 0 {
+	if mode == "native" && len(stB.XDP.Attached) != 0 {
 		t.Errorf("the new daemon attached XDP while the old one holds it: %+v", stB)
 	}
 	relay2, err := allocateFrom(t, r.Client)
@@ -134,8 +134,8 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 	done2 := session(relay2, 9*time.Second)
 	time.Sleep(500 * time.Millisecond)
 	stA, stB := socketStatus(t, sockA), socketStatus(t, sockB)
-	if stA.Allocations != 1 || stB.Allocations != 1 {
-		t.Fatalf("allocations: old %d, new %d; want one each (new ones go to the new daemon)", stA.Allocations, stB.Allocations)
+	if stA.AllocationCount != 1 || stB.AllocationCount != 1 {
+		t.Fatalf("allocations: old %d, new %d; want one each (new ones go to the new daemon)", stA.AllocationCount, stB.AllocationCount)
 	}
 
 	// The old pod is deleted: it drains.
@@ -165,14 +165,14 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 	// own session continues in userspace, the successor's moves to XDP.
 	if mode == "native" {
 		waitFor(t, "the new daemon takes over XDP during the old one's drain", 6*time.Second, func() bool {
-			return len(socketStatus(t, sockB).Attached) == len(r.ServerIfaces())
+			return len(socketStatus(t, sockB).XDP.Attached) == len(r.ServerIfaces())
 		})
 		select {
 		case <-done1:
 			t.Fatal("the old session ended before the handover could be seen: lengthen it")
 		default:
 		}
-		if st := socketStatus(t, sockA); len(st.Attached) != 0 {
+		if st := socketStatus(t, sockA); len(st.XDP.Attached) != 0 {
 			t.Errorf("old daemon still attached after the handover: %+v", st)
 		}
 	}
@@ -187,12 +187,12 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 
 	check("old daemon's session across the new daemon's start and its own drain", <-done1)
 	stA = socketStatus(t, sockA)
-	t.Logf("old daemon before its last allocation ends: %+v steering %+v", stA, *stA.Steering)
-	if stA.Steering.Owner < 1000 {
-		t.Errorf("steering sent %d datagrams to allocation owners, want the old session's thousands", stA.Steering.Owner)
+	t.Logf("old daemon before its last allocation ends: %+v steering %+v", stA, *stA.XDP.Steering)
+	if stA.XDP.Steering.Owner < 1000 {
+		t.Errorf("steering sent %d datagrams to allocation owners, want the old session's thousands", stA.XDP.Steering.Owner)
 	}
-	if stA.UserspacePackets < 1000 {
-		t.Errorf("old daemon relayed %d packets in userspace: its session did not continue there", stA.UserspacePackets)
+	if stA.XDP.UserspacePackets < 1000 {
+		t.Errorf("old daemon relayed %d packets in userspace: its session did not continue there", stA.XDP.UserspacePackets)
 	}
 	// Refresh(0) reaches the old daemon through the steering; it exits.
 	if err := relay1.Close(); err != nil {
@@ -206,12 +206,12 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 		code, _, err := r.Server.HTTPGet("http://10.100.0.1:8086/ready")
 		return err == nil && code == http.StatusOK
 	})
-	xdpBefore := socketStatus(t, sockB).XDPPackets
+	xdpBefore := socketStatus(t, sockB).XDP.XDPPackets
 	check("new daemon's session across the old daemon's drain and exit", <-done2)
 	stB = socketStatus(t, sockB)
-	t.Logf("new daemon at the end: %+v steering %+v", stB, *stB.Steering)
-	if mode == "native" && stB.XDPPackets <= xdpBefore {
-		t.Errorf("the new daemon's session did not move to XDP after the takeover: %d -> %d packets", xdpBefore, stB.XDPPackets)
+	t.Logf("new daemon at the end: %+v steering %+v", stB, *stB.XDP.Steering)
+	if mode == "native" && stB.XDP.XDPPackets <= xdpBefore {
+		t.Errorf("the new daemon's session did not move to XDP after the takeover: %d -> %d packets", xdpBefore, stB.XDP.XDPPackets)
 	}
 	if b.Exited() {
 		t.Fatalf("new daemon exited:\n%s", b.Stderr())

@@ -15,6 +15,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	dstatus "github.com/l7mp/stunnerd-xdp/internal/status"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
@@ -91,10 +92,10 @@ func allocateWith(t *testing.T, ns *netns.NS, server, username, pass string, tcp
 	})
 }
 
-func status(t *testing.T, ns *netns.NS) daemon.Status {
+func status(t *testing.T, ns *netns.NS) dstatus.Status {
 	t.Helper()
 	code, body := httpGet(t, ns, "http://10.100.0.1:8086/status")
-	var st daemon.Status
+	var st dstatus.Status
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil {
 		t.Fatalf("/status: %d %q", code, body)
 	}
@@ -189,7 +190,7 @@ func TestGracefulDrain(t *testing.T) {
 		done <- result{s, n, last}
 	}()
 	time.Sleep(1500 * time.Millisecond)
-	if st := status(t, r.Server); st.Status != "READY" || st.Allocations != 1 || st.Offloaded != 1 {
+	if st := status(t, r.Server); st.Status != "READY" || st.AllocationCount != 1 || st.XDP.Offloaded != 1 {
 		t.Fatalf("before SIGTERM: %+v", st)
 	}
 	if err := syscall.Kill(p.PID(), syscall.SIGTERM); err != nil {
@@ -199,7 +200,7 @@ func TestGracefulDrain(t *testing.T) {
 	if code, _ := httpGet(t, r.Server, "http://10.100.0.1:8086/ready"); code != http.StatusServiceUnavailable {
 		t.Errorf("/ready answered %d while draining, want 503", code)
 	}
-	if st := status(t, r.Server); st.Status != "TERMINATING" || st.Allocations != 1 || len(st.Attached) != 2 {
+	if st := status(t, r.Server); st.Status != "TERMINATING" || st.AllocationCount != 1 || len(st.XDP.Attached) != 2 {
 		t.Errorf("while draining: %+v", st)
 	}
 	if _, err := allocateFrom(t, r.Client); err == nil || !strings.Contains(err.Error(), "486") {

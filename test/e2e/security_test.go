@@ -88,7 +88,7 @@ func TestCrashRestart(t *testing.T) {
 		done <- n
 	}()
 	time.Sleep(1500 * time.Millisecond)
-	if st := status(t, r.Server); st.Offloaded != 1 {
+	if st := status(t, r.Server); st.XDP.Offloaded != 1 {
 		t.Fatalf("before the crash: %+v", st)
 	}
 	_ = p.Kill()
@@ -105,7 +105,7 @@ func TestCrashRestart(t *testing.T) {
 	start := time.Now()
 	p2 := startBinary(t, r)
 	_ = bin
-	if st := status(t, r.Server); st.Allocations != 0 || st.Offloaded != 0 || st.Channels != 0 {
+	if st := status(t, r.Server); st.AllocationCount != 0 || st.XDP.Offloaded != 0 || st.XDP.Channels != 0 {
 		t.Fatalf("restarted daemon does not start clean: %+v", st)
 	}
 	relay2, err := allocateFrom(t, r.Client)
@@ -117,7 +117,7 @@ func TestCrashRestart(t *testing.T) {
 	if float64(received) < 0.99*float64(sent) {
 		t.Fatalf("after restart %d of %d echoes", received, sent)
 	}
-	if st := status(t, r.Server); st.Offloaded != 1 {
+	if st := status(t, r.Server); st.XDP.Offloaded != 1 {
 		t.Fatalf("the new allocation's channel is not in the maps: %+v", st)
 	}
 	_ = p2.Stop()

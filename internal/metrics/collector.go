@@ -1,0 +1,177 @@
+package metrics
+
+import (
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/fallback"
+	"github.com/l7mp/stunnerd-xdp/internal/handover"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/mirror"
+	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
+)
+
+// Source is what the collector reads from the daemon, at scrape time.
+type Source interface {
+	// AllocationCount is pion/turn's live allocations.
+	AllocationCount() int
+	// Maps are the binding maps, nil until XDP was first loaded.
+	Maps() *channelmap.Maps
+	// Attached is the XDP mode of every interface the program runs on.
+	Attached() map[string]loader.Mode
+	// Interfaces are the interfaces the daemon manages.
+	Interfaces() []string
+	// UserspaceCounters are what pion/turn relayed.
+	UserspaceCounters() *fallback.Counters
+	// MirrorStats are the mirror's counters and the channel bindings pion holds.
+	MirrorStats() (st mirror.Stats, channels int)
+	// NodeLabel is the state of the node's offload label.
+	NodeLabel() nodelabel.State
+	// Steering is the node's listener steering (nil without it).
+	Steering() (*handover.Stats, error)
+	// Traffic is the listeners' and clusters' accounting.
+	Traffic() *Traffic
+}
+
+// NewRegistry returns a registry with STUNner's series, the fast path's, and
+// Go's and the process's.
+func NewRegistry(src Source, more ...prometheus.Collector) *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(newStunnerCollector(src), newCollector(src),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r.MustRegister(more...)
+	return r
+}
+
+// counter and gauge emit one constant metric.
+func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v uint64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+}
+
+func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+}
+
+// collector exports the fast path's own series. The per-CPU maps are summed
+// in Go at scrape time, nothing is copied on the packet path.
+type collector struct {
+	src                                            Source
+	packets, bytes, verdicts, allocs, chans, bound *prometheus.Desc
+	attached, mirrorEvents, mirrorErrors, drift    *prometheus.Desc
+	mode, label, steering                          *prometheus.Desc
+}
+
+func newCollector(src Source) *collector {
+	return &collector{
+		src:          src,
+		packets:      prometheus.NewDesc("stunnerd_xdp_packets_total", "Packets relayed, by path (xdp or userspace) and direction.", []string{"path", "direction"}, nil),
+		bytes:        prometheus.NewDesc("stunnerd_xdp_bytes_total", "Application-data bytes relayed, by path and direction.", []string{"path", "direction"}, nil),
+		verdicts:     prometheus.NewDesc("stunnerd_xdp_verdicts_total", "Packets seen by the XDP program, by the reason for its verdict.", []string{"reason"}, nil),
+		allocs:       prometheus.NewDesc("stunnerd_xdp_allocations_active", "TURN allocations pion/turn holds.", nil, nil),
+		chans:        prometheus.NewDesc("stunnerd_xdp_channels_active", "TURN channel bindings pion/turn holds.", nil, nil),
+		bound:        prometheus.NewDesc("stunnerd_xdp_bindings_offloaded", "Channel bindings installed in the XDP maps.", nil, nil),
+		attached:     prometheus.NewDesc("stunnerd_xdp_attached", "1 where the XDP program is attached to the interface in the mode.", []string{"iface", "mode"}, nil),
+		mirrorEvents: prometheus.NewDesc("stunnerd_xdp_mirror_events_total", "pion/turn events received by the mirror.", nil, nil),
+		mirrorErrors: prometheus.NewDesc("stunnerd_xdp_mirror_errors_total", "Map writes that failed (the flows stayed in userspace).", nil, nil),
+		drift:        prometheus.NewDesc("stunnerd_xdp_reconcile_repairs_total", "Differences between pion/turn and the maps repaired by the reconcile.", nil, nil),
+		mode:         prometheus.NewDesc("stunnerd_xdp_mode", "1 for the path in use: native or generic (XDP attached somewhere in that mode) or off (userspace only).", []string{"mode"}, nil),
+		steering:     prometheus.NewDesc("stunnerd_xdp_steering_total", "Listener packets the node's SO_REUSEPORT steering sent to the allocation's daemon (owner), the newest daemon (active), or left to the kernel's hash.", []string{"verdict"}, nil),
+		label:        prometheus.NewDesc("stunnerd_xdp_offload_label", "1 for the state of the node's stunner.l7mp.io/xdp-offload label (absent without --node-name).", []string{"state"}, nil),
+	}
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	u := c.src.UserspaceCounters()
+	counter(ch, c.packets, u.ClientToPeerPackets.Load(), "userspace", "client_to_peer")
+	counter(ch, c.packets, u.PeerToClientPackets.Load(), "userspace", "peer_to_client")
+	counter(ch, c.bytes, u.ClientToPeerBytes.Load(), "userspace", "client_to_peer")
+	counter(ch, c.bytes, u.PeerToClientBytes.Load(), "userspace", "peer_to_client")
+
+	if m := c.src.Maps(); m != nil {
+		if xdp, err := m.Totals(); err == nil {
+			counter(ch, c.packets, xdp.ClientToPeerPackets, "xdp", "client_to_peer")
+			counter(ch, c.packets, xdp.PeerToClientPackets, "xdp", "peer_to_client")
+			counter(ch, c.bytes, xdp.ClientToPeerBytes, "xdp", "client_to_peer")
+			counter(ch, c.bytes, xdp.PeerToClientBytes, "xdp", "peer_to_client")
+		} else {
+			// A zero would read as a counter reset.
+			ch <- prometheus.NewInvalidMetric(c.packets, err)
+		}
+		if v, err := m.Verdicts(); err == nil {
+			for r, n := range v {
+				counter(ch, c.verdicts, n, channelmap.ReasonName(r))
+			}
+		} else {
+			ch <- prometheus.NewInvalidMetric(c.verdicts, err)
+		}
+		gauge(ch, c.bound, float64(m.Len()))
+	} else {
+		// Never loaded: nothing was relayed in the kernel.
+		for _, dir := range []string{"client_to_peer", "peer_to_client"} {
+			counter(ch, c.packets, 0, "xdp", dir)
+			counter(ch, c.bytes, 0, "xdp", dir)
+		}
+	}
+
+	gauge(ch, c.allocs, float64(c.src.AllocationCount()))
+	st, chans := c.src.MirrorStats()
+	gauge(ch, c.chans, float64(chans))
+
+	attached := c.src.Attached()
+	inUse := map[loader.Mode]bool{}
+	for _, m := range attached {
+		inUse[m] = true
+	}
+	for _, m := range []loader.Mode{loader.ModeNative, loader.ModeGeneric, loader.ModeOff} {
+		v := 0.0
+		if inUse[m] || m == loader.ModeOff && len(attached) == 0 {
+			v = 1
+		}
+		gauge(ch, c.mode, v, string(m))
+	}
+	state := c.src.NodeLabel()
+	for _, s := range nodelabel.States {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		gauge(ch, c.label, v, s.String())
+	}
+	// The managed interfaces, and any renamed since the attach (the program
+	// runs there still).
+	ifaces := c.src.Interfaces()
+	for iface := range attached {
+		if !slices.Contains(ifaces, iface) {
+			ifaces = append(ifaces, iface)
+		}
+	}
+	for _, iface := range ifaces {
+		for _, mode := range []loader.Mode{loader.ModeNative, loader.ModeGeneric} {
+			v := 0.0
+			if attached[iface] == mode {
+				v = 1
+			}
+			gauge(ch, c.attached, v, iface, string(mode))
+		}
+	}
+	switch s, err := c.src.Steering(); {
+	case err != nil:
+		ch <- prometheus.NewInvalidMetric(c.steering, err)
+	case s != nil:
+		counter(ch, c.steering, s.Owner, "owner")
+		counter(ch, c.steering, s.Active, "active")
+		counter(ch, c.steering, s.Hash, "hash")
+	}
+	counter(ch, c.mirrorEvents, st.Events)
+	counter(ch, c.mirrorErrors, st.Errors)
+	counter(ch, c.drift, st.Drift)
+}
