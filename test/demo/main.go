@@ -27,8 +27,6 @@ import (
 
 const (
 	turnUser, turnPass = "user1", "passwd1"
-	// turncat cannot size its sockets; see test/e2e for why 4 MiB.
-	demoRmemDefault = "4194304"
 )
 
 func main() {
@@ -78,9 +76,9 @@ func run(daemon, turncat, mode string, rate, size, seconds int) error {
 			return fmt.Errorf("%s is missing (make tools builds turncat; apt-get install iperf iproute2): %w", tool, err)
 		}
 	}
-	if restore, err := setSysctl("/proc/sys/net/core/rmem_default", demoRmemDefault); err == nil {
+	if _, restore, err := netns.RaiseRmemDefault(); err == nil {
 		defer restore()
-		fmt.Println("net.core.rmem_default set to", demoRmemDefault, "for the run (turncat cannot size its sockets); restored at the end")
+		fmt.Println("net.core.rmem_default set to", netns.TurncatRmem, "for the run (turncat cannot size its sockets); restored at the end")
 	}
 	r, err := netns.Build(netns.WithTag("demo"))
 	if err != nil {
@@ -211,15 +209,4 @@ func matching(m map[string]float64, prefix string) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-func setSysctl(path, value string) (func(), error) {
-	old, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(path, []byte(value), 0); err != nil {
-		return nil, err
-	}
-	return func() { _ = os.WriteFile(path, old, 0) }, nil
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"testing"
 
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
@@ -45,6 +46,16 @@ func Binary(name string) (string, error) {
 	}
 	once, _ := built.LoadOrStore(name, sync.OnceValues(func() (string, error) { return build(name, spec.pkg) }))
 	return once.(func() (string, error))()
+}
+
+// RequireBinary is Binary that fails the test when the program cannot be had.
+func RequireBinary(t testing.TB, name string) string {
+	t.Helper()
+	p, err := Binary(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // RepoRoot is the root of this repository's checkout.

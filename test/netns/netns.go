@@ -1,7 +1,7 @@
 // Package netns is the test-fixture layer of the privileged tests, the benchmark and the demo:
 // named namespaces that `ip netns` can see, Go code run inside them (Do, on a fresh locked
 // goroutine), processes that die with the test, the client -- server -- peer rig (Build, or
-// NewRouted and NewBridged in tests), and the probes tests wait on: Eventually, WaitUDPBound,
+// New in tests), and the probes tests wait on: Eventually, WaitUDPBound,
 // WaitHTTP, Scrape (the daemon's /metrics through expfmt). Binary builds the programs the tests
 // run, Allocate makes pion/turn allocations from inside a namespace.
 //
@@ -87,12 +87,17 @@ func NewNS(t testing.TB, role string) *NS {
 	if err != nil {
 		t.Fatal(err)
 	}
+	closeAtCleanup(t, n.Delete)
+	return n
+}
+
+// closeAtCleanup runs undo when the test ends and reports its error.
+func closeAtCleanup(t testing.TB, undo func() error) {
 	t.Cleanup(func() {
-		if err := n.Delete(); err != nil {
+		if err := undo(); err != nil {
 			t.Error(err)
 		}
 	})
-	return n
 }
 
 // CreateNS creates the network namespace NamePrefix + suffix with loopback up. The caller deletes
@@ -399,14 +404,17 @@ func (n *NS) WaitUDPBound(port int, timeout time.Duration, server *Proc) error {
 	})
 }
 
-// WaitHTTP waits at most timeout until url answers 200 OK from inside the namespace: a
-// readiness probe such as the daemon's /ready.
+// GetOK fetches url from inside the namespace and returns an error unless it answers 200 OK:
+// a probe such as the daemon's /live or /ready.
+func (n *NS) GetOK(url string) error {
+	code, body, err := n.HTTPGet(url)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("GET %s: status %d: %.200s", url, code, body)
+	}
+	return err
+}
+
+// WaitHTTP waits at most timeout until url answers 200 OK from inside the namespace (GetOK).
 func (n *NS) WaitHTTP(url string, timeout time.Duration) error {
-	return Eventually(timeout, 50*time.Millisecond, func() error {
-		code, body, err := n.HTTPGet(url)
-		if err == nil && code != http.StatusOK {
-			err = fmt.Errorf("GET %s: status %d: %.200s", url, code, body)
-		}
-		return err
-	})
+	return Eventually(timeout, 50*time.Millisecond, func() error { return n.GetOK(url) })
 }

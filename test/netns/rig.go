@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -46,11 +47,11 @@ type Iface struct {
 //     them otherwise.
 type Rig struct {
 	Client, Server, Peer *NS
-	Bridge               *NS // NewBridged only: holds the bridge "br0"
+	Bridge               *NS // Bridged only: holds the bridge "br0"
 
 	ClientIf       Iface // "cl0" 10.100.0.2 (WithIPv6: also fd00:100::2) in Client
 	ServerClientIf Iface // "srv0" 10.100.0.1 (WithIPv6: also fd00:100::1) in Server, facing the client
-	ServerPeerIf   Iface // "srv1" 10.200.0.1 in Server, facing the peer; "srv0" in NewBridged
+	ServerPeerIf   Iface // "srv1" 10.200.0.1 in Server, facing the peer; "srv0" when Bridged
 	PeerIf         Iface // "peer0" 10.200.0.2 in Peer
 
 	id      string         // random tag in the namespace names
@@ -68,7 +69,7 @@ var (
 	serverClientAddr6 = netip.MustParseAddr("fd00:100::1")
 )
 
-// Option changes how Build (and the New* wrappers) build a rig.
+// Option changes how New and Build build a rig.
 type Option func(*options)
 
 type options struct {
@@ -76,7 +77,16 @@ type options struct {
 	tag           string
 }
 
-// Bridged builds the bridged rig instead of the routed one (see NewBridged).
+// Bridged builds a rig in which the server reaches client and peer through one interface, so
+// that the server's XDP program forwards with XDP_TX:
+//
+//	Client cl0 10.100.0.2/24 --brc--+
+//	Peer peer0 10.200.0.2/24 --brp--+ br0 (Bridge) --brs-- srv0 10.100.0.1/24 + 10.200.0.1/24 Server
+//
+// XDP_PASS runs on brs, where frames XDP_TXed out of srv0 arrive; the bridge then forwards them to
+// cl0 or peer0 as ordinary skbs. The bridge has static FDB entries for the three hosts, so it never
+// floods their unicast frames to the wrong port. IPv6 frames cross the bridge at layer 2; the
+// bridge namespace itself keeps IPv6 disabled.
 func Bridged() Option {
 	return func(o *options) { o.bridged = true }
 }
@@ -108,55 +118,32 @@ func WithIPv6() Option {
 	return func(o *options) { o.ipv6 = true }
 }
 
-// NewRouted builds cl --veth-- srv --veth-- peer:
+// New builds a rig for the test, which removes it when it ends: without options the routed rig,
+// cl --veth-- srv --veth-- peer:
 //
 //	Client cl0 10.100.0.2/24 <-> srv0 10.100.0.1/24 Server srv1 10.200.0.1/24 <-> peer0 10.200.0.2/24 Peer
 //
 // XDP_PASS runs on cl0 and peer0, so the server may XDP_REDIRECT between srv0 and srv1.
-func NewRouted(t testing.TB) *Rig {
-	t.Helper()
-	return NewRoutedWith(t)
-}
-
-// NewRoutedWith is NewRouted with options, for example NewRoutedWith(t, WithIPv6()).
-func NewRoutedWith(t testing.TB, opts ...Option) *Rig {
-	t.Helper()
-	return newForTest(t, opts)
-}
-
-// NewBridged builds a rig in which the server reaches client and peer through one interface, so
-// that the server's XDP program forwards with XDP_TX:
-//
-//	Client cl0 10.100.0.2/24 --brc--+
-//	Peer peer0 10.200.0.2/24 --brp--+ br0 (Bridge) --brs-- srv0 10.100.0.1/24 + 10.200.0.1/24 Server
-//
-// XDP_PASS runs on brs, where frames XDP_TXed out of srv0 arrive; the bridge then forwards them to
-// cl0 or peer0 as ordinary skbs. The bridge has static FDB entries for the three hosts, so it never
-// floods their unicast frames to the wrong port.
-func NewBridged(t testing.TB) *Rig {
-	t.Helper()
-	return NewBridgedWith(t)
-}
-
-// NewBridgedWith is NewBridged with options, for example NewBridgedWith(t, WithIPv6()). IPv6
-// frames cross the bridge at layer 2; the bridge namespace itself keeps IPv6 disabled.
-func NewBridgedWith(t testing.TB, opts ...Option) *Rig {
-	t.Helper()
-	return newForTest(t, append(opts, Bridged()))
-}
-
-func newForTest(t testing.TB, opts []Option) *Rig {
+func New(t testing.TB, opts ...Option) *Rig {
 	t.Helper()
 	r, err := Build(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	closeAtCleanup(t, r.Close)
 	return r
+}
+
+// NewRouted is New without options.
+func NewRouted(t testing.TB) *Rig {
+	t.Helper()
+	return New(t)
+}
+
+// NewRoutedWith is New.
+func NewRoutedWith(t testing.TB, opts ...Option) *Rig {
+	t.Helper()
+	return New(t, opts...)
 }
 
 // Build builds a rig, routed unless Bridged() is given, and returns it or what failed; on failure
@@ -258,7 +245,7 @@ func (b *builder) ns(role string) *NS {
 	return n
 }
 
-// bridge creates the bridge namespace and the three veths into it (see NewBridged).
+// bridge creates the bridge namespace and the three veths into it (see Bridged).
 func (b *builder) bridge() {
 	r := b.rig
 	r.ServerPeerIf = Iface{Name: "srv0", Addr: serverPeerAddr, MAC: r.ServerClientIf.MAC}
@@ -372,6 +359,13 @@ func (b *builder) attachXDPPass(n *NS, iface string) {
 	}
 }
 
+// TxChecksumOffload reports whether dev in the namespace has tx checksum offload on, the veth
+// default that the rigs keep (senders hand CHECKSUM_PARTIAL frames to the relay).
+func (n *NS) TxChecksumOffload(dev string) (bool, error) {
+	out, err := n.Exec("ethtool", "-k", dev)
+	return strings.Contains(out, "tx-checksumming: on"), err
+}
+
 // macFor derives a locally administered MAC from an IPv4 address: 10.100.0.2 -> 02:00:0a:64:00:02.
 func macFor(addr netip.Addr) net.HardwareAddr {
 	a := addr.As4()
@@ -387,11 +381,7 @@ func (n *NS) AttachXDPPass(t testing.TB, iface string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := closer(); err != nil {
-			t.Error(err)
-		}
-	})
+	closeAtCleanup(t, closer)
 }
 
 func (n *NS) attachXDPPass(iface string) (func() error, error) {
@@ -422,11 +412,7 @@ func (n *NS) AttachXDP(t testing.TB, iface string, prog *ebpf.Program) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := detach(); err != nil {
-			t.Error(err)
-		}
-	})
+	closeAtCleanup(t, detach)
 }
 
 func (n *NS) attachXDP(iface string, prog *ebpf.Program) (func() error, error) {
