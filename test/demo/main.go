@@ -122,7 +122,7 @@ func run(daemon, turncat, mode string, rate, size, seconds int) error {
 	}
 	// The log goes to the file once the daemon has stopped, also when the demo fails.
 	defer func() { d.close(); _, _ = logf.WriteString(p.Stdout() + p.Stderr()) }()
-	if err := r.Server.WaitHTTP("http://"+server+":8086/ready", 15*time.Second); err != nil {
+	if err := netns.Eventually(15*time.Second, 50*time.Millisecond, func() error { return r.Server.GetOK("http://" + server + ":8086/ready") }); err != nil {
 		return fmt.Errorf("stunnerd-xdp did not become ready in 15 s: %w; daemon log: %s", err, logf.Name())
 	}
 	metrics := "http://" + server + ":8080/metrics"

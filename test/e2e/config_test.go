@@ -131,11 +131,11 @@ func TestSTUNnerConfigAndReload(t *testing.T) {
 	if _, err := allocateWith(t, r.Client, "10.100.0.1:3478", u, pw, false); err == nil {
 		t.Error("the old secret still works after the reload")
 	}
-	before := metric(t, r.Server, `stunnerd_xdp_packets_total{direction="client_to_peer",path="xdp"}`)
+	before := scrape(t, r.Server).get(t, relayed("xdp", "client_to_peer"))
 	if sent, got, _ := echoSession(t, relay2, 500, time.Second); got < sent*99/100 {
 		t.Fatalf("new listener: %d of %d echoes", got, sent)
 	}
-	if after := metric(t, r.Server, `stunnerd_xdp_packets_total{direction="client_to_peer",path="xdp"}`); after-before < 400 {
+	if after := scrape(t, r.Server).get(t, relayed("xdp", "client_to_peer")); after-before < 400 {
 		t.Errorf("the new UDP listener is not relayed by XDP: xdp client->peer grew by %v", after-before)
 	}
 

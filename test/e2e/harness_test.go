@@ -241,9 +241,3 @@ func mustUDPAddr(s string) *net.UDPAddr {
 	}
 	return a
 }
-
-// metric reads one sample from /metrics inside the namespace.
-func metric(t *testing.T, ns *netns.NS, name string) float64 {
-	t.Helper()
-	return scrape(t, ns).get(t, name)
-}

@@ -2,7 +2,7 @@
 // named namespaces that `ip netns` can see, Go code run inside them (Do, on a fresh locked
 // goroutine), processes that die with the test, the client -- server -- peer rig (Build, or
 // New in tests), and the probes tests wait on: Eventually, WaitUDPBound,
-// WaitHTTP, Scrape (the daemon's /metrics through expfmt). Binary builds the programs the tests
+// GetOK, Scrape (the daemon's /metrics through expfmt). Binary builds the programs the tests
 // run, Allocate makes pion/turn allocations from inside a namespace.
 //
 // Everything a fixture creates is removed through t.Cleanup (Rig.Close outside tests), also
@@ -250,20 +250,7 @@ func (n *NS) enter() (back func() error, err error) {
 // example "Udp.InDatagrams", "Udp.RcvbufErrors", "Udp.NoPorts" or "Ip.ForwDatagrams".
 func (n *NS) Snmp(t testing.TB) map[string]int64 {
 	t.Helper()
-	var counters map[string]int64
-	err := n.Do(func() error {
-		f, err := os.Open("/proc/thread-self/net/snmp")
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		counters, err = parseSnmp(f)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("netns %s: reading /proc/net/snmp: %v", n.Name, err)
-	}
-	return counters
+	return n.counters(t, "snmp", parseSnmp)
 }
 
 // Snmp6 returns the IPv6 counters of /proc/net/snmp6 inside the namespace, keyed as the file
@@ -271,17 +258,22 @@ func (n *NS) Snmp(t testing.TB) map[string]int64 {
 // "Ip6OutMcastPkts". In a namespace where IPv6 is disabled they stay 0.
 func (n *NS) Snmp6(t testing.TB) map[string]int64 {
 	t.Helper()
+	return n.counters(t, "snmp6", parseSnmp6)
+}
+
+// counters parses /proc/net/FILE of the namespace.
+func (n *NS) counters(t testing.TB, file string, parse func(string) (map[string]int64, error)) map[string]int64 {
+	t.Helper()
 	var counters map[string]int64
 	err := n.Do(func() error {
-		b, err := os.ReadFile("/proc/thread-self/net/snmp6")
-		if err != nil {
-			return err
+		b, err := os.ReadFile("/proc/thread-self/net/" + file)
+		if err == nil {
+			counters, err = parse(string(b))
 		}
-		counters, err = parseSnmp6(string(b))
 		return err
 	})
 	if err != nil {
-		t.Fatalf("netns %s: reading /proc/net/snmp6: %v", n.Name, err)
+		t.Fatalf("netns %s: reading /proc/net/%s: %v", n.Name, file, err)
 	}
 	return counters
 }
@@ -308,9 +300,9 @@ func parseSnmp6(s string) (map[string]int64, error) {
 
 // parseSnmp parses the /proc/net/snmp format: per protocol a line of counter names followed by a
 // line of values, both prefixed with "Proto:".
-func parseSnmp(f *os.File) (map[string]int64, error) {
+func parseSnmp(s string) (map[string]int64, error) {
 	counters := map[string]int64{}
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(strings.NewReader(s))
 	for sc.Scan() {
 		names := strings.Fields(sc.Text())
 		if !sc.Scan() {
@@ -332,39 +324,24 @@ func parseSnmp(f *os.File) (map[string]int64, error) {
 	return counters, sc.Err()
 }
 
-// HTTPGet fetches url from inside the namespace and returns the status code
-// and body. The connection is dialled in Do, so its socket lives in the
-// namespace (net/http's transport would dial from another thread).
+// HTTPGet fetches url from inside the namespace and returns the status code and body. The
+// connection is dialled in Do, so its socket lives in the namespace.
 func (n *NS) HTTPGet(url string) (int, string, error) {
-	var (
-		code int
-		body string
-	)
-	err := n.Do(func() error {
-		req, err := http.NewRequest(http.MethodGet, url, nil)
-		if err != nil {
+	dial := func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+		err = n.Do(func() error {
+			c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
 			return err
-		}
-		c, err := net.DialTimeout("tcp", req.URL.Host, 2*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		req.Close = true
-		if err := req.Write(c); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		code, body = resp.StatusCode, string(b)
-		return err
-	})
-	return code, body, err
+		})
+		return c, err
+	}
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
+	resp, err := client.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
 }
 
 // UDPBound reports whether a UDP socket in the namespace is bound to port: the probe that a
@@ -412,9 +389,4 @@ func (n *NS) GetOK(url string) error {
 		err = fmt.Errorf("GET %s: status %d: %.200s", url, code, body)
 	}
 	return err
-}
-
-// WaitHTTP waits at most timeout until url answers 200 OK from inside the namespace (GetOK).
-func (n *NS) WaitHTTP(url string, timeout time.Duration) error {
-	return Eventually(timeout, 50*time.Millisecond, func() error { return n.GetOK(url) })
 }

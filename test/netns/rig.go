@@ -54,7 +54,6 @@ type Rig struct {
 	ServerPeerIf   Iface // "srv1" 10.200.0.1 in Server, facing the peer; "srv0" when Bridged
 	PeerIf         Iface // "peer0" 10.200.0.2 in Peer
 
-	id      string         // random tag in the namespace names
 	closers []func() error // undo what Build did, in reverse
 }
 
@@ -140,12 +139,6 @@ func NewRouted(t testing.TB) *Rig {
 	return New(t)
 }
 
-// NewRoutedWith is New.
-func NewRoutedWith(t testing.TB, opts ...Option) *Rig {
-	t.Helper()
-	return New(t, opts...)
-}
-
 // Build builds a rig, routed unless Bridged() is given, and returns it or what failed; on failure
 // it removes what it had built. The caller closes the rig (Close); outside tests (the demo) this
 // is the whole fixture.
@@ -154,14 +147,14 @@ func Build(opts ...Option) (r *Rig, err error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	r = &Rig{id: o.tag + uniqueTag()}
+	r = &Rig{}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, r.Close())
 			r = nil
 		}
 	}()
-	b := &builder{rig: r}
+	b := &builder{rig: r, id: o.tag + uniqueTag()}
 	r.Client, r.Server, r.Peer = b.ns("cl"), b.ns("srv"), b.ns("peer")
 	r.ClientIf = Iface{Name: "cl0", Addr: clientAddr, MAC: macFor(clientAddr)}
 	r.ServerClientIf = Iface{Name: "srv0", Addr: serverClientAddr, MAC: macFor(serverClientAddr)}
@@ -214,6 +207,7 @@ func (r *Rig) ServerIfaces() []string {
 // builder runs the steps of Build, keeping the first error: after it, every step does nothing.
 type builder struct {
 	rig *Rig
+	id  string // random tag in the namespace names
 	err error
 }
 
@@ -236,7 +230,7 @@ func (b *builder) ns(role string) *NS {
 	if b.err != nil {
 		return &NS{}
 	}
-	n, err := CreateNS(b.rig.id + "-" + role)
+	n, err := CreateNS(b.id + "-" + role)
 	if err != nil {
 		b.err = err
 		return &NS{}
@@ -372,18 +366,9 @@ func macFor(addr netip.Addr) net.HardwareAddr {
 	return net.HardwareAddr{0x02, 0x00, a[0], a[1], a[2], a[3]}
 }
 
-// AttachXDPPass attaches a program that returns XDP_PASS to iface in native (driver) mode, for as
-// long as the test runs. On a veth this makes the interface accept frames that its peer XDP_TXes
-// or that are XDP_REDIRECTed into its peer.
-func (n *NS) AttachXDPPass(t testing.TB, iface string) {
-	t.Helper()
-	closer, err := n.attachXDPPass(iface)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closeAtCleanup(t, closer)
-}
-
+// attachXDPPass attaches a program that returns XDP_PASS to iface in native (driver) mode. On a
+// veth this makes the interface accept frames that its peer XDP_TXes or that are XDP_REDIRECTed
+// into its peer.
 func (n *NS) attachXDPPass(iface string) (func() error, error) {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:    "xdp_pass",

@@ -163,9 +163,12 @@ func TestCleanup(t *testing.T) {
 	var names []string
 	var pids []int
 	t.Run("rig", func(t *testing.T) {
-		r := netns.New(t, netns.Bridged())
+		r := netns.New(t, netns.Bridged(), netns.WithTag("tagged"))
 		for _, n := range []*netns.NS{r.Client, r.Server, r.Peer, r.Bridge, netns.NewNS(t, "bare")} {
 			names = append(names, n.Name)
+		}
+		if !strings.HasPrefix(r.Server.Name, netns.NamePrefix+"tagged-") {
+			t.Errorf("WithTag: server namespace %s", r.Server.Name)
 		}
 		// A shell with a child, to check that the whole group dies.
 		p := r.Client.Start(t, "sh", "-c", "sleep 60 & echo $!; wait")
