@@ -315,13 +315,8 @@ func TestContractVIPToListener(t *testing.T) {
 func TestContractTxChecksumOffload(t *testing.T) {
 	bothModes(t, func(t *testing.T, mode string) {
 		r := netns.NewRouted(t)
-		for _, side := range []struct {
-			ns  *netns.NS
-			dev string
-		}{{r.Client, r.ClientIf.Name}, {r.Peer, r.PeerIf.Name}} {
-			if on, err := side.ns.TxChecksumOffload(side.dev); err != nil || !on {
-				t.Fatalf("%s sends with tx checksum offload off: the test needs the default: %v", side.dev, err)
-			}
+		if err := r.SendersOffloadChecksums(); err != nil {
+			t.Fatalf("the test needs the default: %v", err)
 		}
 		startNode(t, r, mode, defaultListener)
 		startEcho(t, r.Peer, echoPeer)

@@ -146,7 +146,7 @@ func startEcho(t testing.TB, ns *netns.NS, addr netip.AddrPort) *netns.Proc {
 // startDaemon runs stunnerd-xdp in this (the server) namespace.
 func startDaemon(t *testing.T, mode loader.Mode, ifaces []string, tweak func(*daemon.Config)) *daemon.Daemon {
 	t.Helper()
-	logger, err := logging.New("all:WARN,loader:INFO", "text", testWriter{t})
+	logger, err := logging.New("all:WARN,loader:INFO", "text", t.Output())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,13 +180,6 @@ func startDaemon(t *testing.T, mode loader.Mode, ifaces []string, tweak func(*da
 		}
 	}
 	return d
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 // startTurncat tunnels udp://127.0.0.1:5000 in the client namespace to the peer

@@ -353,11 +353,19 @@ func (b *builder) attachXDPPass(n *NS, iface string) {
 	}
 }
 
-// TxChecksumOffload reports whether dev in the namespace has tx checksum offload on, the veth
-// default that the rigs keep (senders hand CHECKSUM_PARTIAL frames to the relay).
-func (n *NS) TxChecksumOffload(dev string) (bool, error) {
-	out, err := n.Exec("ethtool", "-k", dev)
-	return strings.Contains(out, "tx-checksumming: on"), err
+// SendersOffloadChecksums returns an error unless the client's and the peer's interfaces have tx
+// checksum offload on, the veth default that the rigs keep: they hand the relay CHECKSUM_PARTIAL
+// frames.
+func (r *Rig) SendersOffloadChecksums() error {
+	for _, side := range []struct {
+		ns  *NS
+		dev string
+	}{{r.Client, r.ClientIf.Name}, {r.Peer, r.PeerIf.Name}} {
+		if out, err := side.ns.Exec("ethtool", "-k", side.dev); err != nil || !strings.Contains(out, "tx-checksumming: on") {
+			return fmt.Errorf("netns %s: %s sends with tx checksum offload off (%v)", side.ns.Name, side.dev, err)
+		}
+	}
+	return nil
 }
 
 // macFor derives a locally administered MAC from an IPv4 address: 10.100.0.2 -> 02:00:0a:64:00:02.

@@ -77,13 +77,8 @@ func checkSetup(t *testing.T, r *netns.Rig) {
 			t.Errorf("server: %s = %s, want %s", key, got, value)
 		}
 	}
-	for _, iface := range []struct {
-		ns   *netns.NS
-		name string
-	}{{r.Client, r.ClientIf.Name}, {r.Peer, r.PeerIf.Name}} {
-		if on, err := iface.ns.TxChecksumOffload(iface.name); err != nil || !on {
-			t.Errorf("tx checksum offload is not on (the veth default) for %s: %v", iface.name, err)
-		}
+	if err := r.SendersOffloadChecksums(); err != nil {
+		t.Error(err)
 	}
 	route := "default via " + r.PeerIf.Addr.String() + " dev " + r.ServerPeerIf.Name
 	if out := r.Server.IP(t, "-4", "route", "show", "default"); !strings.HasPrefix(out, route) {
