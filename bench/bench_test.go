@@ -92,17 +92,14 @@ func TestBench(t *testing.T) {
 		t.Fatalf("BENCH=%q: want full or smoke", mode)
 	}
 	netns.RequirePrivileged(t, "iperf", "gnuplot", "turnserver", "go")
-	for _, p := range []string{stunnerdPath(), turncatPath()} {
-		requireFile(t, p)
-	}
 	if w, err := strconv.Atoi(os.Getenv("BENCH_MAX_WORKERS")); err == nil && w > 0 {
 		cfg.maxWorkers = w
 	}
 	started := time.Now()
 	// The smoke run must not overwrite the committed report of a full run.
-	outDir := filepath.Join(repoRoot(), "bench", "out")
+	outDir := filepath.Join(netns.RepoRoot(), "bench", "out")
 	if mode == "smoke" {
-		outDir = filepath.Join(repoRoot(), "bench", "out-smoke")
+		outDir = filepath.Join(netns.RepoRoot(), "bench", "out-smoke")
 	}
 	if err := os.MkdirAll(filepath.Join(outDir, "data"), 0o755); err != nil {
 		t.Fatal(err)
@@ -119,14 +116,14 @@ func TestBench(t *testing.T) {
 		IperfServers:   []string{ServerXDPNative, ServerXDPOff, ServerStunnerd, ServerCoturn},
 		ScalingPoints:  2 * len(cfg.scalingChannels),
 	}
-	h.daemonBin = buildDaemon(t)
+	h.daemonBin, h.stunnerdBin, h.turncatBin = netns.RequireBinary(t, netns.Daemon), netns.RequireBinary(t, netns.Stunnerd), netns.RequireBinary(t, netns.Turncat)
 	h.pins = testenv.BPFFS(t)
 	h.rep.Meta.Daemon = h.daemonBin
 	if os.Getenv("STUNNERD_XDP") == "" {
 		h.rep.Meta.Daemon = "built from this tree by the harness (go build ./cmd/stunnerd-xdp)"
 	}
 	h.rep.Meta.LoadAvg = []string{loadavg()}
-	h.rig = netns.NewRoutedWith(t, netns.WithIPv6())
+	h.rig = netns.New(t, netns.WithIPv6())
 	h.startPeers(t)
 	h.command("BENCH=%s go test ./bench -run '^TestBench$' -v -count=1 (as root, from the repository root)", mode)
 
@@ -175,57 +172,16 @@ type harness struct {
 	cfg       config
 	rep       *Report
 	rig       *netns.Rig
-	daemonBin string
-	pins      string // private bpffs for the steered daemon's maps
-	peers     *peers
+	daemonBin string // this tree's (so the benchmark measures the code it sits next to), or $STUNNERD_XDP
+	// STUNner v1.1.0's, from test/tools
+	stunnerdBin, turncatBin string
+	pins                    string // private bpffs for the steered daemon's maps
+	peers                   *peers
 }
 
 // command records a command line for the report.
 func (h *harness) command(format string, args ...any) {
 	h.rep.Meta.Commands = append(h.rep.Meta.Commands, fmt.Sprintf(format, args...))
-}
-
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..")
-}
-
-// stunnerdPath and turncatPath are STUNner v1.1.0 as `make tools` builds them.
-func stunnerdPath() string { return envOr("STUNNERD", filepath.Join(repoRoot(), "bin", "stunnerd")) }
-func turncatPath() string  { return envOr("TURNCAT", filepath.Join(repoRoot(), "bin", "turncat")) }
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
-}
-
-func requireFile(t *testing.T, path string) {
-	t.Helper()
-	if _, err := os.Stat(path); err == nil {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is missing (run `make tools`); CI=true forbids skipping", path)
-	}
-	t.Skipf("%s is missing: run `make tools`", path)
-}
-
-// buildDaemon builds the daemon from this tree, so the benchmark measures the
-// code it sits next to rather than a stale bin/.
-func buildDaemon(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("STUNNERD_XDP"); p != "" {
-		return p // a prebuilt daemon, e.g. bin/stunnerd-xdp
-	}
-	bin := filepath.Join(t.TempDir(), "stunnerd-xdp")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/stunnerd-xdp")
-	cmd.Dir = repoRoot()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/stunnerd-xdp: %v\n%s", err, out)
-	}
-	return bin
 }
 
 // meta describes the machine and the software versions.
@@ -253,7 +209,7 @@ func meta(cfg config, started time.Time) Meta {
 }
 
 func gitDescribe() string {
-	out, err := exec.Command("git", "-C", repoRoot(), "describe", "--always", "--dirty").Output()
+	out, err := exec.Command("git", "-C", netns.RepoRoot(), "describe", "--always", "--dirty").Output()
 	if err != nil {
 		return "unknown commit"
 	}
@@ -317,7 +273,7 @@ func loadavg() string {
 // replot renders report.md and the plots again from out/report.json
 // (BENCH=replot), e.g. after a change to the report's layout; it measures nothing.
 func replot(t *testing.T) {
-	outDir := filepath.Join(repoRoot(), "bench", "out")
+	outDir := filepath.Join(netns.RepoRoot(), "bench", "out")
 	rep, err := ReadJSON(filepath.Join(outDir, "report.json"))
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"sort"
@@ -158,48 +159,24 @@ func fdOf(c *net.UDPConn) (int, error) {
 
 // peers are the sink and the echo in the peer namespace.
 type peers struct {
-	sink, echo *net.UDPConn
-	echoed     atomic.Uint64
+	sink *net.UDPConn
 }
 
 func (h *harness) startPeers(t *testing.T) {
 	t.Helper()
 	p := &peers{}
-	err := h.rig.Peer.Do(func() error {
-		var err error
-		if p.sink, err = net.ListenUDP("udp4", &net.UDPAddr{IP: peerIP, Port: sinkPort}); err != nil {
-			return err
-		}
-		// Small on purpose: nobody reads the sink, and a full buffer turns every
-		// datagram into a cheap Udp.RcvbufErrors.
-		_ = p.sink.SetReadBuffer(8192)
-		if p.echo, err = net.ListenUDP("udp4", &net.UDPAddr{IP: peerIP, Port: echoPort}); err != nil {
-			return err
-		}
-		_ = p.echo.SetReadBuffer(4 << 20)
-		return nil
+	err := h.rig.Peer.Do(func() (err error) {
+		p.sink, err = net.ListenUDP("udp4", &net.UDPAddr{IP: peerIP, Port: sinkPort})
+		return err
 	})
 	if err != nil {
-		t.Fatalf("peer sockets: %v", err)
+		t.Fatalf("peer sink: %v", err)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := p.echo.ReadFromUDP(buf)
-			if err != nil {
-				return
-			}
-			_, _ = p.echo.WriteToUDP(buf[:n], from)
-			p.echoed.Add(1)
-		}
-	}()
-	t.Cleanup(func() {
-		p.sink.Close()
-		p.echo.Close()
-		<-done
-	})
+	// Small on purpose: nobody reads the sink, and a full buffer turns every
+	// datagram into a cheap Udp.RcvbufErrors.
+	_ = p.sink.SetReadBuffer(8192)
+	t.Cleanup(func() { p.sink.Close() })
+	h.rig.Peer.ServeUDPEcho(t, netip.AddrPortFrom(netip.AddrFrom4([4]byte(peerIP)), uint16(echoPort)))
 	h.peers = p
 }
 
@@ -306,15 +283,12 @@ func newSessionIn(t *testing.T, h *harness, ns *netns.NS, ip net.IP, server *net
 	// sink first (sinkChan), then echo (echoChan). Until a ChannelBind
 	// completes it sends Send indications, and it retries the bind on writes.
 	sinkOK, echoOK := false, false
-	for deadline := time.Now().Add(10 * time.Second); !(sinkOK && echoOK); {
-		if time.Now().After(deadline) {
-			t.Fatalf("channels not bound through %v after 10s (sink %v, echo %v)", server, sinkOK, echoOK)
-		}
+	if err := netns.Eventually(10*time.Second, time.Millisecond, func() error {
 		if _, err := s.relay.WriteTo([]byte("bind"), sink); err != nil {
-			t.Fatalf("write to sink through the relay: %v", err)
+			return netns.Abort(fmt.Errorf("write to sink through the relay: %w", err))
 		}
 		if _, err := s.relay.WriteTo([]byte("bind"), echo); err != nil {
-			t.Fatalf("write to echo through the relay: %v", err)
+			return netns.Abort(fmt.Errorf("write to echo through the relay: %w", err))
 		}
 		time.Sleep(20 * time.Millisecond)
 		_, _ = s.conn.WriteToUDP(packet.ChannelData(sinkChan, sinkMarker, nil), server)
@@ -327,6 +301,12 @@ func newSessionIn(t *testing.T, h *harness, ns *netns.NS, ip net.IP, server *net
 			echoOK = true
 		case <-time.After(100 * time.Millisecond):
 		}
+		if sinkOK && echoOK {
+			return nil
+		}
+		return fmt.Errorf("channels not bound through %v (sink %v, echo %v)", server, sinkOK, echoOK)
+	}); err != nil {
+		t.Fatal(err)
 	}
 	return s
 }

@@ -2,10 +2,8 @@ package bench
 
 import (
 	"fmt"
-	"io"
 	"math"
 	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -51,9 +49,9 @@ var (
 	specXDPGeneric    = daemonSpec(ServerXDPGeneric, "generic", false)
 	specXDPOff        = daemonSpec(ServerXDPOff, "off", false)
 	specXDPOffSteered = daemonSpec(ServerXDPOffSteered, "off", true)
-	specStunnerd      = serverSpec{name: ServerStunnerd, argv: func(*harness, string) []string {
+	specStunnerd      = serverSpec{name: ServerStunnerd, argv: func(h *harness, _ string) []string {
 		// URI mode: plaintext auth, an allow-any cluster, one UDP read loop (-u 0).
-		return []string{stunnerdPath(), "-l", "all:WARN", turnURI}
+		return []string{h.stunnerdBin, "-l", "all:WARN", turnURI}
 	}}
 	specCoturn = serverSpec{name: ServerCoturn, argv: func(_ *harness, dir string) []string {
 		// As in BASELINES.md: by hand, never as a service.
@@ -83,29 +81,25 @@ const stopGrace = 2 * time.Second
 // until it listens; stunnerd-xdp must also have XDP attached in the asked mode.
 func (h *harness) startServer(t *testing.T, spec serverSpec) *runningServer {
 	t.Helper()
-	if h.udpPortBound(t, listenPort) {
+	if bound, err := h.rig.Server.UDPBound(listenPort); err != nil || bound {
 		t.Fatalf("UDP port %d is still bound in the server namespace: refusing to start %s", listenPort, spec.name)
 	}
 	argv := spec.argv(h, t.TempDir())
 	h.command("ip netns exec SERVER_NS %s", strings.Join(argv, " "))
 	rs := &runningServer{spec: spec, proc: h.rig.Server.Start(t, argv[0], argv[1:]...)}
-	for deadline := time.Now().Add(10 * time.Second); !h.udpPortBound(t, listenPort); time.Sleep(50 * time.Millisecond) {
-		if rs.proc.Exited() || time.Now().After(deadline) {
-			t.Fatalf("%s is not listening on %d:\nstdout: %s\nstderr: %s", spec.name, listenPort, rs.proc.Stdout(), rs.proc.Stderr())
-		}
+	if err := h.rig.Server.WaitUDPBound(listenPort, 10*time.Second, rs.proc); err != nil {
+		t.Fatalf("%s is not listening on %d: %v\nstdout: %s\nstderr: %s", spec.name, listenPort, err, rs.proc.Stdout(), rs.proc.Stderr())
 	}
 	if spec.xdpMode != "" && spec.xdpMode != "off" {
-		var metrics string
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			if m, err := h.scrape(); err == nil {
-				metrics = m
-				break
-			} else if time.Now().After(deadline) {
-				t.Fatalf("%s metrics: %v", spec.name, err)
-			}
+		var metrics netns.Metrics
+		if err := netns.Eventually(5*time.Second, 50*time.Millisecond, func() (err error) {
+			metrics, err = h.scrape()
+			return err
+		}); err != nil {
+			t.Fatalf("%s metrics: %v", spec.name, err)
 		}
 		for _, iface := range h.rig.ServerIfaces() {
-			if v := metric(metrics, "stunnerd_xdp_attached", `iface="`+iface+`"`, `mode="`+spec.xdpMode+`"`); v != 1 {
+			if v := metric(metrics, "stunnerd_xdp_attached", "iface", iface, "mode", spec.xdpMode); v != 1 {
 				t.Fatalf("%s: XDP not attached to %s in %s mode (stunnerd_xdp_attached=%v):\n%s", spec.name, iface, spec.xdpMode, v, rs.proc.Stderr())
 			}
 		}
@@ -125,95 +119,34 @@ func (h *harness) stopServer(t *testing.T, rs *runningServer) {
 			_ = rs.proc.Kill()
 		}
 	}
-	for deadline := time.Now().Add(5 * time.Second); h.udpPortBound(t, listenPort); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s stopped but UDP port %d is still bound", rs.spec.name, listenPort)
-		}
-	}
-}
-
-// udpPortBound reports whether any UDP socket in the server namespace is bound to port.
-func (h *harness) udpPortBound(t *testing.T, port int) bool {
-	t.Helper()
-	var bound bool
-	err := h.rig.Server.Do(func() error {
-		// udp6 too: Go servers listening on a wildcard get a dual-stack socket.
-		for _, file := range []string{"/proc/thread-self/net/udp", "/proc/thread-self/net/udp6"} {
-			b, err := os.ReadFile(file)
-			if err != nil {
-				return err
-			}
-			want := fmt.Sprintf(":%04X", port)
-			for _, line := range strings.Split(string(b), "\n") {
-				f := strings.Fields(line)
-				if len(f) > 1 && strings.HasSuffix(f[1], want) {
-					bound = true
-				}
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bound
-}
-
-// scrape fetches stunnerd-xdp's /metrics from inside the server namespace. The
-// socket is made on the namespace-locked thread, so it lives there.
-func (h *harness) scrape() (string, error) {
-	var body string
-	err := h.rig.Server.Do(func() error {
-		c, err := net.DialTimeout("tcp", "127.0.0.1:8080", 2*time.Second)
-		if err != nil {
+	if err := netns.Eventually(5*time.Second, 50*time.Millisecond, func() error {
+		if bound, err := h.rig.Server.UDPBound(listenPort); err != nil || !bound {
 			return err
 		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, err := io.WriteString(c, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
-			return err
-		}
-		b, err := io.ReadAll(c)
-		body = string(b)
-		return err
-	})
-	if err == nil && !strings.HasPrefix(body, "HTTP/1.0 200") && !strings.HasPrefix(body, "HTTP/1.1 200") {
-		err = fmt.Errorf("metrics: %.80q", body)
+		return fmt.Errorf("UDP port %d is still bound", listenPort)
+	}); err != nil {
+		t.Fatalf("%s stopped: %v", rs.spec.name, err)
 	}
-	return body, err
 }
 
-// metric sums the samples of name whose labels contain every given label.
-func metric(body, name string, labels ...string) float64 {
-	var sum float64
-	found := false
-	for _, line := range strings.Split(body, "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		ok := true
-		for _, l := range labels {
-			ok = ok && strings.Contains(line, l)
-		}
-		if !ok {
-			continue
-		}
-		f := strings.Fields(line)
-		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
-			sum += v
-			found = true
-		}
+// scrape fetches stunnerd-xdp's /metrics from inside the server namespace.
+func (h *harness) scrape() (netns.Metrics, error) {
+	return h.rig.Server.Scrape("http://127.0.0.1:8080/metrics")
+}
+
+// metric sums the samples of name with the labels (name, value pairs); NaN
+// when the daemon exports none.
+func metric(m netns.Metrics, name string, labels ...string) float64 {
+	if v, ok := m.Sum(name, labels...); ok {
+		return v
 	}
-	if !found {
-		return math.NaN()
-	}
-	return sum
+	return math.NaN()
 }
 
 // xdpPackets returns the client->peer packets relayed by XDP and by userspace.
-func xdpPackets(body string) (xdp, user float64) {
-	return metric(body, "stunnerd_xdp_packets_total", `path="xdp"`, `direction="client_to_peer"`),
-		metric(body, "stunnerd_xdp_packets_total", `path="userspace"`, `direction="client_to_peer"`)
+func xdpPackets(m netns.Metrics) (xdp, user float64) {
+	return metric(m, "stunnerd_xdp_packets_total", "path", "xdp", "direction", "client_to_peer"),
+		metric(m, "stunnerd_xdp_packets_total", "path", "userspace", "direction", "client_to_peer")
 }
 
 // ---- stage 2: end to end ----
@@ -310,7 +243,7 @@ func (h *harness) measure(t *testing.T, spec serverSpec, streams []*stream, rate
 	xdp := spec.xdpMode != ""
 	time.Sleep(300 * time.Millisecond) // what the previous rung queued drains
 	peerBefore, srvBefore := h.rig.Peer.Snmp(t), h.rig.Server.Snmp(t)
-	var mBefore string
+	var mBefore netns.Metrics
 	if xdp {
 		var err error
 		if mBefore, err = h.scrape(); err != nil {
@@ -368,7 +301,7 @@ func (h *harness) measure(t *testing.T, spec serverSpec, streams []*stream, rate
 		}
 		// The steered row must really have run the steering: every
 		// datagram to the listener is an owner verdict.
-		owner := func(m string) float64 { return metric(m, "stunnerd_xdp_steering_total", `verdict="owner"`) }
+		owner := func(m netns.Metrics) float64 { return metric(m, "stunnerd_xdp_steering_total", "verdict", "owner") }
 		if spec.name == ServerXDPOffSteered && !(owner(mAfter)-owner(mBefore) >= 0.5*float64(got)) { // NaN: no metric
 			t.Errorf("%s: %.0f owner verdicts for %d delivered packets: the steering did not run", spec.name, owner(mAfter)-owner(mBefore), got)
 		}
@@ -379,19 +312,13 @@ func (h *harness) measure(t *testing.T, spec serverSpec, streams []*stream, rate
 // ---- stage 3: iperf2 through turncat ----
 
 func (h *harness) stageIperf(t *testing.T) {
-	// As test/e2e: turncat has no socket-buffer flag, and with the default
-	// 208 KiB its loopback socket overflows during scheduling stalls. The
-	// sysctl is global: restored when the stage ends.
-	const knob = "/proc/sys/net/core/rmem_default"
-	old, err := os.ReadFile(knob)
+	// As test/e2e: turncat has no socket-buffer flag (netns.TurncatRmem).
+	old, restore, err := netns.RaiseRmemDefault()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(knob, []byte("4194304"), 0); err != nil {
-		t.Fatal(err)
-	}
-	defer os.WriteFile(knob, old, 0)
-	h.command("sysctl -w net.core.rmem_default=4194304 during the iperf stage (restored to %s after)", strings.TrimSpace(string(old)))
+	defer restore()
+	h.command("sysctl -w net.core.rmem_default=%s during the iperf stage (restored to %s after)", netns.TurncatRmem, old)
 	for _, spec := range []serverSpec{specXDPNative, specXDPOff, specStunnerd, specCoturn} {
 		t.Run(spec.name, func(t *testing.T) { h.iperfOne(t, spec) })
 	}
@@ -401,28 +328,21 @@ func (h *harness) iperfOne(t *testing.T, spec serverSpec) {
 	rs := h.startServer(t, spec)
 	defer h.stopServer(t, rs)
 	rate, secs, size := h.cfg.iperfRate, h.cfg.iperfSeconds, 100
-	serverArgs := []string{"-s", "-u", "-p", strconv.Itoa(iperfPort), "-e", "-w", "4M"}
-	server := h.rig.Peer.Start(t, "iperf", serverArgs...)
+	serverArgs := []string{"-e", "-w", "4M"}
+	server := h.rig.Peer.StartIperfServer(t, iperfPort, serverArgs...)
 	defer server.Stop()
-	if !server.WaitOutput("Server listening", 5*time.Second) {
-		t.Fatalf("iperf server not ready: %s%s", server.Stdout(), server.Stderr())
-	}
-	tcArgs := []string{"--log=all:WARN", "udp://127.0.0.1:5000", turnURI, fmt.Sprintf("udp://%s:%d", peerIP, iperfPort)}
-	tc := h.rig.Client.Start(t, turncatPath(), tcArgs...)
+	peer := fmt.Sprintf("%s:%d", peerIP, iperfPort)
+	tc := h.rig.Client.StartTurncat(t, turnURI, peer)
 	defer func() {
 		_ = syscall.Kill(-tc.PID(), syscall.SIGTERM)
 		if tc.Wait(stopGrace) != nil && !tc.Exited() {
 			_ = tc.Kill()
 		}
 	}()
-	time.Sleep(500 * time.Millisecond) // turncat listens at once; it allocates on the first datagram
-	if tc.Exited() {
-		t.Fatalf("turncat exited: %s", tc.Stderr())
-	}
 	clientArgs := []string{"-c", "127.0.0.1", "-p", "5000", "-u", "-l", strconv.Itoa(size), "-b", fmt.Sprintf("%dpps", rate), "-t", strconv.Itoa(secs), "-e"}
 	if spec.name == ServerXDPNative {
-		h.command("ip netns exec PEER_NS iperf %s", strings.Join(serverArgs, " "))
-		h.command("ip netns exec CLIENT_NS %s %s", turncatPath(), strings.Join(tcArgs, " "))
+		h.command("ip netns exec PEER_NS iperf -s -u -p %d %s", iperfPort, strings.Join(serverArgs, " "))
+		h.command("ip netns exec CLIENT_NS %s --log=all:WARN udp://127.0.0.1:%d %s udp://%s", h.turncatBin, netns.TurncatPort, turnURI, peer)
 		h.command("ip netns exec CLIENT_NS iperf %s", strings.Join(clientArgs, " "))
 	}
 	before, err := takeCPU(rs.proc.PID(), tc.PID())
@@ -432,14 +352,9 @@ func (h *harness) iperfOne(t *testing.T, spec serverSpec) {
 	srvBefore, _ := procTicks(rs.proc.PID())
 	tcBefore, _ := procTicks(tc.PID())
 	out := h.rig.Client.Run(t, "iperf", clientArgs...)
-	var res netns.IperfResult
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if res, err = netns.ParseIperfServer(server.Stdout()); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no iperf server report: %v\nclient: %s\nserver: %s", err, out, server.Stdout())
-		}
+	res, err := server.IperfReport(5 * time.Second)
+	if err != nil {
+		t.Fatalf("no iperf server report: %v\nclient: %s", err, out)
 	}
 	after, err := takeCPU(rs.proc.PID(), tc.PID())
 	if err != nil {

@@ -211,7 +211,7 @@ func newVIPRig(t *testing.T, ipv6 bool) *vipRig {
 	var r *vipRig
 	iptables, family := "iptables", "-4"
 	if ipv6 {
-		r = &vipRig{Rig: netns.NewRoutedWith(t, netns.WithIPv6()), vip: netip.MustParseAddr("fd00:99::10")}
+		r = &vipRig{Rig: netns.New(t, netns.WithIPv6()), vip: netip.MustParseAddr("fd00:99::10")}
 		iptables, family = "ip6tables", "-6"
 		r.local = r.ServerClientIf.Addr6
 		r.locals = []netip.Addr{r.ServerClientIf.Addr6}

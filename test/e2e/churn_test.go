@@ -73,7 +73,7 @@ func (s *taggedSession) run(t *testing.T, relay net.PacketConn, tag uint64, rate
 func TestChurnWhileTrafficFlows(t *testing.T) {
 	inRig(t, false, func(t *testing.T, r rig) {
 		d := startDaemon(t, loader.ModeNative, r.serverIfaces, nil)
-		r.peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
+		startEcho(t, r.peer, echoPeer)
 		// The churned clients send to a port where nothing listens.
 		sink := &net.UDPAddr{IP: net.ParseIP(peerAddr), Port: 5009}
 
@@ -141,13 +141,9 @@ func TestChurnWhileTrafficFlows(t *testing.T) {
 		}
 		// The good sessions' allocations are still there: their bindings and
 		// nothing else. Then close everything: the maps must be empty.
-		deadline := time.Now().Add(3 * time.Second)
-		for d.Maps().Len() != sessions || d.AllocationCount() != sessions {
-			if time.Now().After(deadline) {
-				t.Fatalf("after the churn: %d bindings, %d allocations; want %d of each", d.Maps().Len(), d.AllocationCount(), sessions)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		waitFor(t, fmt.Sprintf("after the churn: %d bindings and %d allocations", sessions, sessions), 3*time.Second, func() bool {
+			return d.Maps().Len() == sessions && d.AllocationCount() == sessions
+		})
 		kernel, err := d.Maps().Dump()
 		if err != nil || len(kernel) != sessions {
 			t.Fatalf("kernel holds %d client->peer entries (%v), want %d", len(kernel), err, sessions)
@@ -174,12 +170,7 @@ func TestChurnWhileTrafficFlows(t *testing.T) {
 // counted by reason.
 func TestJunkFlood(t *testing.T) {
 	inRig(t, false, func(t *testing.T, r rig) {
-		d := startDaemon(t, loader.ModeNative, r.serverIfaces, nil)
-		r.peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
-		relay, err := allocateFrom(t, r.client)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d, relay := startEchoSession(t, r, loader.ModeNative)
 		good := &taggedSession{}
 		done := make(chan struct{})
 		go func() {

@@ -11,7 +11,6 @@ import (
 	"github.com/pion/turn/v4"
 
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
-	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
 // stunnerConfig is a STUNner dataplane config as the STUNner operator renders
@@ -74,19 +73,12 @@ func restCredentials(t *testing.T, secret string) (string, string) {
 // (new secret and a new UDP listener; then a broken file) while a session on
 // the untouched listener keeps flowing.
 func TestSTUNnerConfigAndReload(t *testing.T) {
-	if testenv.InNetns() {
-		t.Skip("parent-only test")
-	}
-	netns.RequirePrivileged(t)
-	r := netns.NewRouted(t)
+	r := parentRig(t)
 	cfgPath := filepath.Join(t.TempDir(), "stunnerd.conf")
 	writeConfig(t, cfgPath, stunnerConfig("first-secret", ""))
-	p := r.Server.Start(t, buildDaemon(t), "--log-format=json", "--relay-address=10.200.0.1", "--xdp-mode=native",
+	p := runBinary(t, r, nil, "--log-format=json", "--relay-address=10.200.0.1", "--xdp-mode=native",
 		"--handover-dir="+testenv.BPFFS(t), "-c", cfgPath, "-w")
-	if !p.WaitOutput(`"msg":"health endpoint listening"`, 10*time.Second) {
-		t.Fatalf("daemon did not come up:\n%s", p.Stderr())
-	}
-	r.Peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
+	startEcho(t, r.Peer, echoPeer)
 
 	// Ephemeral credentials from the shared secret, over UDP: relayed by XDP.
 	u, pw := restCredentials(t, "first-secret")
@@ -127,8 +119,9 @@ func TestSTUNnerConfigAndReload(t *testing.T) {
     port: 3480
     routes: [media-plane]
 `))
-	if !p.WaitOutput(`"msg":"config reloaded"`, 5*time.Second) {
-		t.Fatalf("no reload:\n%s", p.Stderr())
+	// The reload swaps the credentials before it opens the new listener.
+	if err := r.Server.WaitUDPBound(3480, 5*time.Second, p); err != nil {
+		t.Fatalf("no reload: %v\n%s", err, p.Stderr())
 	}
 	u2, pw2 := restCredentials(t, "second-secret")
 	relay2, err := allocateWith(t, r.Client, "10.100.0.1:3480", u2, pw2, false)
@@ -138,11 +131,11 @@ func TestSTUNnerConfigAndReload(t *testing.T) {
 	if _, err := allocateWith(t, r.Client, "10.100.0.1:3478", u, pw, false); err == nil {
 		t.Error("the old secret still works after the reload")
 	}
-	before := metric(t, r.Server, `stunnerd_xdp_packets_total{direction="client_to_peer",path="xdp"}`)
+	before := scrape(t, r.Server).get(t, relayed("xdp", "client_to_peer"))
 	if sent, got, _ := echoSession(t, relay2, 500, time.Second); got < sent*99/100 {
 		t.Fatalf("new listener: %d of %d echoes", got, sent)
 	}
-	if after := metric(t, r.Server, `stunnerd_xdp_packets_total{direction="client_to_peer",path="xdp"}`); after-before < 400 {
+	if after := scrape(t, r.Server).get(t, relayed("xdp", "client_to_peer")); after-before < 400 {
 		t.Errorf("the new UDP listener is not relayed by XDP: xdp client->peer grew by %v", after-before)
 	}
 

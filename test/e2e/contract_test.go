@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -218,9 +217,8 @@ func TestContractClusterIPPeer(t *testing.T) {
 				r := netns.NewRouted(t)
 				node := startNode(t, r, mode, []nodeListener{{addr: "10.100.0.1", peers: []string{"10.96.0.0/12", "10.200.0.0/24"}}}, tc.args...)
 				tc.translate(t, r, node)
-				r.Peer.Start(t, udpechoPath(t), "serve", backend.String())
+				startEcho(t, r.Peer, backend)
 				startPeer(t, r.Peer, peerAddr+":5002", true, 0)
-				time.Sleep(300 * time.Millisecond) // the echo server must listen before the first datagram
 				relay, err := allocateFrom(t, r.Client)
 				if err != nil {
 					t.Fatal(err)
@@ -317,17 +315,11 @@ func TestContractVIPToListener(t *testing.T) {
 func TestContractTxChecksumOffload(t *testing.T) {
 	bothModes(t, func(t *testing.T, mode string) {
 		r := netns.NewRouted(t)
-		for _, side := range []struct {
-			ns  *netns.NS
-			dev string
-		}{{r.Client, r.ClientIf.Name}, {r.Peer, r.PeerIf.Name}} {
-			if out := side.ns.Run(t, "ethtool", "-k", side.dev); !strings.Contains(out, "tx-checksumming: on") {
-				t.Fatalf("%s sends with tx checksum offload off: the test needs the default:\n%s", side.dev, out)
-			}
+		if err := r.SendersOffloadChecksums(); err != nil {
+			t.Fatalf("the test needs the default: %v", err)
 		}
 		startNode(t, r, mode, defaultListener)
-		r.Peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
-		time.Sleep(300 * time.Millisecond)
+		startEcho(t, r.Peer, echoPeer)
 		relay, err := allocateFrom(t, r.Client)
 		if err != nil {
 			t.Fatal(err)

@@ -40,17 +40,6 @@ func socketStatus(t *testing.T, sock string) dstatus.Status {
 	return st
 }
 
-func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("%s: not within %v", what, limit)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // TestRollingUpdateHandover is a DaemonSet rolling update with maxSurge 1 on
 // one node, with real binaries in a network namespace: the old daemon serves a
 // session; the new one starts on the same ports while it runs and takes the
@@ -74,12 +63,11 @@ func TestRollingUpdateHandover(t *testing.T) {
 }
 
 func rollingUpdate(t *testing.T, mode string, late bool) {
-	netns.RequirePrivileged(t)
-	r := netns.NewRouted(t)
+	r := parentRig(t)
 	pins := testenv.BPFFS(t)
 	sockA, sockB := filepath.Join(t.TempDir(), "a.sock"), filepath.Join(t.TempDir(), "b.sock")
 	common := []string{"--handover-dir=" + pins, "--xdp-mode=" + mode, "--grace-period=2m"}
-	r.Peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
+	startEcho(t, r.Peer, echoPeer)
 
 	type result struct{ sent, received int }
 	session := func(relay net.PacketConn, d time.Duration) chan result {
@@ -97,8 +85,13 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 		}
 	}
 
+	// The DaemonSet's exec probes, through each pod's own health socket.
+	probe := func(sock, what string) error {
+		return exec.Command(netns.RequireBinary(t, netns.Daemon), "probe", "--health-socket="+sock, what).Run()
+	}
+
 	// The old pod and its session.
-	a := startBinaryUntil(t, r, `"msg":"health endpoint listening"`, append(common, "--health-socket="+sockA)...)
+	a := startBinaryUntil(t, r, nil, append(common, "--health-socket="+sockA)...)
 	relay1, err := allocateFrom(t, r.Client)
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +112,7 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 	}
 
 	// The new pod: same ports, same health port (busy until the old one is gone).
-	b := startBinaryUntil(t, r, `"msg":"health socket listening"`, append(common, "--health-socket="+sockB)...)
+	b := startBinaryUntil(t, r, func() error { return probe(sockB, "live") }, append(common, "--health-socket="+sockB)...)
 	if !b.WaitOutput(`"msg":"health endpoint busy`, 2*time.Second) {
 		t.Errorf("the new daemon did not report the busy health port:\n%s", b.Stderr())
 	}
@@ -149,9 +142,6 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 		t.Errorf("new daemon while the old one drains: %+v", st)
 	}
 	// The DaemonSet's exec probes: each pod answers for itself.
-	probe := func(sock, what string) error {
-		return exec.Command(buildDaemon(t), "probe", "--health-socket="+sock, what).Run()
-	}
 	if err := probe(sockA, "ready"); err == nil {
 		t.Error("the draining daemon's readiness probe passes")
 	}

@@ -6,16 +6,12 @@
 package e2e
 
 import (
-	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -40,29 +36,17 @@ var (
 	peerAddr   = "10.200.0.2"
 )
 
-// socketBuffer is net.core.rmem_default while the tests run. turncat has no
-// flag for its socket buffers, and with the default 208 KiB its loopback socket
-// holds about 13 ms of a 20,000 packet/s stream: on this shared two-core VM
-// stalls that long happen every few runs and show up as loss at the iperf
-// server that no relay caused. The sysctl is global (not per namespace), so it
-// is set once by the parent process and restored when the tests end.
-const socketBuffer = "4194304"
-
+// TestMain raises net.core.rmem_default for turncat (netns.RaiseRmemDefault)
+// once, in the parent process, and restores it when the tests end.
 func TestMain(m *testing.M) {
 	restore := func() {}
 	if !testenv.InNetns() && os.Geteuid() == 0 {
-		const knob = "/proc/sys/net/core/rmem_default"
-		if old, err := os.ReadFile(knob); err == nil {
-			if err := os.WriteFile(knob, []byte(socketBuffer), 0); err == nil {
-				restore = func() { _ = os.WriteFile(knob, old, 0) }
-			}
+		if _, r, err := netns.RaiseRmemDefault(); err == nil {
+			restore = r
 		}
 	}
 	code := m.Run()
 	restore()
-	if daemonBin != "" {
-		_ = os.RemoveAll(filepath.Dir(daemonBin))
-	}
 	os.Exit(code)
 }
 
@@ -75,78 +59,94 @@ type rig struct {
 // inRig runs body inside the server namespace of a fresh rig (bridged: client
 // and peer behind one server interface).
 func inRig(t *testing.T, bridged bool, body func(t *testing.T, r rig)) {
+	inRigWith(t, bridged, false, 3*time.Minute, body)
+}
+
+// inRigWith is inRig with IPv6 on the client side (netns.WithIPv6) when ipv6
+// and the child bounded by timeout. The parent builds the rig and re-executes
+// the test in its server namespace; the child gets the names in rigEnv.
+func inRigWith(t *testing.T, bridged, ipv6 bool, timeout time.Duration, body func(t *testing.T, r rig)) {
 	if !testenv.InNetns() {
 		netns.RequirePrivileged(t, "iperf")
-		requireTool(t, turncatPath())
-		requireTool(t, udpechoPath(t))
-		var r *netns.Rig
+		netns.RequireBinary(t, netns.Turncat)
+		netns.RequireBinary(t, netns.UDPEcho)
+		var opts []netns.Option
 		if bridged {
-			r = netns.NewBridged(t)
-		} else {
-			r = netns.NewRouted(t)
+			opts = append(opts, netns.Bridged())
 		}
-		spec := strings.Join([]string{r.Client.Name, r.Server.Name, r.Peer.Name, strings.Join(r.ServerIfaces(), "+")}, ",")
-		testenv.RunInNetns(t, r.Server.Name, 3*time.Minute, rigEnv+"="+spec)
+		if ipv6 {
+			opts = append(opts, netns.WithIPv6())
+		}
+		r := netns.New(t, opts...)
+		if ipv6 && (r.ClientIf.Addr6 != client6 || r.ServerClientIf.Addr6 != listen6.Addr()) {
+			t.Fatalf("rig IPv6 addresses client %v server %v, want %v and %v", r.ClientIf.Addr6, r.ServerClientIf.Addr6, client6, listen6.Addr())
+		}
+		spec := strings.Join([]string{r.Client.Name, r.Server.Name, r.Peer.Name, strings.Join(r.ServerIfaces(), "+"), strconv.FormatBool(ipv6)}, ",")
+		testenv.RunInNetns(t, r.Server.Name, timeout, rigEnv+"="+spec)
 		return
 	}
 	parts := strings.Split(os.Getenv(rigEnv), ",")
-	if len(parts) != 4 {
+	if len(parts) != 5 {
 		t.Fatalf("bad %s=%q", rigEnv, os.Getenv(rigEnv))
+	}
+	if parts[4] != strconv.FormatBool(ipv6) {
+		t.Fatalf("%s wants a rig with IPv6 %v, runs in one with %s", t.Name(), ipv6, parts[4])
 	}
 	body(t, rig{client: &netns.NS{Name: parts[0]}, server: &netns.NS{Name: parts[1]}, peer: &netns.NS{Name: parts[2]},
 		serverIfaces: strings.Split(parts[3], "+")})
 }
 
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
-
-// turncatPath is STUNner's turncat v1.1.0 as `make tools` builds it.
-func turncatPath() string {
-	if p := os.Getenv("TURNCAT"); p != "" {
-		return p
-	}
-	return filepath.Join(repoRoot(), "bin", "turncat")
-}
-
-var udpechoBin string
-
-// udpechoPath builds test/cmd/udpecho once per process.
-func udpechoPath(t *testing.T) string {
-	if udpechoBin != "" {
-		return udpechoBin
-	}
-	p := filepath.Join(repoRoot(), "bin", "udpecho")
-	if testenv.InNetns() {
-		udpechoBin = p
-		return p
-	}
-	cmd := exec.Command("go", "build", "-o", p, "./test/cmd/udpecho")
-	cmd.Dir = repoRoot()
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("build udpecho: %v\n%s", err, out)
-	}
-	udpechoBin = p
-	return p
-}
-
-func requireTool(t *testing.T, path string) {
+// waitFor fails the test unless cond comes true within limit.
+func waitFor(t testing.TB, what string, limit time.Duration, cond func() bool) {
 	t.Helper()
-	if _, err := os.Stat(path); err == nil {
-		return
+	if err := netns.Eventually(limit, 20*time.Millisecond, func() error {
+		if cond() {
+			return nil
+		}
+		return errors.New(what)
+	}); err != nil {
+		t.Fatalf("%s: not within %v", what, limit)
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is missing (run `make tools`); CI=true forbids skipping", path)
+}
+
+// parentRig is a routed rig for a test that runs the stunnerd-xdp binary in it
+// from the parent process: such a test is never re-executed in a namespace.
+func parentRig(t *testing.T) *netns.Rig {
+	t.Helper()
+	if testenv.InNetns() {
+		t.Skip("parent-only test")
 	}
-	t.Skipf("%s is missing: run `make tools`", path)
+	netns.RequirePrivileged(t)
+	return netns.NewRouted(t)
+}
+
+// startEchoSession starts the daemon in mode, the echo peer and a pion/turn
+// allocation from the client: the start of most relay tests.
+func startEchoSession(t *testing.T, r rig, mode loader.Mode) (*daemon.Daemon, net.PacketConn) {
+	t.Helper()
+	d := startDaemon(t, mode, r.serverIfaces, nil)
+	startEcho(t, r.peer, echoPeer)
+	relay, err := allocateFrom(t, r.client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, relay
+}
+
+// startEcho runs udpecho's server in ns on addr and waits until it listens.
+func startEcho(t testing.TB, ns *netns.NS, addr netip.AddrPort) *netns.Proc {
+	t.Helper()
+	p := ns.Start(t, netns.RequireBinary(t, netns.UDPEcho), "serve", addr.String())
+	if err := ns.WaitUDPBound(int(addr.Port()), 5*time.Second, p); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // startDaemon runs stunnerd-xdp in this (the server) namespace.
 func startDaemon(t *testing.T, mode loader.Mode, ifaces []string, tweak func(*daemon.Config)) *daemon.Daemon {
 	t.Helper()
-	logger, err := logging.New("all:WARN,loader:INFO", "text", testWriter{t})
+	logger, err := logging.New("all:WARN,loader:INFO", "text", t.Output())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,25 +182,11 @@ func startDaemon(t *testing.T, mode loader.Mode, ifaces []string, tweak func(*da
 	return d
 }
 
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
 // startTurncat tunnels udp://127.0.0.1:5000 in the client namespace to the peer
 // through the relay, as STUNner's simple-tunnel guide does.
 func startTurncat(t *testing.T, r rig, peerPort int) *netns.Proc {
 	t.Helper()
-	p := r.client.Start(t, turncatPath(), "--log=all:WARN", "udp://127.0.0.1:5000",
-		fmt.Sprintf("turn://%s:%s@%s", user, password, listenAddr), fmt.Sprintf("udp://%s:%d", peerAddr, peerPort))
-	// turncat listens at once; the allocation follows the first datagram.
-	time.Sleep(500 * time.Millisecond)
-	if p.Exited() {
-		t.Fatalf("turncat exited: %s", p.Stderr())
-	}
-	return p
+	return r.client.StartTurncat(t, fmt.Sprintf("turn://%s:%s@%s", user, password, listenAddr), fmt.Sprintf("%s:%d", peerAddr, peerPort))
 }
 
 // paths is a snapshot of what each path relayed.
@@ -241,36 +227,10 @@ func share(xdp, user uint64) float64 {
 	return float64(xdp) / float64(xdp+user)
 }
 
-// echoResult is udpecho send's report.
-type echoResult struct {
-	Sent, Received, Duplicates, Corrupt int
-}
-
-func parseEcho(t *testing.T, out string) echoResult {
-	t.Helper()
-	var r echoResult
-	dec := json.NewDecoder(io.MultiReader(bytes.NewReader([]byte(lastLine(out)))))
-	if err := dec.Decode(&r); err != nil {
-		t.Fatalf("udpecho output %q: %v", out, err)
-	}
-	return r
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return lines[len(lines)-1]
-}
-
 func mustUDPAddr(s string) *net.UDPAddr {
 	a, err := net.ResolveUDPAddr("udp4", s)
 	if err != nil {
 		panic(err)
 	}
 	return a
-}
-
-// metric reads one sample from /metrics inside the namespace.
-func metric(t *testing.T, ns *netns.NS, name string) float64 {
-	t.Helper()
-	return scrape(t, ns).get(t, name)
 }

@@ -30,10 +30,9 @@ import (
 // The IPv6 side of a rig built with netns.WithIPv6: the client's cl0 and the
 // server's srv0. Relay and peer stay IPv4.
 var (
-	client6    = netip.MustParseAddr("fd00:100::2")
-	listen6    = netip.MustParseAddrPort("[fd00:100::1]:3478")
-	echoPeer   = netip.MustParseAddrPort(peerAddr + ":5002")
-	rigIPv6Env = rigEnv + "_IPV6"
+	client6  = netip.MustParseAddr("fd00:100::2")
+	listen6  = netip.MustParseAddrPort("[fd00:100::1]:3478")
+	echoPeer = netip.MustParseAddrPort(peerAddr + ":5002")
 )
 
 const (
@@ -43,33 +42,9 @@ const (
 )
 
 // inIPv6Rig is inRig for a rig whose client side also has IPv6
-// (netns.NewRoutedWith or NewBridgedWith, with netns.WithIPv6()): body runs in
-// the server namespace of a fresh rig.
+// (netns.WithIPv6()): body runs in the server namespace of a fresh rig.
 func inIPv6Rig(t *testing.T, bridged bool, body func(t *testing.T, r rig)) {
-	if !testenv.InNetns() {
-		netns.RequirePrivileged(t)
-		requireTool(t, udpechoPath(t))
-		newRig := netns.NewRoutedWith
-		if bridged {
-			newRig = netns.NewBridgedWith
-		}
-		r := newRig(t, netns.WithIPv6())
-		if r.ClientIf.Addr6 != client6 || r.ServerClientIf.Addr6 != listen6.Addr() {
-			t.Fatalf("rig IPv6 addresses client %v server %v, want %v and %v", r.ClientIf.Addr6, r.ServerClientIf.Addr6, client6, listen6.Addr())
-		}
-		spec := strings.Join([]string{r.Client.Name, r.Server.Name, r.Peer.Name, strings.Join(r.ServerIfaces(), "+")}, ",")
-		testenv.RunInNetns(t, r.Server.Name, 2*time.Minute, rigEnv+"="+spec, rigIPv6Env+"=1")
-		return
-	}
-	if os.Getenv(rigIPv6Env) != "1" {
-		t.Fatalf("%s runs in a rig without IPv6 (%s unset)", t.Name(), rigIPv6Env)
-	}
-	parts := strings.Split(os.Getenv(rigEnv), ",")
-	if len(parts) != 4 {
-		t.Fatalf("bad %s=%q", rigEnv, os.Getenv(rigEnv))
-	}
-	body(t, rig{client: &netns.NS{Name: parts[0]}, server: &netns.NS{Name: parts[1]}, peer: &netns.NS{Name: parts[2]},
-		serverIfaces: strings.Split(parts[3], "+")})
+	inRigWith(t, bridged, true, 2*time.Minute, body)
 }
 
 // startDualStackDaemon runs stunnerd-xdp in this (the server) namespace with a
@@ -102,8 +77,7 @@ func (n udp6Net) ResolveUDPAddr(network, address string) (*net.UDPAddr, error) {
 func allocate6(t *testing.T, ns *netns.NS) (net.PacketConn, netip.AddrPort) {
 	t.Helper()
 	var conn net.PacketConn
-	if err := ns.Do(func() error {
-		var err error
+	if err := ns.Do(func() (err error) {
 		conn, err = net.ListenPacket("udp6", netip.AddrPortFrom(client6, 0).String())
 		return err
 	}); err != nil {
@@ -335,8 +309,7 @@ func TestIPv6ClientBridgedXDPTX(t *testing.T) {
 // within a second.
 func ipv6XDPSession(t *testing.T, r rig, tx bool) {
 	d := startDualStackDaemon(t, loader.ModeNative, r.serverIfaces)
-	r.peer.Start(t, udpechoPath(t), "serve", echoPeer.String())
-	time.Sleep(300 * time.Millisecond)
+	startEcho(t, r.peer, echoPeer)
 	relay, local := allocate6(t, r.client)
 	t.Logf("client %v allocated relay %v through %v", local, relay.LocalAddr(), listen6)
 
@@ -420,31 +393,20 @@ func ipv6XDPSession(t *testing.T, r rig, tx bool) {
 	if err := relay.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		_, ok, n := findBinding(t, d, local)
-		if !ok {
-			t.Logf("the IPv6 binding left the maps %v after the Refresh(0) was sent", time.Since(start))
-			if n != 1 {
-				t.Errorf("%d bindings left, want the IPv4 one", n)
-			}
-			break
-		}
-		if time.Since(start) > removalDeadline {
-			t.Fatalf("the IPv6 binding is still in the maps %v after the Refresh(0)", removalDeadline)
-		}
-		time.Sleep(10 * time.Millisecond)
+	waitFor(t, "the IPv6 binding leaves the maps after the Refresh(0)", removalDeadline, func() bool {
+		_, ok, _ := findBinding(t, d, local)
+		return !ok
+	})
+	t.Logf("the IPv6 binding left the maps %v after the Refresh(0) was sent", time.Since(start))
+	if _, _, n := findBinding(t, d, local); n != 1 {
+		t.Errorf("%d bindings left, want the IPv4 one", n)
 	}
 	if err := relay4.Close(); err != nil {
 		t.Fatal(err)
 	}
 	took := waitEmpty(t, d, removalDeadline)
 	t.Logf("the maps were empty %v after the IPv4 client's Refresh(0)", took)
-	for deadline := time.Now().Add(time.Second); d.AllocationCount() != 0 && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := d.AllocationCount(); n != 0 {
-		t.Errorf("%d allocations a second after the Refresh(0)s", n)
-	}
+	waitFor(t, "no allocation left after the Refresh(0)s", time.Second, func() bool { return d.AllocationCount() == 0 })
 }
 
 // TestIPv6ClientUserspace: the same IPv6 session with --xdp-mode=off: pion/turn
@@ -452,8 +414,7 @@ func ipv6XDPSession(t *testing.T, r rig, tx bool) {
 func TestIPv6ClientUserspace(t *testing.T) {
 	inIPv6Rig(t, false, func(t *testing.T, r rig) {
 		d := startDualStackDaemon(t, loader.ModeOff, r.serverIfaces)
-		r.peer.Start(t, udpechoPath(t), "serve", echoPeer.String())
-		time.Sleep(300 * time.Millisecond)
+		startEcho(t, r.peer, echoPeer)
 		relay, local := allocate6(t, r.client)
 		t.Logf("client %v allocated relay %v through %v", local, relay.LocalAddr(), listen6)
 
@@ -478,8 +439,7 @@ func TestIPv6ClientUserspace(t *testing.T) {
 func TestIPv6ClientSwitch(t *testing.T) {
 	inIPv6Rig(t, false, func(t *testing.T, r rig) {
 		d := startDualStackDaemon(t, loader.ModeNative, r.serverIfaces)
-		r.peer.Start(t, udpechoPath(t), "serve", echoPeer.String())
-		time.Sleep(300 * time.Millisecond)
+		startEcho(t, r.peer, echoPeer)
 		relay, local := allocate6(t, r.client)
 		t.Logf("client %v allocated relay %v through %v", local, relay.LocalAddr(), listen6)
 

@@ -1,12 +1,10 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -39,15 +37,16 @@ func allocate(t *testing.T, d *daemon.Daemon) net.PacketConn {
 		t.Fatalf("allocate: %v", err)
 	}
 	peer := &net.UDPAddr{IP: net.ParseIP(peerAddr), Port: 5001}
-	deadline := time.Now().Add(5 * time.Second)
-	for d.Maps().Len() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no channel binding reached the maps within 5 s")
+	if err := netns.Eventually(5*time.Second, 50*time.Millisecond, func() error {
+		if d.Maps().Len() != 0 {
+			return nil
 		}
 		if _, err := relay.WriteTo([]byte("hello"), peer); err != nil {
-			t.Fatalf("write to peer: %v", err)
+			return netns.Abort(fmt.Errorf("write to peer: %w", err))
 		}
-		time.Sleep(50 * time.Millisecond)
+		return errors.New("no channel binding in the maps")
+	}); err != nil {
+		t.Fatal(err)
 	}
 	return relay
 }
@@ -57,23 +56,23 @@ func allocate(t *testing.T, d *daemon.Daemon) net.PacketConn {
 func waitEmpty(t *testing.T, d *daemon.Daemon, limit time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for {
+	if err := netns.Eventually(limit, 10*time.Millisecond, func() error {
 		c2p, err := d.Maps().Dump()
 		if err != nil {
-			t.Fatal(err)
+			return netns.Abort(err)
 		}
 		p2c, err := d.Maps().DumpPeerToClient()
 		if err != nil {
-			t.Fatal(err)
+			return netns.Abort(err)
 		}
-		if len(c2p) == 0 && p2c == 0 {
-			return time.Since(start)
+		if len(c2p) != 0 || p2c != 0 {
+			return fmt.Errorf("the maps hold %d client->peer and %d peer->client entries", len(c2p), p2c)
 		}
-		if time.Since(start) > limit {
-			t.Fatalf("after %v the maps still hold %d client->peer and %d peer->client entries", limit, len(c2p), p2c)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
+	return time.Since(start)
 }
 
 // TestAllocationRefreshZeroRemovesBindings: a Refresh with lifetime 0 ends the
@@ -115,28 +114,6 @@ func TestChannelExpiryRemovesBindings(t *testing.T) {
 	})
 }
 
-var daemonBin string
-
-// buildDaemon builds the stunnerd-xdp binary once per test process.
-func buildDaemon(t *testing.T) string {
-	t.Helper()
-	if daemonBin != "" {
-		return daemonBin
-	}
-	dir, err := os.MkdirTemp("", "stunnerd-xdp-e2e-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, "stunnerd-xdp")
-	cmd := exec.Command("go", "build", "-o", p, "./cmd/stunnerd-xdp")
-	cmd.Dir = repoRoot()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build stunnerd-xdp: %v\n%s", err, out)
-	}
-	daemonBin = p
-	return p
-}
-
 // xdpAttached reports whether any XDP program is attached to the interface.
 func xdpAttached(t *testing.T, ns *netns.NS, iface string) bool {
 	t.Helper()
@@ -158,18 +135,8 @@ func httpGet(t *testing.T, ns *netns.NS, url string) (int, string) {
 // so SIGKILL leaves no XDP program behind. Before the kill, the binary serves
 // health and metrics as operators expect.
 func TestKill9Detaches(t *testing.T) {
-	if testenv.InNetns() {
-		t.Skip("parent-only test")
-	}
-	netns.RequirePrivileged(t)
-	bin := buildDaemon(t)
-	r := netns.NewRouted(t)
-	p := r.Server.Start(t, bin, "--xdp-mode=native", "--log-format=json", "--relay-address=10.200.0.1",
-		"--handover-dir="+testenv.BPFFS(t), "--metrics-addr=10.100.0.1:8080", "--health-addr=10.100.0.1:8086",
-		fmt.Sprintf("turn://%s:%s@%s", user, password, listenAddr))
-	if !p.WaitOutput(`"msg":"health endpoint listening"`, 10*time.Second) {
-		t.Fatalf("daemon did not come up:\n%s", p.Stderr())
-	}
+	r := parentRig(t)
+	p := startBinary(t, r, "--metrics-addr=10.100.0.1:8080")
 	for _, i := range r.ServerIfaces() {
 		if !xdpAttached(t, r.Server, i) {
 			t.Fatalf("no XDP program on %s while the daemon runs", i)
@@ -205,13 +172,7 @@ func TestKill9Detaches(t *testing.T) {
 	if !p.Exited() {
 		t.Fatal("daemon survived SIGKILL")
 	}
-	deadline := time.Now().Add(time.Second)
 	for _, i := range r.ServerIfaces() {
-		for xdpAttached(t, r.Server, i) {
-			if time.Now().After(deadline) {
-				t.Fatalf("XDP program still attached to %s after kill -9", i)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		waitFor(t, "XDP program detached from "+i+" after kill -9", time.Second, func() bool { return !xdpAttached(t, r.Server, i) })
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -77,16 +76,7 @@ func startNode(t *testing.T, r *netns.Rig, mode string, listeners []nodeListener
 	writeConfig(t, cfg, nodeConfig(listeners))
 	args = append([]string{"--log-format=json", "--xdp-mode=" + mode, "--relay-address=10.200.0.1",
 		"--handover-dir=" + testenv.BPFFS(t), "-c", cfg}, args...)
-	p := r.Server.Start(t, buildDaemon(t), args...)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", p.Stderr())
-		}
-	})
-	if !p.WaitOutput(`"msg":"health endpoint listening"`, 10*time.Second) {
-		t.Fatalf("daemon did not come up:\n%s", p.Stderr())
-	}
-	return p
+	return runBinary(t, r, nil, args...)
 }
 
 // samples are the daemon's metrics, keyed as the exposition names them:
@@ -96,20 +86,11 @@ type samples map[string]float64
 // scrape reads every sample of the daemon's /metrics inside the namespace.
 func scrape(t *testing.T, ns *netns.NS) samples {
 	t.Helper()
-	_, body := httpGet(t, ns, "http://10.100.0.1:8080/metrics")
-	s := samples{}
-	for _, line := range strings.Split(body, "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if i < 0 || err != nil {
-			t.Fatalf("metrics: bad sample %q", line)
-		}
-		s[line[:i]] = v
+	m, err := ns.Scrape("http://10.100.0.1:8080/metrics")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return s
+	return m.Samples()
 }
 
 // get fails the test when the daemon does not export the sample.

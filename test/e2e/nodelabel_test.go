@@ -2,10 +2,10 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -13,6 +13,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
+	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
 // TestNodeLabelToggle drives the real switch through the node label. There is
@@ -28,7 +29,7 @@ func TestNodeLabelToggle(t *testing.T) {
 		if err := d.WatchNode(client, "media-1", 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		r.peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
+		startEcho(t, r.peer, echoPeer)
 		relay, err := allocateFrom(t, r.client)
 		if err != nil {
 			t.Fatal(err)
@@ -55,13 +56,7 @@ func TestNodeLabelToggle(t *testing.T) {
 			}
 		}
 		waitAttached := func(want bool, label string) {
-			deadline := time.Now().Add(3 * time.Second)
-			for (len(d.Attached()) > 0) != want {
-				if time.Now().After(deadline) {
-					t.Fatalf("label %q: attached %v, want attached=%v", label, d.Attached(), want)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			waitFor(t, fmt.Sprintf("label %q: attached=%v", label, want), 3*time.Second, func() bool { return (len(d.Attached()) > 0) == want })
 			if got := labelMetric(t, d); got != label {
 				t.Errorf("stunnerd_xdp_offload_label says %q, want %q", got, label)
 			}
@@ -107,23 +102,13 @@ func labelMetric(t *testing.T, d *daemon.Daemon) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	m := netns.Metrics{}
 	for _, mf := range mfs {
-		if mf.GetName() != "stunnerd_xdp_offload_label" {
-			continue
-		}
-		for _, m := range mf.Metric {
-			if m.GetGauge().GetValue() == 1 {
-				return labelValue(m, "state")
-			}
-		}
+		m[mf.GetName()] = mf
 	}
-	return ""
-}
-
-func labelValue(m *dto.Metric, name string) string {
-	for _, l := range m.Label {
-		if l.GetName() == name {
-			return l.GetValue()
+	for _, state := range []string{"enabled", "disabled", "invalid", "absent"} {
+		if v, _ := m.Sum("stunnerd_xdp_offload_label", "state", state); v == 1 {
+			return state
 		}
 	}
 	return ""

@@ -70,26 +70,11 @@ func allocateFrom(t *testing.T, ns *netns.NS) (net.PacketConn, error) {
 // goroutines only use it.
 func allocateWith(t *testing.T, ns *netns.NS, server, username, pass string, tcp bool) (net.PacketConn, error) {
 	t.Helper()
-	var conn net.PacketConn
-	if err := ns.Do(func() error {
-		if tcp {
-			c, err := net.DialTimeout("tcp4", server, 2*time.Second)
-			if err != nil {
-				return err
-			}
-			conn = turn.NewSTUNConn(c)
-			return nil
-		}
-		var err error
-		conn, err = net.ListenPacket("udp4", "10.100.0.2:0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
+	network := "udp4"
+	if tcp {
+		network = "tcp4"
 	}
-	return testenv.Allocate(t, &turn.ClientConfig{
-		TURNServerAddr: server, STUNServerAddr: server,
-		Username: username, Password: pass, Realm: config.DefaultRealm, Conn: conn,
-	})
+	return ns.Allocate(t, network, "10.100.0.2:0", turn.ClientConfig{TURNServerAddr: server, Username: username, Password: pass, Realm: config.DefaultRealm})
 }
 
 func status(t *testing.T, ns *netns.NS) dstatus.Status {
@@ -107,20 +92,40 @@ func status(t *testing.T, ns *netns.NS) dstatus.Status {
 func startBinary(t *testing.T, r *netns.Rig, args ...string) *netns.Proc {
 	t.Helper()
 	args = append([]string{"--handover-dir=" + testenv.BPFFS(t)}, args...)
-	return startBinaryUntil(t, r, `"msg":"health endpoint listening"`, args...)
+	return startBinaryUntil(t, r, nil, args...)
 }
 
 // startBinaryUntil runs the binary with the test defaults and args (later
-// flags win) and waits for the log line.
-func startBinaryUntil(t *testing.T, r *netns.Rig, up string, args ...string) *netns.Proc {
+// flags win) and waits until up succeeds (runBinary).
+func startBinaryUntil(t *testing.T, r *netns.Rig, up func() error, args ...string) *netns.Proc {
 	t.Helper()
-	bin := buildDaemon(t)
 	args = append([]string{"--xdp-mode=native", "--log-format=json", "--relay-address=10.200.0.1",
 		"--metrics-addr=", "--health-addr=10.100.0.1:8086"}, args...)
 	args = append(args, fmt.Sprintf("turn://%s:%s@%s", user, password, listenAddr))
-	p := r.Server.Start(t, bin, args...)
-	if !p.WaitOutput(up, 10*time.Second) {
-		t.Fatalf("daemon did not come up:\n%s", p.Stderr())
+	return runBinary(t, r, up, args...)
+}
+
+// runBinary runs the stunnerd-xdp binary in the server namespace with args and
+// waits until up succeeds; nil waits for the health endpoint at
+// 10.100.0.1:8086 to answer /live. The daemon's log is shown when the test fails.
+func runBinary(t *testing.T, r *netns.Rig, up func() error, args ...string) *netns.Proc {
+	t.Helper()
+	p := r.Server.Start(t, netns.RequireBinary(t, netns.Daemon), args...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", p.Stderr())
+		}
+	})
+	if up == nil {
+		up = func() error { return r.Server.GetOK("http://10.100.0.1:8086/live") }
+	}
+	if err := netns.Eventually(10*time.Second, 50*time.Millisecond, func() error {
+		if p.Exited() {
+			return netns.Abort(fmt.Errorf("exited: %w", p.Wait(time.Second)))
+		}
+		return up()
+	}); err != nil {
+		t.Fatalf("daemon did not come up: %v", err)
 	}
 	return p
 }
@@ -168,13 +173,9 @@ func echoSession(t *testing.T, relay net.PacketConn, rate int, d time.Duration) 
 // relaying for the whole drain, fails /ready, reports TERMINATING, and the
 // daemon exits by itself when the last allocation is gone, leaving no XDP.
 func TestGracefulDrain(t *testing.T) {
-	if testenv.InNetns() {
-		t.Skip("parent-only test")
-	}
-	netns.RequirePrivileged(t)
-	r := netns.NewRouted(t)
+	r := parentRig(t)
 	p := startBinary(t, r, "--grace-period=2m")
-	r.Peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
+	startEcho(t, r.Peer, echoPeer)
 	relay, err := allocateFrom(t, r.Client)
 	if err != nil {
 		t.Fatal(err)
@@ -236,11 +237,7 @@ func TestGracefulDrain(t *testing.T) {
 
 // TestSecondSignalExitsAtOnce: a second SIGTERM or SIGINT ends the drain.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
-	if testenv.InNetns() {
-		t.Skip("parent-only test")
-	}
-	netns.RequirePrivileged(t)
-	r := netns.NewRouted(t)
+	r := parentRig(t)
 	p := startBinary(t, r, "--grace-period=10m")
 	if _, err := allocateFrom(t, r.Client); err != nil {
 		t.Fatal(err)

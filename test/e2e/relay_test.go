@@ -31,25 +31,17 @@ func iperfThroughTurncat(t *testing.T, r rig) netns.IperfResult {
 			t.Logf("%s: client ns +%d, peer ns +%d", k, clAfter[k]-clBefore[k], peerAfter[k]-peerBefore[k])
 		}
 	}()
-	server := r.peer.Start(t, "iperf", "-s", "-u", "-p", strconv.Itoa(iperfPeerPort), "-e", "-i", "1", "-w", "4M")
-	time.Sleep(300 * time.Millisecond)
+	server := r.peer.StartIperfServer(t, iperfPeerPort, "-e", "-i", "1", "-w", "4M")
 	startTurncat(t, r, iperfPeerPort)
 	out := r.client.Run(t, "iperf", "-c", "127.0.0.1", "-p", "5000", "-u", "-l", strconv.Itoa(iperfSize),
 		"-b", fmt.Sprintf("%dpps", iperfRate), "-t", strconv.Itoa(iperfSeconds), "-e")
 	t.Logf("iperf client:\n%s", out)
-	// The server prints its report when the client's final datagram arrives.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		res, err := netns.ParseIperfServer(server.Stdout())
-		if err == nil {
-			t.Logf("iperf server: %+v\n%s", res, server.Stdout())
-			return res
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no iperf server report: %v\n%s\n%s", err, server.Stdout(), server.Stderr())
-		}
-		time.Sleep(100 * time.Millisecond)
+	res, err := server.IperfReport(5 * time.Second)
+	if err != nil {
+		t.Fatalf("no iperf server report: %v\n%s", err, server.Stderr())
 	}
+	t.Logf("iperf server: %+v\n%s", res, server.Stdout())
+	return res
 }
 
 func checkLoss(t *testing.T, res netns.IperfResult) {
@@ -131,13 +123,7 @@ func TestIperfBridgedXDPTX(t *testing.T) {
 // ChannelBind, and then no client->peer packet can be ChannelData).
 func TestEchoBothDirectionsXDP(t *testing.T) {
 	inRig(t, false, func(t *testing.T, r rig) {
-		d := startDaemon(t, loader.ModeNative, r.serverIfaces, nil)
-		r.peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
-		time.Sleep(300 * time.Millisecond) // the echo server must listen before the first datagram
-		relay, err := allocateFrom(t, r.client)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d, relay := startEchoSession(t, r, loader.ModeNative)
 		s := &taggedSession{}
 		s.run(t, relay, 0xEC40, 5000, 4*time.Second)
 		after := snapshot(t, d)

@@ -11,8 +11,6 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
-	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
 // TestMetadataPeerRefused: a client asks for a permission to the cloud
@@ -71,12 +69,8 @@ func TestMetadataPeerRefused(t *testing.T) {
 // TestCrashRestart: kill -9 during traffic detaches the program; a restarted
 // daemon starts from clean maps and serves new allocations at once.
 func TestCrashRestart(t *testing.T) {
-	if testenv.InNetns() {
-		t.Skip("parent-only test")
-	}
-	netns.RequirePrivileged(t)
-	r := netns.NewRouted(t)
-	r.Peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
+	r := parentRig(t)
+	startEcho(t, r.Peer, echoPeer)
 	p := startBinary(t, r)
 	relay, err := allocateFrom(t, r.Client)
 	if err != nil {
@@ -101,10 +95,8 @@ func TestCrashRestart(t *testing.T) {
 	echoed := <-done
 	t.Logf("%d echoes before and after the crash (the old allocation died with the daemon)", echoed)
 
-	bin := buildDaemon(t) // built already: the clock below measures the restart
-	start := time.Now()
+	start := time.Now() // the binary is built already: the clock measures the restart
 	p2 := startBinary(t, r)
-	_ = bin
 	if st := status(t, r.Server); st.AllocationCount != 0 || st.XDP.Offloaded != 0 || st.XDP.Channels != 0 {
 		t.Fatalf("restarted daemon does not start clean: %+v", st)
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -24,7 +25,7 @@ func TestSTUNnerMetrics(t *testing.T) {
 	bothModes(t, func(t *testing.T, mode string) {
 		r := netns.NewRouted(t)
 		startNode(t, r, mode, []nodeListener{{addr: "10.100.0.1", peers: []string{"10.200.0.0/24"}}})
-		r.Peer.Start(t, udpechoPath(t), "serve", peerAddr+":5002")
+		startEcho(t, r.Peer, netip.MustParseAddrPort(peerAddr+":5002"))
 		relay, err := allocateWith(t, r.Client, "10.100.0.1:3478", user, password, false)
 		if err != nil {
 			t.Fatal(err)

@@ -22,6 +22,8 @@ func (n *NS) ServeUDPEcho(t testing.TB, addr netip.AddrPort) {
 	}); err != nil {
 		t.Fatalf("netns %s: echo on %v: %v", n.Name, addr, err)
 	}
+	// Room for bursts: the benchmark's latency probes share it with load.
+	_ = conn.SetReadBuffer(4 << 20)
 	done := make(chan struct{})
 	t.Cleanup(func() { conn.Close(); <-done })
 	go func() {

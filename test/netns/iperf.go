@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -85,4 +86,29 @@ func parseIperfReport(m []string) (IperfResult, error) {
 		Received:    total - lost,
 		LossPercent: percent,
 	}, nil
+}
+
+// StartIperfServer starts an iperf2 UDP server (`iperf -s -u -p PORT args...`) in the namespace
+// and waits until it listens.
+func (n *NS) StartIperfServer(t testing.TB, port int, args ...string) *Proc {
+	t.Helper()
+	p := n.Start(t, "iperf", append([]string{"-s", "-u", "-p", strconv.Itoa(port)}, args...)...)
+	if err := n.WaitUDPBound(port, 5*time.Second, p); err != nil {
+		t.Fatalf("iperf server: %v", err)
+	}
+	return p
+}
+
+// IperfReport waits at most timeout for the report of the iperf server p, which it prints when
+// the client's final datagram arrives, and parses it (ParseIperfServer).
+func (p *Proc) IperfReport(timeout time.Duration) (IperfResult, error) {
+	var res IperfResult
+	err := Eventually(timeout, 50*time.Millisecond, func() (err error) {
+		res, err = ParseIperfServer(p.Stdout())
+		return err
+	})
+	if err != nil {
+		err = fmt.Errorf("%w\nserver output:\n%s", err, p.Stdout())
+	}
+	return res, err
 }

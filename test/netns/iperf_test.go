@@ -101,30 +101,20 @@ func TestIperf(t *testing.T) {
 		enhanced bool
 	}{{"enhanced", true}, {"plain", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			serverArgs := []string{"-s", "-u", "-p", "5001"}
+			var serverArgs []string
 			// iperf2 -b takes bits/s or, with the pps suffix, datagrams/s.
 			clientArgs := []string{"-c", r.PeerIf.Addr.String(), "-u", "-p", "5001", "-l", "100", "-b", "20000pps", "-t", "2"}
 			if tc.enhanced {
 				serverArgs = append(serverArgs, "-e")
 				clientArgs = append(clientArgs, "-e")
 			}
-			server := r.Peer.Start(t, "iperf", serverArgs...)
-			if !server.WaitOutput("Server listening", 5*time.Second) {
-				t.Fatalf("iperf server not ready:\n%s%s", server.Stdout(), server.Stderr())
-			}
+			server := r.Peer.StartIperfServer(t, 5001, serverArgs...)
 			before := r.Peer.Snmp(t)
 			clientOut := r.Server.Run(t, "iperf", clientArgs...)
 
-			// The server prints its report when the client's last datagram arrives.
-			var res netns.IperfResult
-			var err error
-			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-				if res, err = netns.ParseIperfServer(server.Stdout()); err == nil {
-					break
-				}
-			}
+			res, err := server.IperfReport(5 * time.Second)
 			if err != nil {
-				t.Fatalf("%v:\n%s", err, server.Stdout())
+				t.Fatal(err)
 			}
 			after := r.Peer.Snmp(t)
 			if err := server.Stop(); err != nil {

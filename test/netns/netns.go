@@ -1,9 +1,13 @@
-// Package netns provides network-namespace fixtures for privileged end-to-end tests: named namespaces
-// that `ip netns` can see, commands and Go code run inside them, processes that die with the test,
-// and two ready-made rigs (NewRouted, NewBridged) for exercising an XDP relay.
+// Package netns is the test-fixture layer of the privileged tests, the benchmark and the demo:
+// named namespaces that `ip netns` can see, Go code run inside them (Do, on a fresh locked
+// goroutine), processes that die with the test, the client -- server -- peer rig (Build, or
+// New in tests), and the probes tests wait on: Eventually, WaitUDPBound,
+// GetOK, Scrape (the daemon's /metrics through expfmt). Binary builds the programs the tests
+// run, Allocate makes pion/turn allocations from inside a namespace.
 //
-// Everything a fixture creates is removed through t.Cleanup, also when the test fails. A test
-// binary killed from outside (or by `go test -timeout`) skips cleanups; remove what it left with
+// Everything a fixture creates is removed through t.Cleanup (Rig.Close outside tests), also
+// when the test fails. A test binary killed from outside (or by `go test -timeout`) skips
+// cleanups; remove what it left with
 //
 //	for n in $(ip netns list | grep -o '^sxdp-[^ ]*'); do ip netns del "$n"; done
 //
@@ -79,22 +83,40 @@ type NS struct {
 // up, and deletes it when the test ends. Deleting the namespace also removes every interface in it.
 func NewNS(t testing.TB, role string) *NS {
 	t.Helper()
-	return newNS(t, uniqueTag()+"-"+role)
+	n, err := CreateNS(uniqueTag() + "-" + role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtCleanup(t, n.Delete)
+	return n
 }
 
-func newNS(t testing.TB, suffix string) *NS {
-	t.Helper()
-	n := &NS{Name: NamePrefix + suffix}
-	runCmd(t, "ip", "netns", "add", n.Name)
+// closeAtCleanup runs undo when the test ends and reports its error.
+func closeAtCleanup(t testing.TB, undo func() error) {
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-		defer cancel()
-		if out, err := run(exec.CommandContext(ctx, "ip", "netns", "del", n.Name)); err != nil {
-			t.Errorf("deleting netns %s: %v: %s", n.Name, err, out)
+		if err := undo(); err != nil {
+			t.Error(err)
 		}
 	})
-	n.IP(t, "link", "set", "lo", "up")
-	return n
+}
+
+// CreateNS creates the network namespace NamePrefix + suffix with loopback up. The caller deletes
+// it (Delete); NewNS and the rigs do that for tests.
+func CreateNS(suffix string) (*NS, error) {
+	n := &NS{Name: NamePrefix + suffix}
+	if _, err := Exec("ip", "netns", "add", n.Name); err != nil {
+		return nil, err
+	}
+	if _, err := Exec("ip", "-n", n.Name, "link", "set", "lo", "up"); err != nil {
+		return nil, errors.Join(err, n.Delete())
+	}
+	return n, nil
+}
+
+// Delete deletes the namespace and with it every interface in it.
+func (n *NS) Delete() error {
+	_, err := Exec("ip", "netns", "del", n.Name)
+	return err
 }
 
 // uniqueTag returns a short random tag that keeps the namespaces of concurrently running test
@@ -109,15 +131,33 @@ func (n *NS) Cmd(ctx context.Context, name string, args ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
 }
 
-// Run runs a command inside the namespace to completion (at most 30s) and returns its combined
-// output; any failure fails the test, showing the output.
-func (n *NS) Run(t testing.TB, name string, args ...string) string {
-	t.Helper()
+// Exec runs a command in this process's namespace to completion (at most 30s) and returns its
+// combined output; the error carries the command line and the output.
+func Exec(name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
-	out, err := run(n.Cmd(ctx, name, args...))
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("netns %s: %s %s: %v\n%s", n.Name, name, strings.Join(args, " "), err, out)
+		return string(out), fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// Exec runs a command inside the namespace to completion (at most 30s), as the package's Exec.
+func (n *NS) Exec(name string, args ...string) (string, error) {
+	out, err := Exec("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+	if err != nil {
+		err = fmt.Errorf("netns %s: %w", n.Name, err)
+	}
+	return out, err
+}
+
+// Run is Exec that fails the test on error, showing the output.
+func (n *NS) Run(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	out, err := n.Exec(name, args...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }
@@ -126,62 +166,91 @@ func (n *NS) Run(t testing.TB, name string, args ...string) string {
 // on error.
 func (n *NS) IP(t testing.TB, args ...string) string {
 	t.Helper()
-	return runCmd(t, "ip", append([]string{"-n", n.Name}, args...)...)
+	out, err := Exec("ip", append([]string{"-n", n.Name}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
-// Do runs fn on the calling goroutine, locked to its OS thread, with the thread switched into the
-// namespace, and switches it back afterwards. Sockets and bpf_links created in fn stay in the
-// namespace after Do returns. Goroutines that fn starts run on other threads and do NOT inherit
-// the namespace. /proc/self/net shows the namespace of the main thread: inside fn, read
-// /proc/thread-self/net instead. /sys is not switched either (use Run for /sys/class/net).
+// Do runs fn inside the namespace on a fresh goroutine locked to its OS thread, as cilium/ebpf's
+// testutils.NetNS.Do does, and returns fn's error. The caller's goroutine and thread never change
+// namespace. Sockets and bpf_links created in fn stay in the namespace after Do returns.
+// Goroutines that fn starts run on other threads and do NOT inherit the namespace.
+// /proc/self/net shows the namespace of the main thread: inside fn, read /proc/thread-self/net
+// instead. /sys is not switched either (use Exec for /sys/class/net). fn runs on a goroutine of
+// its own, so it must not call t.FailNow (Do reports that as an error); a panic in fn is
+// re-raised in the caller.
 func (n *NS) Do(fn func() error) error {
-	runtime.LockOSThread()
+	type result struct {
+		err      error
+		panicked any
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		returned := false
+		var res result
+		defer func() {
+			if !returned {
+				if res.panicked = recover(); res.panicked == nil {
+					res.err = fmt.Errorf("netns %s: the function run in Do exited without returning (t.FailNow?)", n.Name)
+				}
+			}
+			done <- res
+		}()
+		back, err := n.enter()
+		if err != nil {
+			runtime.UnlockOSThread()
+			res.err, returned = err, true
+			return
+		}
+		// If switching back fails the thread stays locked: the runtime then discards it when the
+		// goroutine exits instead of reusing a thread stuck in the wrong namespace. Only then: a
+		// thread that exits kills the children it forked that set Pdeathsig (see Start).
+		defer func() {
+			if back() == nil {
+				runtime.UnlockOSThread()
+			}
+		}()
+		res.err = fn()
+		returned = true
+	}()
+	res := <-done
+	if res.panicked != nil {
+		panic(res.panicked)
+	}
+	return res.err
+}
+
+// enter switches the calling (locked) thread into the namespace and returns the function that
+// switches it back.
+func (n *NS) enter() (back func() error, err error) {
 	orig, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
-		runtime.UnlockOSThread()
-		return err
+		return nil, err
 	}
-	defer orig.Close()
 	target, err := os.Open("/run/netns/" + n.Name)
 	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("opening netns %s: %w", n.Name, err)
+		orig.Close()
+		return nil, fmt.Errorf("opening netns %s: %w", n.Name, err)
 	}
 	defer target.Close()
 	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("entering netns %s: %w", n.Name, err)
+		orig.Close()
+		return nil, fmt.Errorf("entering netns %s: %w", n.Name, err)
 	}
-	// Deferred so that it also runs when fn calls t.FailNow. If switching back fails the thread
-	// stays locked: the runtime then discards it when the goroutine exits instead of reusing a
-	// thread stuck in the wrong namespace.
-	defer func() {
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			panic(fmt.Sprintf("netns %s: cannot switch thread back to its namespace: %v", n.Name, err))
-		}
-		runtime.UnlockOSThread()
-	}()
-	return fn()
+	return func() error {
+		defer orig.Close()
+		return unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET)
+	}, nil
 }
 
 // Snmp returns the counters of /proc/net/snmp inside the namespace, keyed "Proto.Counter", for
 // example "Udp.InDatagrams", "Udp.RcvbufErrors", "Udp.NoPorts" or "Ip.ForwDatagrams".
 func (n *NS) Snmp(t testing.TB) map[string]int64 {
 	t.Helper()
-	var counters map[string]int64
-	err := n.Do(func() error {
-		f, err := os.Open("/proc/thread-self/net/snmp")
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		counters, err = parseSnmp(f)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("netns %s: reading /proc/net/snmp: %v", n.Name, err)
-	}
-	return counters
+	return n.counters(t, "snmp", parseSnmp)
 }
 
 // Snmp6 returns the IPv6 counters of /proc/net/snmp6 inside the namespace, keyed as the file
@@ -189,17 +258,22 @@ func (n *NS) Snmp(t testing.TB) map[string]int64 {
 // "Ip6OutMcastPkts". In a namespace where IPv6 is disabled they stay 0.
 func (n *NS) Snmp6(t testing.TB) map[string]int64 {
 	t.Helper()
+	return n.counters(t, "snmp6", parseSnmp6)
+}
+
+// counters parses /proc/net/FILE of the namespace.
+func (n *NS) counters(t testing.TB, file string, parse func(string) (map[string]int64, error)) map[string]int64 {
+	t.Helper()
 	var counters map[string]int64
 	err := n.Do(func() error {
-		b, err := os.ReadFile("/proc/thread-self/net/snmp6")
-		if err != nil {
-			return err
+		b, err := os.ReadFile("/proc/thread-self/net/" + file)
+		if err == nil {
+			counters, err = parse(string(b))
 		}
-		counters, err = parseSnmp6(string(b))
 		return err
 	})
 	if err != nil {
-		t.Fatalf("netns %s: reading /proc/net/snmp6: %v", n.Name, err)
+		t.Fatalf("netns %s: reading /proc/net/%s: %v", n.Name, file, err)
 	}
 	return counters
 }
@@ -226,9 +300,9 @@ func parseSnmp6(s string) (map[string]int64, error) {
 
 // parseSnmp parses the /proc/net/snmp format: per protocol a line of counter names followed by a
 // line of values, both prefixed with "Proto:".
-func parseSnmp(f *os.File) (map[string]int64, error) {
+func parseSnmp(s string) (map[string]int64, error) {
 	counters := map[string]int64{}
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(strings.NewReader(s))
 	for sc.Scan() {
 		names := strings.Fields(sc.Text())
 		if !sc.Scan() {
@@ -250,54 +324,69 @@ func parseSnmp(f *os.File) (map[string]int64, error) {
 	return counters, sc.Err()
 }
 
-// runCmd runs a command in the test's own namespace, bounded by cmdTimeout; failure fails the test.
-func runCmd(t testing.TB, name string, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	out, err := run(exec.CommandContext(ctx, name, args...))
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return out
-}
-
-func run(cmd *exec.Cmd) (string, error) {
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
-
-// HTTPGet fetches url from inside the namespace and returns the status code
-// and body. The connection is dialled in Do, so its socket lives in the
-// namespace (net/http's transport would dial from another thread).
+// HTTPGet fetches url from inside the namespace and returns the status code and body. The
+// connection is dialled in Do, so its socket lives in the namespace.
 func (n *NS) HTTPGet(url string) (int, string, error) {
-	var (
-		code int
-		body string
-	)
+	dial := func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+		err = n.Do(func() error {
+			c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
+	resp, err := client.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// UDPBound reports whether a UDP socket in the namespace is bound to port: the probe that a
+// server (the relay, an iperf or echo peer, turncat) listens.
+func (n *NS) UDPBound(port int) (bool, error) {
+	var bound bool
 	err := n.Do(func() error {
-		req, err := http.NewRequest(http.MethodGet, url, nil)
-		if err != nil {
-			return err
+		// udp6 too: Go servers listening on a wildcard get a dual-stack socket.
+		for _, file := range []string{"/proc/thread-self/net/udp", "/proc/thread-self/net/udp6"} {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return err
+			}
+			want := fmt.Sprintf(":%04X", port)
+			for _, line := range strings.Split(string(b), "\n") {
+				if f := strings.Fields(line); len(f) > 1 && strings.HasSuffix(f[1], want) {
+					bound = true
+				}
+			}
 		}
-		c, err := net.DialTimeout("tcp", req.URL.Host, 2*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		req.Close = true
-		if err := req.Write(c); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		code, body = resp.StatusCode, string(b)
-		return err
+		return nil
 	})
-	return code, body, err
+	return bound, err
+}
+
+// WaitUDPBound waits at most timeout until a UDP socket in the namespace is bound to port. If
+// the server that should bind it is given and exits first, it returns at once.
+func (n *NS) WaitUDPBound(port int, timeout time.Duration, server *Proc) error {
+	return Eventually(timeout, 20*time.Millisecond, func() error {
+		if server != nil && server.Exited() {
+			return Abort(fmt.Errorf("netns %s: the server exited before binding UDP port %d: %v\n%s", n.Name, port, server.err, server.Stderr()))
+		}
+		if bound, err := n.UDPBound(port); err != nil || bound {
+			return err
+		}
+		return fmt.Errorf("netns %s: nothing bound to UDP port %d", n.Name, port)
+	})
+}
+
+// GetOK fetches url from inside the namespace and returns an error unless it answers 200 OK:
+// a probe such as the daemon's /live or /ready.
+func (n *NS) GetOK(url string) error {
+	code, body, err := n.HTTPGet(url)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("GET %s: status %d: %.200s", url, code, body)
+	}
+	return err
 }

@@ -30,6 +30,20 @@ type Proc struct {
 // stopped (SIGTERM, then SIGKILL) by t.Cleanup.
 func (n *NS) Start(t testing.TB, name string, args ...string) *Proc {
 	t.Helper()
+	p, err := n.Launch(name, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Stop(); err != nil && !isSignalExit(err) {
+			t.Logf("netns %s: %s exited: %v\nstdout:\n%s\nstderr:\n%s", n.Name, name, err, p.Stdout(), p.Stderr())
+		}
+	})
+	return p
+}
+
+// Launch is Start for code without a test (the demo): the caller stops the process.
+func (n *NS) Launch(name string, args ...string) (*Proc, error) {
 	p := &Proc{done: make(chan struct{})}
 	p.cmd = n.Cmd(context.Background(), name, args...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
@@ -41,18 +55,13 @@ func (n *NS) Start(t testing.TB, name string, args ...string) *Proc {
 	// A child that inherited the output pipes could otherwise keep Wait from returning.
 	p.cmd.WaitDelay = stopGrace
 	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("netns %s: starting %s: %v", n.Name, name, err)
+		return nil, fmt.Errorf("netns %s: starting %s: %w", n.Name, name, err)
 	}
 	go func() {
 		p.err = p.cmd.Wait()
 		close(p.done)
 	}()
-	t.Cleanup(func() {
-		if err := p.Stop(); err != nil && !isSignalExit(err) {
-			t.Logf("netns %s: %s exited: %v\nstdout:\n%s\nstderr:\n%s", n.Name, name, err, p.Stdout(), p.Stderr())
-		}
-	})
-	return p
+	return p, nil
 }
 
 // PID returns the process ID, which is also the ID of its process group.

@@ -1,9 +1,11 @@
 package netns
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -45,14 +47,14 @@ type Iface struct {
 //     them otherwise.
 type Rig struct {
 	Client, Server, Peer *NS
-	Bridge               *NS // NewBridged only: holds the bridge "br0"
+	Bridge               *NS // Bridged only: holds the bridge "br0"
 
 	ClientIf       Iface // "cl0" 10.100.0.2 (WithIPv6: also fd00:100::2) in Client
 	ServerClientIf Iface // "srv0" 10.100.0.1 (WithIPv6: also fd00:100::1) in Server, facing the client
-	ServerPeerIf   Iface // "srv1" 10.200.0.1 in Server, facing the peer; "srv0" in NewBridged
+	ServerPeerIf   Iface // "srv1" 10.200.0.1 in Server, facing the peer; "srv0" when Bridged
 	PeerIf         Iface // "peer0" 10.200.0.2 in Peer
 
-	id string // random tag in the namespace names
+	closers []func() error // undo what Build did, in reverse
 }
 
 // Names and addresses shared by both rigs.
@@ -66,11 +68,32 @@ var (
 	serverClientAddr6 = netip.MustParseAddr("fd00:100::1")
 )
 
-// Option changes how NewRoutedWith and NewBridgedWith build a rig.
+// Option changes how New and Build build a rig.
 type Option func(*options)
 
 type options struct {
-	ipv6 bool
+	ipv6, bridged bool
+	tag           string
+}
+
+// Bridged builds a rig in which the server reaches client and peer through one interface, so
+// that the server's XDP program forwards with XDP_TX:
+//
+//	Client cl0 10.100.0.2/24 --brc--+
+//	Peer peer0 10.200.0.2/24 --brp--+ br0 (Bridge) --brs-- srv0 10.100.0.1/24 + 10.200.0.1/24 Server
+//
+// XDP_PASS runs on brs, where frames XDP_TXed out of srv0 arrive; the bridge then forwards them to
+// cl0 or peer0 as ordinary skbs. The bridge has static FDB entries for the three hosts, so it never
+// floods their unicast frames to the wrong port. IPv6 frames cross the bridge at layer 2; the
+// bridge namespace itself keeps IPv6 disabled.
+func Bridged() Option {
+	return func(o *options) { o.bridged = true }
+}
+
+// WithTag puts tag before the random tag in the namespace names (sxdp-TAG-1a2b3c-cl), for rigs
+// that someone looks at, such as the demo's.
+func WithTag(tag string) Option {
+	return func(o *options) { o.tag = tag + "-" }
 }
 
 // WithIPv6 gives the client side of the rig IPv6 as well (dual stack), for relaying IPv6 clients
@@ -94,72 +117,83 @@ func WithIPv6() Option {
 	return func(o *options) { o.ipv6 = true }
 }
 
-// NewRouted builds cl --veth-- srv --veth-- peer:
+// New builds a rig for the test, which removes it when it ends: without options the routed rig,
+// cl --veth-- srv --veth-- peer:
 //
 //	Client cl0 10.100.0.2/24 <-> srv0 10.100.0.1/24 Server srv1 10.200.0.1/24 <-> peer0 10.200.0.2/24 Peer
 //
 // XDP_PASS runs on cl0 and peer0, so the server may XDP_REDIRECT between srv0 and srv1.
+func New(t testing.TB, opts ...Option) *Rig {
+	t.Helper()
+	r, err := Build(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtCleanup(t, r.Close)
+	return r
+}
+
+// NewRouted is New without options.
 func NewRouted(t testing.TB) *Rig {
 	t.Helper()
-	return NewRoutedWith(t)
+	return New(t)
 }
 
-// NewRoutedWith is NewRouted with options, for example NewRoutedWith(t, WithIPv6()).
-func NewRoutedWith(t testing.TB, opts ...Option) *Rig {
-	t.Helper()
-	r := newRig(t, opts)
-	r.ServerPeerIf = Iface{Name: "srv1", Addr: serverPeerAddr, MAC: macFor(serverPeerAddr)}
-
-	veth(t, r.Client, r.ClientIf, r.Server, r.ServerClientIf)
-	veth(t, r.Peer, r.PeerIf, r.Server, r.ServerPeerIf)
-	r.configure(t)
-	r.Client.AttachXDPPass(t, r.ClientIf.Name)
-	r.Peer.AttachXDPPass(t, r.PeerIf.Name)
-	return r
-}
-
-// NewBridged builds a rig in which the server reaches client and peer through one interface, so
-// that the server's XDP program forwards with XDP_TX:
-//
-//	Client cl0 10.100.0.2/24 --brc--+
-//	Peer peer0 10.200.0.2/24 --brp--+ br0 (Bridge) --brs-- srv0 10.100.0.1/24 + 10.200.0.1/24 Server
-//
-// XDP_PASS runs on brs, where frames XDP_TXed out of srv0 arrive; the bridge then forwards them to
-// cl0 or peer0 as ordinary skbs. The bridge has static FDB entries for the three hosts, so it never
-// floods their unicast frames to the wrong port.
-func NewBridged(t testing.TB) *Rig {
-	t.Helper()
-	return NewBridgedWith(t)
-}
-
-// NewBridgedWith is NewBridged with options, for example NewBridgedWith(t, WithIPv6()). IPv6
-// frames cross the bridge at layer 2; the bridge namespace itself keeps IPv6 disabled.
-func NewBridgedWith(t testing.TB, opts ...Option) *Rig {
-	t.Helper()
-	r := newRig(t, opts)
-	r.ServerPeerIf = Iface{Name: "srv0", Addr: serverPeerAddr, MAC: r.ServerClientIf.MAC}
-	r.Bridge = newNS(t, r.id+"-br")
-	disableIPv6(t, r.Bridge)
-
-	r.Bridge.IP(t, "link", "add", "br0", "type", "bridge")
-	r.Bridge.IP(t, "link", "set", "br0", "up")
-	for _, port := range []struct {
-		ns    *NS
-		iface Iface
-		name  string
-	}{
-		{r.Client, r.ClientIf, "brc"},
-		{r.Peer, r.PeerIf, "brp"},
-		{r.Server, r.ServerClientIf, "brs"},
-	} {
-		veth(t, port.ns, port.iface, r.Bridge, Iface{Name: port.name})
-		r.Bridge.IP(t, "link", "set", port.name, "master", "br0")
-		runCmd(t, "bridge", "-n", r.Bridge.Name, "fdb", "replace", port.iface.MAC.String(),
-			"dev", port.name, "master", "static")
+// Build builds a rig, routed unless Bridged() is given, and returns it or what failed; on failure
+// it removes what it had built. The caller closes the rig (Close); outside tests (the demo) this
+// is the whole fixture.
+func Build(opts ...Option) (r *Rig, err error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
 	}
-	r.configure(t)
-	r.Bridge.AttachXDPPass(t, "brs")
-	return r
+	r = &Rig{}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, r.Close())
+			r = nil
+		}
+	}()
+	b := &builder{rig: r, id: o.tag + uniqueTag()}
+	r.Client, r.Server, r.Peer = b.ns("cl"), b.ns("srv"), b.ns("peer")
+	r.ClientIf = Iface{Name: "cl0", Addr: clientAddr, MAC: macFor(clientAddr)}
+	r.ServerClientIf = Iface{Name: "srv0", Addr: serverClientAddr, MAC: macFor(serverClientAddr)}
+	r.PeerIf = Iface{Name: "peer0", Addr: peerAddr, MAC: macFor(peerAddr)}
+	if o.ipv6 {
+		r.ClientIf.Addr6 = clientAddr6
+		r.ServerClientIf.Addr6 = serverClientAddr6
+	}
+	for _, n := range []*NS{r.Client, r.Server, r.Peer} {
+		b.disableIPv6(n)
+		// New namespaces inherit IPv4 settings from the host's, which may forward.
+		b.in(n, "sysctl", "-q", "-w", "net.ipv4.ip_forward=0")
+	}
+	if o.bridged {
+		b.bridge()
+	} else {
+		r.ServerPeerIf = Iface{Name: "srv1", Addr: serverPeerAddr, MAC: macFor(serverPeerAddr)}
+		b.veth(r.Client, r.ClientIf, r.Server, r.ServerClientIf)
+		b.veth(r.Peer, r.PeerIf, r.Server, r.ServerPeerIf)
+	}
+	b.configure()
+	if o.bridged {
+		b.attachXDPPass(r.Bridge, "brs")
+	} else {
+		b.attachXDPPass(r.Client, r.ClientIf.Name)
+		b.attachXDPPass(r.Peer, r.PeerIf.Name)
+	}
+	return r, b.err
+}
+
+// Close detaches the rig's XDP_PASS programs and deletes its namespaces (and with them every
+// interface). It returns every failure.
+func (r *Rig) Close() error {
+	var errs []error
+	for i := len(r.closers) - 1; i >= 0; i-- {
+		errs = append(errs, r.closers[i]())
+	}
+	r.closers = nil
+	return errors.Join(errs...)
 }
 
 // ServerIfaces returns the names of the server's interfaces: where a relay attaches its program.
@@ -170,75 +204,104 @@ func (r *Rig) ServerIfaces() []string {
 	return []string{r.ServerClientIf.Name, r.ServerPeerIf.Name}
 }
 
-// newRig creates the client, server and peer namespaces and fills in the interfaces both rigs share.
-func newRig(t testing.TB, opts []Option) *Rig {
-	t.Helper()
-	var o options
-	for _, opt := range opts {
-		opt(&o)
+// builder runs the steps of Build, keeping the first error: after it, every step does nothing.
+type builder struct {
+	rig *Rig
+	id  string // random tag in the namespace names
+	err error
+}
+
+func (b *builder) exec(name string, args ...string) {
+	if b.err == nil {
+		_, b.err = Exec(name, args...)
 	}
-	id := uniqueTag()
-	r := &Rig{
-		id:             id,
-		Client:         newNS(t, id+"-cl"),
-		Server:         newNS(t, id+"-srv"),
-		Peer:           newNS(t, id+"-peer"),
-		ClientIf:       Iface{Name: "cl0", Addr: clientAddr, MAC: macFor(clientAddr)},
-		ServerClientIf: Iface{Name: "srv0", Addr: serverClientAddr, MAC: macFor(serverClientAddr)},
-		PeerIf:         Iface{Name: "peer0", Addr: peerAddr, MAC: macFor(peerAddr)},
+}
+
+// ip runs `ip -n NS args...`.
+func (b *builder) ip(n *NS, args ...string) { b.exec("ip", append([]string{"-n", n.Name}, args...)...) }
+
+// in runs a command inside n.
+func (b *builder) in(n *NS, name string, args ...string) {
+	b.exec("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+}
+
+// ns creates the rig's namespace for role; Close deletes it.
+func (b *builder) ns(role string) *NS {
+	if b.err != nil {
+		return &NS{}
 	}
-	for _, n := range []*NS{r.Client, r.Server, r.Peer} {
-		disableIPv6(t, n)
-		// New namespaces inherit IPv4 settings from the host's, which may forward.
-		n.Run(t, "sysctl", "-q", "-w", "net.ipv4.ip_forward=0")
+	n, err := CreateNS(b.id + "-" + role)
+	if err != nil {
+		b.err = err
+		return &NS{}
 	}
-	if o.ipv6 {
-		r.ClientIf.Addr6 = clientAddr6
-		r.ServerClientIf.Addr6 = serverClientAddr6
+	b.rig.closers = append(b.rig.closers, n.Delete)
+	return n
+}
+
+// bridge creates the bridge namespace and the three veths into it (see Bridged).
+func (b *builder) bridge() {
+	r := b.rig
+	r.ServerPeerIf = Iface{Name: "srv0", Addr: serverPeerAddr, MAC: r.ServerClientIf.MAC}
+	r.Bridge = b.ns("br")
+	b.disableIPv6(r.Bridge)
+	b.ip(r.Bridge, "link", "add", "br0", "type", "bridge")
+	b.ip(r.Bridge, "link", "set", "br0", "up")
+	for _, port := range []struct {
+		ns    *NS
+		iface Iface
+		name  string
+	}{
+		{r.Client, r.ClientIf, "brc"},
+		{r.Peer, r.PeerIf, "brp"},
+		{r.Server, r.ServerClientIf, "brs"},
+	} {
+		b.veth(port.ns, port.iface, r.Bridge, Iface{Name: port.name})
+		b.ip(r.Bridge, "link", "set", port.name, "master", "br0")
+		b.exec("bridge", "-n", r.Bridge.Name, "fdb", "replace", port.iface.MAC.String(), "dev", port.name, "master", "static")
 	}
-	return r
 }
 
 // configure sets addresses, forwarding, neighbours and the server's default route once the veths exist.
-func (r *Rig) configure(t testing.TB) {
-	t.Helper()
-	r.Client.IP(t, "addr", "add", r.ClientIf.Addr.String()+"/24", "dev", r.ClientIf.Name)
-	r.Peer.IP(t, "addr", "add", r.PeerIf.Addr.String()+"/24", "dev", r.PeerIf.Name)
-	r.Server.IP(t, "addr", "add", r.ServerClientIf.Addr.String()+"/24", "dev", r.ServerClientIf.Name)
-	r.Server.IP(t, "addr", "add", r.ServerPeerIf.Addr.String()+"/24", "dev", r.ServerPeerIf.Name)
+func (b *builder) configure() {
+	r := b.rig
+	b.ip(r.Client, "addr", "add", r.ClientIf.Addr.String()+"/24", "dev", r.ClientIf.Name)
+	b.ip(r.Peer, "addr", "add", r.PeerIf.Addr.String()+"/24", "dev", r.PeerIf.Name)
+	b.ip(r.Server, "addr", "add", r.ServerClientIf.Addr.String()+"/24", "dev", r.ServerClientIf.Name)
+	b.ip(r.Server, "addr", "add", r.ServerPeerIf.Addr.String()+"/24", "dev", r.ServerPeerIf.Name)
 
 	sysctls := []string{"-q", "-w"}
 	for _, name := range r.ServerIfaces() {
 		sysctls = append(sysctls, fmt.Sprintf("net.ipv4.conf.%s.forwarding=1", name))
 	}
-	r.Server.Run(t, "sysctl", sysctls...)
+	b.in(r.Server, "sysctl", sysctls...)
 
-	neigh(t, r.Server, r.ServerClientIf.Name, r.ClientIf)
-	neigh(t, r.Server, r.ServerPeerIf.Name, r.PeerIf)
-	neigh(t, r.Client, r.ClientIf.Name, r.ServerClientIf)
-	neigh(t, r.Peer, r.PeerIf.Name, r.ServerPeerIf)
+	b.neigh(r.Server, r.ServerClientIf.Name, r.ClientIf)
+	b.neigh(r.Server, r.ServerPeerIf.Name, r.PeerIf)
+	b.neigh(r.Client, r.ClientIf.Name, r.ServerClientIf)
+	b.neigh(r.Peer, r.PeerIf.Name, r.ServerPeerIf)
 
-	r.Server.IP(t, "route", "add", "default", "via", r.PeerIf.Addr.String(), "dev", r.ServerPeerIf.Name)
+	b.ip(r.Server, "route", "add", "default", "via", r.PeerIf.Addr.String(), "dev", r.ServerPeerIf.Name)
 
 	if r.ClientIf.Addr6.IsValid() {
-		r.configureIPv6(t)
+		b.configureIPv6()
 	}
 }
 
 // configureIPv6 turns IPv6 on between cl0 and srv0 (see WithIPv6).
-func (r *Rig) configureIPv6(t testing.TB) {
-	t.Helper()
+func (b *builder) configureIPv6() {
+	r := b.rig
 	server := enableIPv6Args(r.ServerClientIf.Name)
 	for _, name := range r.ServerIfaces() {
 		server = append(server, fmt.Sprintf("net.ipv6.conf.%s.forwarding=1", name))
 	}
-	r.Client.Run(t, "sysctl", enableIPv6Args(r.ClientIf.Name)...)
-	r.Server.Run(t, "sysctl", server...)
+	b.in(r.Client, "sysctl", enableIPv6Args(r.ClientIf.Name)...)
+	b.in(r.Server, "sysctl", server...)
 
-	r.Client.IP(t, "addr", "add", r.ClientIf.Addr6.String()+"/64", "dev", r.ClientIf.Name, "nodad")
-	r.Server.IP(t, "addr", "add", r.ServerClientIf.Addr6.String()+"/64", "dev", r.ServerClientIf.Name, "nodad")
-	neigh6(t, r.Server, r.ServerClientIf.Name, r.ClientIf)
-	neigh6(t, r.Client, r.ClientIf.Name, r.ServerClientIf)
+	b.ip(r.Client, "addr", "add", r.ClientIf.Addr6.String()+"/64", "dev", r.ClientIf.Name, "nodad")
+	b.ip(r.Server, "addr", "add", r.ServerClientIf.Addr6.String()+"/64", "dev", r.ServerClientIf.Name, "nodad")
+	b.ip(r.Server, "-6", "neigh", "replace", r.ClientIf.Addr6.String(), "lladdr", r.ClientIf.MAC.String(), "dev", r.ServerClientIf.Name, "nud", "permanent")
+	b.ip(r.Client, "-6", "neigh", "replace", r.ServerClientIf.Addr6.String(), "lladdr", r.ServerClientIf.MAC.String(), "dev", r.ClientIf.Name, "nud", "permanent")
 }
 
 // enableIPv6Args are the sysctl arguments that enable IPv6 on one interface without DAD, link-local
@@ -252,39 +315,57 @@ func enableIPv6Args(dev string) []string {
 	return args
 }
 
-// neigh6 installs a permanent IPv6 neighbour entry for to.Addr6 on dev in n.
-func neigh6(t testing.TB, n *NS, dev string, to Iface) {
-	t.Helper()
-	n.IP(t, "-6", "neigh", "replace", to.Addr6.String(), "lladdr", to.MAC.String(), "dev", dev, "nud", "permanent")
-}
-
 // veth creates a veth pair a (in nsA) <-> b (in nsB) and sets both ends up. Interfaces without a
 // MAC get a random one.
-func veth(t testing.TB, nsA *NS, a Iface, nsB *NS, b Iface) {
-	t.Helper()
+func (b *builder) veth(nsA *NS, a Iface, nsB *NS, bIf Iface) {
 	args := []string{"link", "add", "name", a.Name, "netns", nsA.Name}
 	if a.MAC != nil {
 		args = append(args, "address", a.MAC.String())
 	}
-	args = append(args, "type", "veth", "peer", "name", b.Name, "netns", nsB.Name)
-	if b.MAC != nil {
-		args = append(args, "address", b.MAC.String())
+	args = append(args, "type", "veth", "peer", "name", bIf.Name, "netns", nsB.Name)
+	if bIf.MAC != nil {
+		args = append(args, "address", bIf.MAC.String())
 	}
-	runCmd(t, "ip", args...)
-	nsA.IP(t, "link", "set", a.Name, "up")
-	nsB.IP(t, "link", "set", b.Name, "up")
+	b.exec("ip", args...)
+	b.ip(nsA, "link", "set", a.Name, "up")
+	b.ip(nsB, "link", "set", bIf.Name, "up")
 }
 
 // neigh installs a permanent neighbour entry for to on dev in n.
-func neigh(t testing.TB, n *NS, dev string, to Iface) {
-	t.Helper()
-	n.IP(t, "neigh", "replace", to.Addr.String(), "lladdr", to.MAC.String(), "dev", dev, "nud", "permanent")
+func (b *builder) neigh(n *NS, dev string, to Iface) {
+	b.ip(n, "neigh", "replace", to.Addr.String(), "lladdr", to.MAC.String(), "dev", dev, "nud", "permanent")
 }
 
-func disableIPv6(t testing.TB, n *NS) {
-	t.Helper()
+func (b *builder) disableIPv6(n *NS) {
 	// "default" covers interfaces created later, "all" those that exist (lo).
-	n.Run(t, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+	b.in(n, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+}
+
+// attachXDPPass attaches an XDP_PASS program to iface in n until the rig closes.
+func (b *builder) attachXDPPass(n *NS, iface string) {
+	if b.err != nil {
+		return
+	}
+	var closer func() error
+	closer, b.err = n.attachXDPPass(iface)
+	if b.err == nil {
+		b.rig.closers = append(b.rig.closers, closer)
+	}
+}
+
+// SendersOffloadChecksums returns an error unless the client's and the peer's interfaces have tx
+// checksum offload on, the veth default that the rigs keep: they hand the relay CHECKSUM_PARTIAL
+// frames.
+func (r *Rig) SendersOffloadChecksums() error {
+	for _, side := range []struct {
+		ns  *NS
+		dev string
+	}{{r.Client, r.ClientIf.Name}, {r.Peer, r.PeerIf.Name}} {
+		if out, err := side.ns.Exec("ethtool", "-k", side.dev); err != nil || !strings.Contains(out, "tx-checksumming: on") {
+			return fmt.Errorf("netns %s: %s sends with tx checksum offload off (%v)", side.ns.Name, side.dev, err)
+		}
+	}
+	return nil
 }
 
 // macFor derives a locally administered MAC from an IPv4 address: 10.100.0.2 -> 02:00:0a:64:00:02.
@@ -293,11 +374,10 @@ func macFor(addr netip.Addr) net.HardwareAddr {
 	return net.HardwareAddr{0x02, 0x00, a[0], a[1], a[2], a[3]}
 }
 
-// AttachXDPPass attaches a program that returns XDP_PASS to iface in native (driver) mode, for as
-// long as the test runs. On a veth this makes the interface accept frames that its peer XDP_TXes
-// or that are XDP_REDIRECTed into its peer.
-func (n *NS) AttachXDPPass(t testing.TB, iface string) {
-	t.Helper()
+// attachXDPPass attaches a program that returns XDP_PASS to iface in native (driver) mode. On a
+// veth this makes the interface accept frames that its peer XDP_TXes or that are XDP_REDIRECTed
+// into its peer.
+func (n *NS) attachXDPPass(iface string) (func() error, error) {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:    "xdp_pass",
 		Type:    ebpf.XDP,
@@ -309,15 +389,26 @@ func (n *NS) AttachXDPPass(t testing.TB, iface string) {
 		},
 	})
 	if err != nil {
-		t.Fatalf("loading XDP_PASS program: %v", err)
+		return nil, fmt.Errorf("loading XDP_PASS program: %w", err)
 	}
-	t.Cleanup(func() { prog.Close() })
-	n.AttachXDP(t, iface, prog)
+	detach, err := n.attachXDP(iface, prog)
+	if err != nil {
+		return nil, errors.Join(err, prog.Close())
+	}
+	return func() error { return errors.Join(detach(), prog.Close()) }, nil
 }
 
 // AttachXDP attaches prog to iface in native (driver) mode and detaches it when the test ends.
 func (n *NS) AttachXDP(t testing.TB, iface string, prog *ebpf.Program) {
 	t.Helper()
+	detach, err := n.attachXDP(iface, prog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtCleanup(t, detach)
+}
+
+func (n *NS) attachXDP(iface string, prog *ebpf.Program) (func() error, error) {
 	var l link.Link
 	err := n.Do(func() error {
 		ifi, err := net.InterfaceByName(iface)
@@ -328,11 +419,12 @@ func (n *NS) AttachXDP(t testing.TB, iface string, prog *ebpf.Program) {
 		return err
 	})
 	if err != nil {
-		t.Fatalf("netns %s: attaching XDP to %s: %v", n.Name, iface, err)
+		return nil, fmt.Errorf("netns %s: attaching XDP to %s: %w", n.Name, iface, err)
 	}
-	t.Cleanup(func() {
+	return func() error {
 		if err := l.Close(); err != nil {
-			t.Errorf("netns %s: detaching XDP from %s: %v", n.Name, iface, err)
+			return fmt.Errorf("netns %s: detaching XDP from %s: %w", n.Name, iface, err)
 		}
-	})
+		return nil
+	}, nil
 }

@@ -19,11 +19,11 @@ import (
 func TestIPv6(t *testing.T) {
 	netns.RequirePrivileged(t, "ethtool")
 	for _, tc := range []struct {
-		name   string
-		newRig func(testing.TB, ...netns.Option) *netns.Rig
-	}{{"routed", netns.NewRoutedWith}, {"bridged", netns.NewBridgedWith}} {
+		name string
+		opts []netns.Option
+	}{{"routed", nil}, {"bridged", []netns.Option{netns.Bridged()}}} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := tc.newRig(t, netns.WithIPv6())
+			r := netns.New(t, append(tc.opts, netns.WithIPv6())...)
 			if r.ClientIf.Addr6 != netip.MustParseAddr("fd00:100::2") || r.ServerClientIf.Addr6 != netip.MustParseAddr("fd00:100::1") {
 				t.Fatalf("client %v, server %v: want fd00:100::2 and fd00:100::1", r.ClientIf.Addr6, r.ServerClientIf.Addr6)
 			}

@@ -48,7 +48,7 @@ func TestRouted(t *testing.T) {
 
 func TestBridged(t *testing.T) {
 	netns.RequirePrivileged(t, "ethtool")
-	r := netns.NewBridged(t)
+	r := netns.New(t, netns.Bridged())
 
 	if got := r.ServerIfaces(); len(got) != 1 || got[0] != "srv0" {
 		t.Fatalf("ServerIfaces() = %v, want [srv0]", got)
@@ -77,13 +77,8 @@ func checkSetup(t *testing.T, r *netns.Rig) {
 			t.Errorf("server: %s = %s, want %s", key, got, value)
 		}
 	}
-	for _, iface := range []struct {
-		ns   *netns.NS
-		name string
-	}{{r.Client, r.ClientIf.Name}, {r.Peer, r.PeerIf.Name}} {
-		if out := iface.ns.Run(t, "ethtool", "-k", iface.name); !strings.Contains(out, "tx-checksumming: on") {
-			t.Errorf("tx checksum offload is not on (the veth default) for %s:\n%s", iface.name, out)
-		}
+	if err := r.SendersOffloadChecksums(); err != nil {
+		t.Error(err)
 	}
 	route := "default via " + r.PeerIf.Addr.String() + " dev " + r.ServerPeerIf.Name
 	if out := r.Server.IP(t, "-4", "route", "show", "default"); !strings.HasPrefix(out, route) {
@@ -124,7 +119,7 @@ func TestRoutedRedirect(t *testing.T) {
 // TestBridgedTX shows that frames the server XDP_TXes out of srv0 cross the bridge to the client.
 func TestBridgedTX(t *testing.T) {
 	netns.RequirePrivileged(t)
-	r := netns.NewBridged(t)
+	r := netns.New(t, netns.Bridged())
 
 	// Swap the Ethernet addresses and bounce the frame: the bridge forwards it back to the sender.
 	prog := asm.Instructions{
@@ -163,14 +158,22 @@ func TestCleanup(t *testing.T) {
 	var names []string
 	var pids []int
 	t.Run("rig", func(t *testing.T) {
-		r := netns.NewBridged(t)
+		r := netns.New(t, netns.Bridged(), netns.WithTag("tagged"))
 		for _, n := range []*netns.NS{r.Client, r.Server, r.Peer, r.Bridge, netns.NewNS(t, "bare")} {
 			names = append(names, n.Name)
 		}
+		if !strings.HasPrefix(r.Server.Name, netns.NamePrefix+"tagged-") {
+			t.Errorf("WithTag: server namespace %s", r.Server.Name)
+		}
 		// A shell with a child, to check that the whole group dies.
 		p := r.Client.Start(t, "sh", "-c", "sleep 60 & echo $!; wait")
-		if !p.WaitOutput("\n", 5*time.Second) {
-			t.Fatalf("no child PID: %q %q", p.Stdout(), p.Stderr())
+		if err := netns.Eventually(5*time.Second, 10*time.Millisecond, func() error {
+			if !strings.Contains(p.Stdout(), "\n") {
+				return fmt.Errorf("no child PID: %q %q", p.Stdout(), p.Stderr())
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
 		}
 		child, err := strconv.Atoi(strings.TrimSpace(p.Stdout()))
 		if err != nil {
@@ -186,11 +189,13 @@ func TestCleanup(t *testing.T) {
 	}
 	for _, pid := range pids {
 		// The signal may still be on its way to the child.
-		for deadline := time.Now().Add(2 * time.Second); alive(pid) && time.Now().Before(deadline); {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if alive(pid) {
-			t.Errorf("pid %d still running", pid)
+		if err := netns.Eventually(2*time.Second, 10*time.Millisecond, func() error {
+			if alive(pid) {
+				return fmt.Errorf("pid %d still running", pid)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
 		}
 	}
 }
@@ -294,16 +299,13 @@ func rxPackets(t *testing.T, ns *netns.NS, iface string) int64 {
 // waitRx waits up to 2s for the rx packet counter of iface to reach want.
 func waitRx(t *testing.T, ns *netns.NS, iface string, want int64) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		got := rxPackets(t, ns, iface)
-		if got >= want {
-			return
+	if err := netns.Eventually(2*time.Second, 50*time.Millisecond, func() error {
+		if got := rxPackets(t, ns, iface); got < want {
+			return fmt.Errorf("%s rx_packets = %d, want at least %d", iface, got, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s rx_packets = %d, want at least %d", iface, got, want)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -372,11 +374,11 @@ func TestFibLookup(t *testing.T) {
 		retNoNeigh     = 7 // BPF_FIB_LKUP_RET_NO_NEIGH
 	)
 	for _, tc := range []struct {
-		name   string
-		newRig func(testing.TB) *netns.Rig
-	}{{"routed", netns.NewRouted}, {"bridged", netns.NewBridged}} {
+		name string
+		opts []netns.Option
+	}{{"routed", nil}, {"bridged", []netns.Option{netns.Bridged()}}} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := tc.newRig(t)
+			r := netns.New(t, tc.opts...)
 			in := ifindex(t, r.Server, r.ServerClientIf.Name)
 			out := ifindex(t, r.Server, r.ServerPeerIf.Name)
 			if got, want := fibLookup(t, r, in, r.PeerIf.Addr), uint32(out)<<8; got != want {

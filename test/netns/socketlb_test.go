@@ -30,17 +30,14 @@ func TestMain(m *testing.M) {
 
 func socketLBClient(service string) error {
 	// Sockets are translated by the cgroup they are created in.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	if err := netns.Eventually(10*time.Second, 20*time.Millisecond, func() error {
 		b, err := os.ReadFile("/proc/self/cgroup")
-		if err != nil {
+		if err != nil || strings.Contains(string(b), "-socketlb") {
 			return err
 		}
-		if strings.Contains(string(b), "-socketlb") {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not moved to the socket LB cgroup: %s", b)
-		}
+		return fmt.Errorf("not moved to the socket LB cgroup: %s", b)
+	}); err != nil {
+		return err
 	}
 	c, err := net.ListenPacket("udp4", ":0")
 	if err != nil {

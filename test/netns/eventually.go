@@ -1,0 +1,50 @@
+package netns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// ErrTimeout is what Eventually returns (wrapped, with the condition's last error) when the
+// condition still failed at the deadline.
+var ErrTimeout = errors.New("condition not met in time")
+
+// abortError marks a condition's error as final.
+type abortError struct{ err error }
+
+func (e abortError) Error() string { return e.err.Error() }
+func (e abortError) Unwrap() error { return e.err }
+
+// Abort makes Eventually give up at once and return err, for a condition that can no longer
+// come true (the process it waits for has exited, say).
+func Abort(err error) error { return abortError{err} }
+
+// Eventually calls cond at once and then every interval until it returns nil (then Eventually
+// returns nil), returns an error made with Abort (returned unwrapped), or timeout has passed:
+// then the error wraps ErrTimeout and cond's last error. Tests wait on probes with it (a port
+// bound, /ready answering, a map entry present), not on sleeps or log lines.
+func Eventually(timeout, interval time.Duration, cond func() error) error {
+	var last error
+	err := wait.PollUntilContextTimeout(context.Background(), interval, timeout, true, func(context.Context) (bool, error) {
+		last = cond()
+		if a, ok := last.(abortError); ok {
+			return false, a
+		}
+		return last == nil, nil
+	})
+	var a abortError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &a):
+		return a.err
+	case last == nil:
+		return fmt.Errorf("%w (%v): %w", ErrTimeout, timeout, err)
+	default:
+		return fmt.Errorf("%w (%v): %w", ErrTimeout, timeout, last)
+	}
+}
