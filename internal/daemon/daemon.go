@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -77,6 +78,9 @@ type Config struct {
 	ReconcileInterval time.Duration
 	// SocketBuffer is the receive and send buffer of the listener sockets.
 	SocketBuffer int
+	// UDPThreadNum is the number of read loops per UDP listener, each on its
+	// own SO_REUSEPORT socket (STUNner's -u/--udp-thread-num); 0: one per CPU.
+	UDPThreadNum int
 
 	Logger *logging.Factory
 }
@@ -110,6 +114,11 @@ const (
 	DefaultReconcileInterval = 10 * time.Second
 	DefaultSocketBuffer      = 4 << 20
 	DefaultXDPRetryInterval  = 2 * time.Second
+	// MaxUDPThreadNum bounds the read loops per UDP listener; the default, one
+	// per CPU, stops at DefaultMaxUDPThreads so that two daemons' sockets
+	// (a rolling update) fit the steering array on a big node.
+	MaxUDPThreadNum      = 64
+	DefaultMaxUDPThreads = 16
 )
 
 func (c *Config) validate() error {
@@ -193,6 +202,12 @@ func (c *Config) validate() error {
 	}
 	if c.SocketBuffer == 0 {
 		c.SocketBuffer = DefaultSocketBuffer
+	}
+	if c.UDPThreadNum < 0 {
+		return fmt.Errorf("%d UDP read loops per listener: want 1 or more (0: one per CPU)", c.UDPThreadNum)
+	}
+	if c.UDPThreadNum > MaxUDPThreadNum {
+		return fmt.Errorf("%d UDP read loops per listener: at most %d", c.UDPThreadNum, MaxUDPThreadNum)
 	}
 	if c.Logger == nil {
 		return errors.New("no logger")
@@ -465,13 +480,23 @@ func (d *Daemon) Registry() *prometheus.Registry { return d.registry }
 // UserspaceCounters returns what pion/turn relayed.
 func (d *Daemon) UserspaceCounters() *fallback.Counters { return d.counters }
 
+// udpThreads is the number of read loops (sockets) per UDP listener.
+func (d *Daemon) udpThreads() int {
+	if n := d.config().UDPThreadNum; n > 0 {
+		return n
+	}
+	return min(runtime.NumCPU(), DefaultMaxUDPThreads)
+}
+
 // AllocationCount returns pion's live allocations.
 func (d *Daemon) AllocationCount() int {
 	d.lmu.Lock()
 	defer d.lmu.Unlock()
 	n := 0
 	for _, ls := range d.listeners {
-		n += ls.server.AllocationCount()
+		for _, srv := range ls.servers {
+			n += srv.AllocationCount()
+		}
 	}
 	return n
 }
