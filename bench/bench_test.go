@@ -41,6 +41,8 @@ type config struct {
 	scalingPoint    time.Duration
 
 	lo, hi float64 // reference rates of the summary (must be rungs of ladder100)
+
+	userspaceLadder []float64 // offered packets/s per rung of the userspace stage; 0 = max
 }
 
 var configs = map[string]config{
@@ -55,6 +57,7 @@ var configs = map[string]config{
 		controlBindings: 100000,
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 5 * time.Second,
 		lo: 20000, hi: 100000,
+		userspaceLadder: []float64{20000, 50000, 100000, 150000, 200000, 0},
 	},
 	"smoke": {
 		mode:      "smoke",
@@ -66,6 +69,7 @@ var configs = map[string]config{
 		controlBindings: 20000,
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 500 * time.Millisecond,
 		lo: 20000, hi: 100000,
+		userspaceLadder: []float64{20000, 100000, 0},
 	},
 }
 
@@ -86,7 +90,7 @@ func TestBench(t *testing.T) {
 		t.Fatalf("BENCH=%q: want full or smoke", mode)
 	}
 	netns.RequirePrivileged(t, "iperf", "gnuplot", "turnserver", "go")
-	for _, p := range []string{stunnerdPath(), turncatPath()} {
+	for _, p := range []string{stunnerdPath(), turncatPath(), stunnerd121Path()} {
 		requireFile(t, p)
 	}
 	if w, err := strconv.Atoi(os.Getenv("BENCH_MAX_WORKERS")); err == nil && w > 0 {
@@ -111,6 +115,9 @@ func TestBench(t *testing.T) {
 		LatencyServers: []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerXDPOffSteered, ServerStunnerd, ServerCoturn, ServerKernelFwd},
 		IperfServers:   []string{ServerXDPNative, ServerXDPOff, ServerStunnerd, ServerCoturn},
 		ScalingPoints:  2 * len(cfg.scalingChannels),
+		// One row per rung, and the pinned max rung.
+		UserspaceServers: []string{ServerUser1, ServerUserN, ServerCoturn, ServerStunnerd121N, ServerStunnerd12116},
+		UserspacePoints:  len(cfg.userspaceLadder) + 1,
 	}
 	h.daemonBin = buildDaemon(t)
 	h.pins = testenv.BPFFS(t)
@@ -137,6 +144,7 @@ func TestBench(t *testing.T) {
 	stage("control", h.stageControl)
 	stage("scaling", h.stageScaling)
 	stage("relay", h.stageRelay)
+	stage("userspace", h.stageUserspace)
 	stage("iperf", h.stageIperf)
 
 	h.rep.Targets, h.rep.Notes = h.targets()
@@ -239,7 +247,7 @@ func meta(cfg config, started time.Time) Meta {
 		}
 	}
 	m.Versions = append(m.Versions, "stunnerd-xdp at "+gitDescribe(),
-		"STUNner stunnerd and turncat v1.1.0 (test/tools/build.sh)",
+		"STUNner stunnerd and turncat v1.1.0, stunnerd v1.2.1 (test/tools/build.sh)",
 		"coturn "+firstLine("turnserver", "--version"), firstLine("iperf", "-v"), firstLine("gnuplot", "--version"))
 	return m
 }
