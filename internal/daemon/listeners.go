@@ -17,6 +17,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
+	"github.com/l7mp/stunnerd-xdp/internal/udpio"
 )
 
 // authState is the authentication in force; swapped atomically on reload so
@@ -204,7 +205,14 @@ func (d *Daemon) listenUDP(ls *listenerServer, lc net.ListenConfig, network, add
 			closeAll()
 			return nil, fmt.Errorf("listen on udp %v (socket %d of %d): %w", addr, i+1, len(conns), err)
 		}
-		conns[i], scs[i] = c, c.(*net.UDPConn)
+		scs[i] = c.(*net.UDPConn)
+		// pion reads one datagram per call; the socket underneath is read a
+		// batch per recvmmsg, with no allocation per datagram.
+		if conns[i], err = udpio.NewBatchConn(c); err != nil {
+			c.Close()
+			closeAll()
+			return nil, err
+		}
 	}
 	if err := d.steerSockets(ls, scs...); err != nil {
 		closeAll()

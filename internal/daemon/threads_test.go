@@ -70,7 +70,7 @@ func TestUDPReadLoops(t *testing.T) {
 	}
 }
 
-func startThreads(t *testing.T, listen netip.AddrPort, dir string, threads int) *Daemon {
+func startThreads(t testing.TB, listen netip.AddrPort, dir string, threads int) *Daemon {
 	t.Helper()
 	d, err := startThreadsErr(t, listen, dir, threads)
 	if err != nil {
@@ -79,7 +79,7 @@ func startThreads(t *testing.T, listen netip.AddrPort, dir string, threads int) 
 	return d
 }
 
-func startThreadsErr(t *testing.T, listen netip.AddrPort, dir string, threads int) (*Daemon, error) {
+func startThreadsErr(t testing.TB, listen netip.AddrPort, dir string, threads int) (*Daemon, error) {
 	t.Helper()
 	lf, err := logging.New("all:WARN", "text", &testenv.LockedBuffer{})
 	if err != nil {
@@ -105,16 +105,13 @@ func startThreadsErr(t *testing.T, listen netip.AddrPort, dir string, threads in
 
 // relayThrough allocates from a new client socket, sends a datagram to the
 // peer through the relay and one back, and checks both arrive.
-func relayThrough(t *testing.T, server netip.AddrPort, peer net.PacketConn, tag byte) {
+func relayThrough(t testing.TB, server netip.AddrPort, peer net.PacketConn, tag byte) {
 	t.Helper()
-	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay, err := testenv.Allocate(t, &turn.ClientConfig{
-		TURNServerAddr: server.String(), STUNServerAddr: server.String(),
-		Username: "u", Password: "p", Realm: DefaultRealm, Conn: conn,
-	})
+	relay, err := allocateOn(t, server, conn)
 	if err != nil {
 		t.Fatalf("client %d: allocate: %v", tag, err)
 	}
@@ -150,4 +147,12 @@ func relayThrough(t *testing.T, server netip.AddrPort, peer net.PacketConn, tag 
 	if err != nil || !bytes.Equal(buf[:n], []byte{'p', tag}) {
 		t.Fatalf("client %d: the peer's reply: %q, %v", tag, buf[:n], err)
 	}
+}
+
+// allocateOn allocates with pion/turn's client on conn as user u.
+func allocateOn(t testing.TB, server netip.AddrPort, conn *net.UDPConn) (net.PacketConn, error) {
+	return testenv.Allocate(t, &turn.ClientConfig{
+		TURNServerAddr: server.String(), STUNServerAddr: server.String(),
+		Username: "u", Password: "p", Realm: DefaultRealm, Conn: conn,
+	})
 }
