@@ -29,13 +29,13 @@ check-generate: generate ## fail if `make generate` changes a committed file
 build: ## build bin/stunnerd-xdp
 	$(GO) build -o $(BIN)/stunnerd-xdp ./cmd/stunnerd-xdp
 
-$(BIN)/turncat $(BIN)/stunnerd:
+$(BIN)/turncat $(BIN)/stunnerd $(BIN)/stunnerd-v1.2.1:
 	test/tools/build.sh $(BIN)
 
 $(BIN)/udpecho: $(wildcard test/cmd/udpecho/*.go)
 	$(GO) build -o $(BIN)/udpecho ./test/cmd/udpecho
 
-tools: $(BIN)/turncat $(BIN)/udpecho ## build STUNner v1.1.0's turncat and stunnerd, and udpecho, into bin/
+tools: $(BIN)/turncat $(BIN)/stunnerd-v1.2.1 $(BIN)/udpecho ## build STUNner v1.1.0's turncat and stunnerd, v1.2.1's stunnerd, and udpecho, into bin/
 
 lint: ## go vet and gofmt
 	$(GO) vet ./...
@@ -65,10 +65,10 @@ fuzz-ci: ## (root) run each differential fuzz target for FUZZTIME
 test-short: ## the unprivileged tests only
 	$(GO) test -short -count=1 ./...
 
-bench: tools $(BIN)/stunnerd ## (root) stunnerd-xdp vs its userspace path, STUNner stunnerd and coturn (~8 min); writes bench/out/report.md
+bench: tools $(BIN)/stunnerd $(BIN)/stunnerd-v1.2.1 ## (root) stunnerd-xdp vs its userspace path, STUNner stunnerd and coturn (~8 min); writes bench/out/report.md
 	BENCH=full $(GO) test ./bench -run '^TestBench$$' -v -count=1 -timeout 20m
 
-bench-smoke: tools $(BIN)/stunnerd ## (root) a tiny run of every benchmark stage (~1 min); fails if a report row is missing
+bench-smoke: tools $(BIN)/stunnerd $(BIN)/stunnerd-v1.2.1 ## (root) a tiny run of every benchmark stage (~1 min); fails if a report row is missing
 	BENCH=smoke $(GO) test ./bench -run '^TestBench$$' -v -count=1 -timeout 5m
 
 demo: build tools ## (root) relay iperf through turncat and stunnerd-xdp with XDP in network namespaces

@@ -45,6 +45,8 @@ type config struct {
 	liveRounds int           // intervals per row, interleaved
 
 	lo, hi float64 // reference rates of the summary (must be rungs of ladder100)
+
+	userspaceLadder []float64 // offered packets/s per rung of the userspace stage; 0 = max
 }
 
 var configs = map[string]config{
@@ -60,6 +62,7 @@ var configs = map[string]config{
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 5 * time.Second,
 		liveRate: 50000, livePoint: 2 * time.Second, liveRounds: 5,
 		lo: 20000, hi: 100000,
+		userspaceLadder: []float64{20000, 50000, 100000, 150000, 200000, 0},
 	},
 	"smoke": {
 		mode:      "smoke",
@@ -72,6 +75,7 @@ var configs = map[string]config{
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 500 * time.Millisecond,
 		liveRate: 50000, livePoint: 500 * time.Millisecond, liveRounds: 3,
 		lo: 20000, hi: 100000,
+		userspaceLadder: []float64{20000, 100000, 0},
 	},
 }
 
@@ -115,8 +119,12 @@ func TestBench(t *testing.T) {
 		LatencyServers: []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerXDPOffSteered, ServerStunnerd, ServerCoturn, ServerKernelFwd},
 		IperfServers:   []string{ServerXDPNative, ServerXDPOff, ServerStunnerd, ServerCoturn},
 		ScalingPoints:  2 * len(cfg.scalingChannels),
+		// One row per rung, and the pinned max rung.
+		UserspaceServers: []string{ServerUser1, ServerUserN, ServerCoturn, ServerStunnerd121N, ServerStunnerd12116},
+		UserspacePoints:  len(cfg.userspaceLadder) + 1,
 	}
 	h.daemonBin, h.stunnerdBin, h.turncatBin = netns.RequireBinary(t, netns.Daemon), netns.RequireBinary(t, netns.Stunnerd), netns.RequireBinary(t, netns.Turncat)
+	h.stunnerd121Bin = netns.RequireBinary(t, netns.Stunnerd121)
 	h.pins = testenv.BPFFS(t)
 	h.rep.Meta.Daemon = h.daemonBin
 	if os.Getenv("STUNNERD_XDP") == "" {
@@ -142,6 +150,7 @@ func TestBench(t *testing.T) {
 	stage("control", h.stageControl)
 	stage("scaling", h.stageScaling)
 	stage("relay", h.stageRelay)
+	stage("userspace", h.stageUserspace)
 	stage("iperf", h.stageIperf)
 
 	h.rep.Targets, h.rep.Notes = h.targets()
@@ -175,6 +184,7 @@ type harness struct {
 	daemonBin string // this tree's (so the benchmark measures the code it sits next to), or $STUNNERD_XDP
 	// STUNner v1.1.0's, from test/tools
 	stunnerdBin, turncatBin string
+	stunnerd121Bin          string
 	pins                    string // private bpffs for the steered daemon's maps
 	peers                   *peers
 }
@@ -203,7 +213,7 @@ func meta(cfg config, started time.Time) Meta {
 		}
 	}
 	m.Versions = append(m.Versions, "stunnerd-xdp at "+gitDescribe(),
-		"STUNner stunnerd and turncat v1.1.0 (test/tools/build.sh)",
+		"STUNner stunnerd and turncat v1.1.0, stunnerd v1.2.1 (test/tools/build.sh)",
 		"coturn "+firstLine("turnserver", "--version"), firstLine("iperf", "-v"), firstLine("gnuplot", "--version"))
 	return m
 }

@@ -20,19 +20,21 @@ import (
 
 // Report is everything one run measured. Every figure in it comes from this run.
 type Report struct {
-	Meta     Meta            `json:"meta"`
-	ProgRun  []ProgRunRow    `json:"prog_run"`
-	LiveCost []LiveCostRow   `json:"live_cost"`
-	Memory   []MemoryRow     `json:"map_memory"`
-	Relay    []RelayPoint    `json:"relay"`
-	Latency  []LatencyRow    `json:"latency"`
-	Iperf    []IperfRow      `json:"iperf"`
-	Control  *ControlResult  `json:"control,omitempty"`
-	Scaling  []ScalingPoint  `json:"scaling"`
-	Targets  []TargetResult  `json:"targets"`
-	Expected ExpectedRows    `json:"expected"`
-	Notes    []string        `json:"notes,omitempty"`
-	Stages   []StageDuration `json:"stages"`
+	Meta     Meta          `json:"meta"`
+	ProgRun  []ProgRunRow  `json:"prog_run"`
+	LiveCost []LiveCostRow `json:"live_cost"`
+	Memory   []MemoryRow   `json:"map_memory"`
+	Relay    []RelayPoint  `json:"relay"`
+	// Userspace compares the userspace relays over several allocations.
+	Userspace []RelayPoint    `json:"userspace"`
+	Latency   []LatencyRow    `json:"latency"`
+	Iperf     []IperfRow      `json:"iperf"`
+	Control   *ControlResult  `json:"control,omitempty"`
+	Scaling   []ScalingPoint  `json:"scaling"`
+	Targets   []TargetResult  `json:"targets"`
+	Expected  ExpectedRows    `json:"expected"`
+	Notes     []string        `json:"notes,omitempty"`
+	Stages    []StageDuration `json:"stages"`
 }
 
 // Meta describes the machine, the software and how the run was made.
@@ -135,6 +137,10 @@ type RelayPoint struct {
 	ProgNsPerRun float64 `json:"xdp_prog_ns_per_run"`
 	ServerRcvbuf int64   `json:"server_rcvbuf_errors"`   // Udp.RcvbufErrors in the server namespace
 	SendErrors   uint64  `json:"generator_send_retries"` // EAGAIN retries of the generator
+	// Flows is the number of allocations the load is spread over (0: one).
+	Flows int `json:"flows,omitempty"`
+	// Pinned: the generator ran on CPU 0 and the server on the others.
+	Pinned bool `json:"pinned,omitempty"`
 }
 
 // LatencyRow is the round-trip time of timestamped datagrams echoed by the peer.
@@ -221,6 +227,9 @@ type ExpectedRows struct {
 	LatencyServers []string `json:"latency_servers"`
 	IperfServers   []string `json:"iperf_servers"`
 	ScalingPoints  int      `json:"scaling_points"`
+	// UserspaceServers each have UserspacePoints rows in Userspace.
+	UserspaceServers []string `json:"userspace_servers"`
+	UserspacePoints  int      `json:"userspace_points_per_server"`
 }
 
 // Validate reports every missing row and every figure that is not a finite
@@ -276,6 +285,7 @@ func (r *Report) Validate() error {
 			errs = append(errs, fmt.Errorf("relay %s: %d points, want %d", s, perServer[s], r.Expected.RelayPoints))
 		}
 	}
+	errs = append(errs, validateUserspace(r)...)
 	seen = map[string]bool{}
 	for _, l := range r.Latency {
 		seen[l.Server] = true
@@ -565,6 +575,8 @@ func (r *Report) WriteMarkdown(dir string, lo, hi float64, plots []string) error
 		"socket; both ends are Go programs, so the RTT includes two Go wake-ups, and the direct path (kernel forwarding, no TURN) has " +
 		"the same. Samples whose echo never came are counted as lost, not as a latency.\n")
 
+	writeUserspace(&b, r)
+
 	b.WriteString("\n## 3. The user's benchmark: iperf2 through turncat\n\n")
 	it := table{head: []string{"server", "rate pps", "payload B", "seconds", "iperf sent", "received", "loss %", "server total µs/pkt", "server process µs/pkt", "turncat µs/pkt"}}
 	for _, i := range r.Iperf {
@@ -637,6 +649,11 @@ const (
 	// the packets that reach the listener socket.
 	ServerXDPOffSteered = "stunnerd-xdp userspace, steered listener (--xdp-mode=off --handover-dir)"
 	ServerStunnerd      = "STUNner stunnerd v1.1.0"
+	// The userspace comparison (its own stage, several allocations).
+	ServerUser1         = "stunnerd-xdp userspace, 1 read loop (--xdp-mode=off --udp-thread-num=1)"
+	ServerUserN         = "stunnerd-xdp userspace, a read loop per CPU (--xdp-mode=off --udp-thread-num=CPUs)"
+	ServerStunnerd121N  = "STUNner stunnerd v1.2.1 -u CPUs"
+	ServerStunnerd12116 = "STUNner stunnerd v1.2.1 -u 16"
 	ServerCoturn        = "coturn"
 	ServerKernelFwd     = "kernel forwarding (no TURN)"
 	// ServerDeliveryFloor sends from the server namespace to the peer: the

@@ -8,9 +8,12 @@
  *   UDP from a client with an allocation: the socket of the process that owns
  *       the allocation (steer_flows, written by that process when pion/turn
  *       creates and deletes the allocation);
- *   anything else (new clients, STUN Binding, TCP connections): the socket
- *       registered last for the listener address (steer_active), i.e. the
- *       newest process.
+ *   anything else (new clients, STUN Binding, TCP connections): one of the
+ *       sockets registered last for the listener address (steer_active), i.e.
+ *       the newest process's; a process with several sockets per listener
+ *       (one read loop each) registers them in consecutive slots, and the
+ *       packet's 4-tuple hash picks one, so a client's retries land where its
+ *       first request did.
  *
  * A socket that closes leaves steer_sockets by itself; if a lookup names a
  * slot that is empty, the kernel's hash over the remaining sockets decides.
@@ -81,6 +84,9 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } steer_sockets SEC(".maps");
 
+/* The newest process's sockets of a group: the first slot in the low 16 bits,
+ * how many consecutive slots in the high 16 (0 means 1: the layout of
+ * versions with one socket per listener, whose pinned maps stay usable). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct group);
@@ -167,7 +173,13 @@ int steer_reuseport(struct sk_reuseport_md *md)
 		if (err == 0 && select_slot(md, &steer_flows, &f) == 0)
 			return count(STEER_OWNER);
 	}
-	if (select_slot(md, &steer_active, &f.group) == 0)
-		return count(STEER_ACTIVE);
+	__u32 *active = bpf_map_lookup_elem(&steer_active, &f.group);
+	if (active) {
+		__u32 slot = *active & 0xffff, n = *active >> 16;
+		if (n > 1) /* the kernel's own reuseport scaling: hash * n / 2^32 */
+			slot += (__u32)(((__u64)md->hash * n) >> 32);
+		if (bpf_sk_select_reuseport(md, &steer_sockets, &slot, 0) == 0)
+			return count(STEER_ACTIVE);
+	}
 	return count(STEER_HASH);
 }

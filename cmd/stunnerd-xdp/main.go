@@ -57,6 +57,7 @@ type options struct {
 	metricsAddr, healthAddr, healthSocket, handoverDir   string
 	minPort, maxPort                                     uint
 	maxBindings                                          uint
+	udpThreadNum                                         int // temporary (H6); H4's -u/--udp-thread-num replaces it
 	forceReady                                           bool
 	gracePeriod                                          time.Duration
 	allowPeers, denyPeers, noOffloadPeers                prefixList
@@ -110,6 +111,7 @@ func run(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off)")
 	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live and /ready (empty: off)")
 	fs.StringVar(&o.healthSocket, "health-socket", "", "`PATH` of a unix socket serving /live, /ready and /status for this process only\n(for exec probes: 'stunnerd-xdp probe --health-socket PATH ready'; empty: off)")
+	fs.IntVar(&o.udpThreadNum, "udp-thread-num", 0, "read loops per UDP listener, each on its own SO_REUSEPORT socket (0: one per CPU, at most 16)")
 	fs.StringVar(&o.handoverDir, "handover-dir", handover.DefaultDir, "bpffs `DIR` where the daemons of a node share their TURN ports for hitless rolling updates\n(a subdirectory per network namespace; empty: ports are bound exclusively)")
 	fs.BoolVar(&o.forceReady, "force-ready-status", false, "keep /ready green while draining, for clusters that blackhole UDP to unready pods")
 	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist,\nand it also admits peers the defaults refuse (loopback, link-local, multicast, this node's addresses)")
@@ -259,6 +261,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 		return cfg, fmt.Errorf("--max-bindings %d: want 1-%d", o.maxBindings, 1<<24)
 	}
 	cfg.MaxBindings = uint32(o.maxBindings)
+	cfg.UDPThreadNum = o.udpThreadNum
 	cfg.MetricsAddr, cfg.HealthAddr, cfg.ForceReady = o.metricsAddr, o.healthAddr, o.forceReady
 	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
 	cfg.AllowPeers, cfg.DenyPeers, cfg.NoOffloadPeers = o.allowPeers, o.denyPeers, o.noOffloadPeers

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -83,6 +84,9 @@ type Config struct {
 	ReconcileInterval time.Duration
 	// SocketBuffer is the receive and send buffer of the listener sockets.
 	SocketBuffer int
+	// UDPThreadNum is the number of read loops per UDP listener, each on its
+	// own SO_REUSEPORT socket (STUNner's -u/--udp-thread-num); 0: one per CPU.
+	UDPThreadNum int
 
 	Logger *logging.Factory
 
@@ -99,6 +103,11 @@ const (
 	DefaultReconcileInterval = 10 * time.Second
 	DefaultSocketBuffer      = 4 << 20
 	DefaultXDPRetryInterval  = 2 * time.Second
+	// MaxUDPThreadNum bounds the read loops per UDP listener; the default, one
+	// per CPU, stops at DefaultMaxUDPThreads so that two daemons' sockets
+	// (a rolling update) fit the steering array on a big node.
+	MaxUDPThreadNum      = 64
+	DefaultMaxUDPThreads = 16
 )
 
 func (c *Config) validate() error {
@@ -184,6 +193,12 @@ func (c *Config) validate() error {
 	}
 	if c.SocketBuffer == 0 {
 		c.SocketBuffer = DefaultSocketBuffer
+	}
+	if c.UDPThreadNum < 0 {
+		return fmt.Errorf("%d UDP read loops per listener: want 1 or more (0: one per CPU)", c.UDPThreadNum)
+	}
+	if c.UDPThreadNum > MaxUDPThreadNum {
+		return fmt.Errorf("%d UDP read loops per listener: at most %d", c.UDPThreadNum, MaxUDPThreadNum)
 	}
 	if c.Logger == nil {
 		return errors.New("no logger")
@@ -449,13 +464,23 @@ func (c *Config) trafficListeners() []metrics.Listener {
 	return out
 }
 
+// udpThreads is the number of read loops (sockets) per UDP listener.
+func (d *Daemon) udpThreads() int {
+	if n := d.config().UDPThreadNum; n > 0 {
+		return n
+	}
+	return min(runtime.NumCPU(), DefaultMaxUDPThreads)
+}
+
 // AllocationCount returns pion's live allocations.
 func (d *Daemon) AllocationCount() int {
 	d.lmu.Lock()
 	defer d.lmu.Unlock()
 	n := 0
 	for _, ls := range d.listeners {
-		n += ls.server.AllocationCount()
+		for _, srv := range ls.servers {
+			n += srv.AllocationCount()
+		}
 	}
 	return n
 }

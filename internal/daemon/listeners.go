@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/pion/turn/v4"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
+	"github.com/l7mp/stunnerd-xdp/internal/udpio"
 )
 
 // authState is the authentication in force; swapped atomically on reload so
@@ -37,16 +39,20 @@ func newAuthState(cfg Config, lf *logging.Factory) *authState {
 	return a
 }
 
-// listenerServer is one listener with its own pion/turn server, so that a
+// listenerServer is one listener with its own pion/turn servers, so that a
 // reload can start, stop or restart it without touching the others' sessions.
+// A UDP listener has one socket per read loop (Config.UDPThreadNum), bound
+// with SO_REUSEPORT, each served by its own pion/turn server: pion keeps the
+// allocations of each socket apart, and the kernel's reuseport hash (or the
+// steering) keeps a client's 4-tuple on the socket that holds its allocation.
 type listenerServer struct {
-	l      config.ResolvedListener
-	server *turn.Server
-	policy atomic.Pointer[peerpolicy.Policy]
+	l       config.ResolvedListener
+	servers []*turn.Server
+	policy  atomic.Pointer[peerpolicy.Policy]
 
-	// The socket's steering slot, when the node's daemons share the port.
+	// The sockets' steering slots, when the node's daemons share the port.
 	group   handover.Group
-	slot    uint32
+	slots   []uint32
 	steered bool
 }
 
@@ -94,8 +100,9 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 	if l.Protocol == config.UDP {
 		sc.EventHandler = d.mirror.EventHandler()
 	}
-	lc := d.listenConfig()
+	lc := d.listenConfig(l.Protocol == config.UDP && d.udpThreads() > 1)
 	addr := l.Addr.String()
+	var scs []turn.ServerConfig
 	// pion/turn relays over IPv4 whatever the client's family; the listener
 	// itself may be IPv6.
 	udp, tcp := "udp4", "tcp4"
@@ -104,26 +111,26 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 	}
 	switch l.Protocol {
 	case config.UDP:
-		conn, err := lc.ListenPacket(context.Background(), udp, addr)
+		conns, err := d.listenUDP(ls, lc, udp, addr)
 		if err != nil {
-			return fmt.Errorf("listener %q: listen on udp %v: %w", l.Name, addr, err)
-		}
-		if err := d.steerSocket(ls, conn.(*net.UDPConn)); err != nil {
-			conn.Close()
 			return fmt.Errorf("listener %q: %w", l.Name, err)
 		}
-		sc.EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, sc.EventHandler)))
-		sc.PacketConnConfigs = []turn.PacketConnConfig{{
-			PacketConn:            &fallback.ListenerConn{PacketConn: d.traffic.ListenerConn(l.Name, conn), Counters: d.counters},
-			PermissionHandler:     permit,
-			RelayAddressGenerator: relay,
-		}}
+		scs = make([]turn.ServerConfig, len(conns))
+		for i, conn := range conns {
+			scs[i] = sc
+			scs[i].EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, i, sc.EventHandler)))
+			scs[i].PacketConnConfigs = []turn.PacketConnConfig{{
+				PacketConn:            &fallback.ListenerConn{PacketConn: d.traffic.ListenerConn(l.Name, conn), Counters: d.counters},
+				PermissionHandler:     permit,
+				RelayAddressGenerator: relay,
+			}}
+		}
 	case config.TCP, config.TLS:
 		ln, err := lc.Listen(context.Background(), tcp, addr)
 		if err != nil {
 			return fmt.Errorf("listener %q: listen on tcp %v: %w", l.Name, addr, err)
 		}
-		if err := d.steerSocket(ls, ln.(*net.TCPListener)); err != nil {
+		if err := d.steerSockets(ls, ln.(*net.TCPListener)); err != nil {
 			ln.Close()
 			return fmt.Errorf("listener %q: %w", l.Name, err)
 		}
@@ -136,29 +143,83 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 			PermissionHandler:     permit,
 			RelayAddressGenerator: relay,
 		}}
+		scs = []turn.ServerConfig{sc}
 	default:
 		return fmt.Errorf("listener %q: protocol %q is not supported", l.Name, l.Protocol)
 	}
-	srv, err := turn.NewServer(sc)
-	if err != nil {
-		d.unsteer(ls)
-		for _, c := range sc.PacketConnConfigs {
-			c.PacketConn.Close()
+	for i, sc := range scs {
+		srv, err := turn.NewServer(sc)
+		if err != nil {
+			d.unsteer(ls)
+			for _, srv := range ls.servers {
+				srv.Close()
+			}
+			for _, sc := range scs[i:] {
+				for _, c := range sc.PacketConnConfigs {
+					c.PacketConn.Close()
+				}
+				for _, c := range sc.ListenerConfigs {
+					c.Listener.Close()
+				}
+			}
+			return fmt.Errorf("listener %q: start TURN server: %w", l.Name, err)
 		}
-		for _, c := range sc.ListenerConfigs {
-			c.Listener.Close()
-		}
-		return fmt.Errorf("listener %q: start TURN server: %w", l.Name, err)
+		ls.servers = append(ls.servers, srv)
 	}
-	ls.server = srv
 	d.listeners[l.Name] = ls
 	path := "userspace"
 	if l.Protocol == config.UDP {
 		path = "xdp+userspace"
 	}
-	d.log.Info("TURN listener up", "listener", l.Name, "protocol", string(l.Protocol), "addr", addr, "path", path,
+	d.log.Info("TURN listener up", "listener", l.Name, "protocol", string(l.Protocol), "addr", addr, "path", path, "read-loops", len(ls.servers),
 		"relay-address", cfg.RelayAddress.String(), "relay-ports", fmt.Sprintf("%d-%d", cfg.MinRelayPort, cfg.MaxRelayPort))
 	return nil
+}
+
+// listenUDP opens the sockets of a UDP listener, one per read loop, and
+// registers them for steering.
+func (d *Daemon) listenUDP(ls *listenerServer, lc net.ListenConfig, network, addr string) ([]net.PacketConn, error) {
+	conns := make([]net.PacketConn, d.udpThreads())
+	closeAll := func() {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}
+	if len(conns) > 1 && d.steer == nil {
+		// Sockets bound with SO_REUSEPORT let any later one of the same user
+		// join them, and a second daemon would take a share of the clients:
+		// without the steering the port stays exclusive, as with one socket.
+		// A bind without SO_REUSEPORT fails while anyone holds the port.
+		excl := d.listenConfig(false)
+		probe, err := excl.ListenPacket(context.Background(), network, addr)
+		if err != nil {
+			return nil, fmt.Errorf("listen on udp %v: %w", addr, err)
+		}
+		probe.Close()
+	}
+	scs := make([]syscall.Conn, len(conns))
+	for i := range conns {
+		c, err := lc.ListenPacket(context.Background(), network, addr)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("listen on udp %v (socket %d of %d): %w", addr, i+1, len(conns), err)
+		}
+		scs[i] = c.(*net.UDPConn)
+		// pion reads one datagram per call; the socket underneath is read a
+		// batch per recvmmsg, with no allocation per datagram.
+		if conns[i], err = udpio.NewBatchConn(c); err != nil {
+			c.Close()
+			closeAll()
+			return nil, err
+		}
+	}
+	if err := d.steerSockets(ls, scs...); err != nil {
+		closeAll()
+		return nil, err
+	}
+	return conns, nil
 }
 
 // stopListener closes one listener and its allocations (pion reports their
@@ -170,9 +231,12 @@ func (d *Daemon) stopListener(name string) error {
 	}
 	delete(d.listeners, name)
 	d.unsteer(ls)
-	err := ls.server.Close()
+	var errs []error
+	for _, srv := range ls.servers {
+		errs = append(errs, srv.Close())
+	}
 	d.log.Info("TURN listener down", "listener", name)
-	return err
+	return errors.Join(errs...)
 }
 
 func (d *Daemon) closeListeners() {

@@ -8,10 +8,11 @@ import (
 )
 
 // listenConfig makes the listener sockets: big buffers, SO_REUSEPORT when
-// steering, and plain TCP (Go picks MPTCP by default, which the reuseport
-// array does not take).
-func (d *Daemon) listenConfig() net.ListenConfig {
-	reuse := d.steer != nil
+// steering or when a listener has several sockets (shared, one per read loop),
+// and plain TCP (Go picks MPTCP by default, which the reuseport array does not
+// take).
+func (d *Daemon) listenConfig(shared bool) net.ListenConfig {
+	reuse := d.steer != nil || shared
 	buf := d.config().SocketBuffer
 	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error

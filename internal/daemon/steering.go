@@ -28,51 +28,59 @@ func (d *Daemon) openSteering() {
 	d.log.Info("listener handover on: sessions stay with their daemon, new ones go to the newest", "dir", dir)
 }
 
-// steerSocket registers a listener socket for steering (a no-op without it).
-func (d *Daemon) steerSocket(ls *listenerServer, c syscall.Conn) error {
+// steerSockets registers a listener's sockets for steering (a no-op without
+// it).
+func (d *Daemon) steerSockets(ls *listenerServer, cs ...syscall.Conn) error {
 	if d.steer == nil {
 		return nil
 	}
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
+	rcs := make([]syscall.RawConn, len(cs))
+	for i, c := range cs {
+		var err error
+		if rcs[i], err = c.SyscallConn(); err != nil {
+			return err
+		}
 	}
 	ls.group = handover.Group{Protocol: handover.UDP, Addr: ls.l.Addr}
 	if ls.l.Protocol != config.UDP {
 		ls.group.Protocol = handover.TCP
 	}
-	slot, err := d.steer.Register(rc, ls.group)
+	slots, err := d.steer.RegisterSet(rcs, ls.group)
 	if err != nil {
 		return err
 	}
-	ls.slot, ls.steered = slot, true
+	ls.slots, ls.steered = slots, true
 	return nil
 }
 
-// unsteer stops new flows going to the listener's socket.
+// unsteer stops new flows going to the listener's sockets.
 func (d *Daemon) unsteer(ls *listenerServer) {
 	if !ls.steered {
 		return
 	}
-	if err := d.steer.Unregister(ls.slot); err != nil {
-		d.log.Warn("steering", "listener", ls.l.Name, "error", err)
+	for _, slot := range ls.slots {
+		if err := d.steer.Unregister(slot); err != nil {
+			d.log.Warn("steering", "listener", ls.l.Name, "error", err)
+		}
 	}
 }
 
-// withFlows adds the steering of allocations to pion's event hooks: the entry
-// is written before pion answers the Allocate, so the client's next packet
-// already comes to this daemon.
-func (d *Daemon) withFlows(ls *listenerServer, h turn.EventHandler) turn.EventHandler {
+// withFlows adds the steering of allocations to the hooks of the pion/turn
+// server of the listener's i-th socket: the entry is written before pion
+// answers the Allocate, so the client's next packet already comes to this
+// daemon's socket that holds the allocation.
+func (d *Daemon) withFlows(ls *listenerServer, i int, h turn.EventHandler) turn.EventHandler {
 	if !ls.steered || ls.group.Protocol != handover.UDP {
 		return h
 	}
 	log := d.config().Logger.Slog("handover")
+	slot := ls.slots[i]
 	return onAllocations(h, func(c netip.AddrPort) {
-		if err := d.steer.AddFlow(ls.group, c, ls.slot); err != nil {
+		if err := d.steer.AddFlow(ls.group, c, slot); err != nil {
 			log.Warn("allocation not steered: it breaks if a second daemon starts on this node while it lives", "error", err)
 		}
 	}, func(c netip.AddrPort) {
-		if err := d.steer.RemoveFlow(ls.group, c, ls.slot); err != nil {
+		if err := d.steer.RemoveFlow(ls.group, c, slot); err != nil {
 			log.Warn("steering", "error", err)
 		}
 	})

@@ -18,7 +18,7 @@ import (
 // freePort finds a UDP port on loopback that is free now: an ephemeral one,
 // so the tests' relay ranges lie above net.ipv4.ip_local_port_range
 // (32768-60999 by default).
-func freePort(t *testing.T) uint16 {
+func freePort(t testing.TB) uint16 {
 	t.Helper()
 	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
 	if err != nil {

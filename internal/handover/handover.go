@@ -154,65 +154,105 @@ func sameFile(f *os.File, path string) bool {
 // Dir is the pin directory.
 func (s *Steering) Dir() string { return s.dir }
 
-// Register adds a listener socket, bound with SO_REUSEPORT, to the shared
-// array and, unless a newer process already serves the group or this one
-// retired, makes it the socket new flows of its group go to. It returns the
-// socket's slot, the value AddFlow records for its clients.
+// Register adds one listener socket of a group; see RegisterSet.
 func (s *Steering) Register(rc syscall.RawConn, g Group) (uint32, error) {
+	slots, err := s.RegisterSet([]syscall.RawConn{rc}, g)
+	if err != nil {
+		return 0, err
+	}
+	return slots[0], nil
+}
+
+// RegisterSet adds a process's sockets of one group (one per read loop), each
+// bound with SO_REUSEPORT, to the shared array in consecutive slots and,
+// unless a newer process already serves the group or this one retired, makes
+// them the sockets new flows of the group go to: the packet's 4-tuple hash
+// picks one, so a client stays on one socket until AddFlow pins it there. It
+// returns the sockets' slots, the values AddFlow records for their clients.
+func (s *Steering) RegisterSet(rcs []syscall.RawConn, g Group) ([]uint32, error) {
+	if len(rcs) == 0 || len(rcs) > Slots {
+		return nil, fmt.Errorf("steering %v: %d sockets (1-%d)", g, len(rcs), Slots)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var (
-		slot   uint32
-		cookie uint64
-	)
+	slots := make([]uint32, len(rcs))
+	cookies := make([]uint64, len(rcs))
 	err := s.exclusive(func() error {
-		var err error
-		if slot, err = s.freeSlot(); err != nil {
+		first, err := s.freeRun(len(rcs))
+		if err != nil {
 			return err
 		}
-		// A slot is free when its socket closed; a process killed with
-		// live allocations leaves entries naming it behind.
-		if err := s.purge(slot); err != nil {
-			return err
-		}
-		var cerr error
-		if err := rc.Control(func(fd uintptr) {
-			if cerr = s.objs.SteerSockets.Update(slot, uint64(fd), ebpf.UpdateNoExist); cerr != nil {
-				cerr = fmt.Errorf("add the socket to the steering array: %w", cerr)
-				return
+		for i, rc := range rcs {
+			slots[i] = first + uint32(i)
+			if cookies[i], err = s.claim(slots[i], rc); err != nil {
+				for _, slot := range slots[:i] {
+					_ = s.objs.SteerSockets.Delete(slot)
+				}
+				return err
 			}
-			if cerr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_REUSEPORT_EBPF, s.objs.SteerReuseport.FD()); cerr != nil {
-				cerr = fmt.Errorf("attach the steering program: %w", cerr)
-			}
-		}); err != nil {
-			return err
-		}
-		if cerr == nil {
-			cerr = s.objs.SteerSockets.Lookup(slot, &cookie)
-		}
-		if cerr == nil {
-			cerr = s.objs.SteerSlots.Put(slot, bpf.SteerSlotInfo{Cookie: cookie, Generation: s.gen})
-		}
-		if cerr != nil {
-			_ = s.objs.SteerSockets.Delete(slot)
-			return cerr
 		}
 		if s.retired {
 			return nil
 		}
 		var cur uint32
 		if err := s.objs.SteerActive.Lookup(g.key(), &cur); err == nil {
-			if info, alive := s.alive(cur); alive && info.Generation > s.gen {
+			if info, alive := s.alive(activeFirst(cur)); alive && info.Generation > s.gen {
 				return nil // a newer process took over: it keeps the new flows
 			}
 		}
-		return s.objs.SteerActive.Put(g.key(), slot)
+		return s.objs.SteerActive.Put(g.key(), first|uint32(len(rcs))<<16)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("steering %v: %w", g, err)
+		return nil, fmt.Errorf("steering %v: %w", g, err)
 	}
-	s.slots[slot] = registration{group: g, cookie: cookie}
-	return slot, nil
+	for i, slot := range slots {
+		s.slots[slot] = registration{group: g, cookie: cookies[i]}
+	}
+	return slots, nil
+}
+
+// claim puts the socket into a free slot and attaches the program to its
+// reuseport group; it returns the socket's cookie. Under the registry lock.
+func (s *Steering) claim(slot uint32, rc syscall.RawConn) (uint64, error) {
+	// A slot is free when its socket closed; a process killed with live
+	// allocations leaves entries naming it behind.
+	if err := s.purge(slot); err != nil {
+		return 0, err
+	}
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		if cerr = s.objs.SteerSockets.Update(slot, uint64(fd), ebpf.UpdateNoExist); cerr != nil {
+			cerr = fmt.Errorf("add the socket to the steering array: %w", cerr)
+			return
+		}
+		if cerr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_REUSEPORT_EBPF, s.objs.SteerReuseport.FD()); cerr != nil {
+			cerr = fmt.Errorf("attach the steering program: %w", cerr)
+		}
+	}); err != nil {
+		return 0, err
+	}
+	var cookie uint64
+	if cerr == nil {
+		cerr = s.objs.SteerSockets.Lookup(slot, &cookie)
+	}
+	if cerr == nil {
+		cerr = s.objs.SteerSlots.Put(slot, bpf.SteerSlotInfo{Cookie: cookie, Generation: s.gen})
+	}
+	if cerr != nil {
+		_ = s.objs.SteerSockets.Delete(slot)
+		return 0, cerr
+	}
+	return cookie, nil
+}
+
+// An active entry holds the first slot of the newest process's sockets in its
+// low 16 bits and their number in the high 16 (0: one, as written by versions
+// with one socket per listener).
+func activeFirst(v uint32) uint32 { return v & 0xffff }
+
+func activeHas(v, slot uint32) bool {
+	n := max(v>>16, 1)
+	return slot >= activeFirst(v) && slot < activeFirst(v)+n
 }
 
 // alive reports whether the slot holds the socket its registration names.
@@ -245,33 +285,40 @@ func (s *Steering) exclusive(f func() error) error {
 	return f()
 }
 
-func (s *Steering) freeSlot() (uint32, error) {
+// freeRun finds n consecutive free slots and returns the first.
+func (s *Steering) freeRun(n int) (uint32, error) {
 	var cookie uint64
+	run := 0
 	for i := uint32(0); i < Slots; i++ {
 		err := s.objs.SteerSockets.Lookup(i, &cookie)
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return i, nil
-		}
-		if err != nil {
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			if run++; run == n {
+				return i + 1 - uint32(n), nil
+			}
+		case err != nil:
 			return 0, fmt.Errorf("steering array slot %d: %w", i, err)
+		default:
+			run = 0
 		}
 	}
-	return 0, fmt.Errorf("all %d steering slots are taken", Slots)
+	return 0, fmt.Errorf("no %d consecutive free slots among the %d of the steering array", n, Slots)
 }
 
 // purge removes the flow and active entries that name the slot.
 func (s *Steering) purge(slot uint32) error {
-	if err := deleteNaming[bpf.SteerFlow](s.objs.SteerFlows, slot); err != nil {
+	if err := deleteNaming[bpf.SteerFlow](s.objs.SteerFlows, func(v uint32) bool { return v == slot }); err != nil {
 		return fmt.Errorf("flow map: %w", err)
 	}
-	if err := deleteNaming[bpf.SteerGroup](s.objs.SteerActive, slot); err != nil {
+	if err := deleteNaming[bpf.SteerGroup](s.objs.SteerActive, func(v uint32) bool { return activeHas(v, slot) }); err != nil {
 		return fmt.Errorf("active map: %w", err)
 	}
 	return nil
 }
 
-// deleteNaming deletes the entries of a slot-valued hash map that name slot.
-func deleteNaming[K any](m *ebpf.Map, slot uint32) error {
+// deleteNaming deletes the entries of a slot-valued hash map whose value names
+// the slot.
+func deleteNaming[K any](m *ebpf.Map, names func(uint32) bool) error {
 	var (
 		k     K
 		v     uint32
@@ -279,7 +326,7 @@ func deleteNaming[K any](m *ebpf.Map, slot uint32) error {
 	)
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		if v == slot {
+		if names(v) {
 			stale = append(stale, k)
 		}
 	}
@@ -359,7 +406,7 @@ func (s *Steering) Retire() error {
 	return s.exclusive(func() error {
 		for slot, r := range s.slots {
 			var cur uint32
-			if err := s.objs.SteerActive.Lookup(r.group.key(), &cur); err != nil || cur != slot {
+			if err := s.objs.SteerActive.Lookup(r.group.key(), &cur); err != nil || !activeHas(cur, slot) {
 				continue
 			}
 			if err := s.objs.SteerActive.Delete(r.group.key()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -384,12 +431,12 @@ func (s *Steering) Successor() (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("steering %v: %w", r.group, err)
 		}
-		if _, mine := s.slots[cur]; mine {
+		if _, mine := s.slots[activeFirst(cur)]; mine {
 			continue
 		}
 		// A claim purges the active entries naming the slot, so a live
 		// registration here is a socket of this group.
-		if _, alive := s.alive(cur); alive {
+		if _, alive := s.alive(activeFirst(cur)); alive {
 			return true, nil
 		}
 	}

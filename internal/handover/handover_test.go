@@ -376,3 +376,64 @@ func TestOpenRefusesNonBPFFS(t *testing.T) {
 		t.Fatal("Open accepted a directory outside bpffs")
 	}
 }
+
+// TestSteerSet: a process with several sockets per listener (one read loop
+// each) gets the new flows on all of them, each client always on the same
+// one, while the old process's client stays with it.
+func TestSteerSet(t *testing.T) {
+	dir := testDir(t)
+	old, nu := mustOpen(t, dir), mustOpen(t, dir)
+	a := listenUDP(t, "udp4", "127.0.0.1:0")
+	g := Group{Protocol: UDP, Addr: addrPort(a.LocalAddr())}
+	slotA := register(t, old, a, g)
+	owned := listenUDP(t, "udp4", "127.0.0.1:0")
+	if err := old.AddFlow(g, addrPort(owned.LocalAddr()), slotA); err != nil {
+		t.Fatal(err)
+	}
+	set := []*net.UDPConn{listenUDP(t, "udp4", g.Addr.String()), listenUDP(t, "udp4", g.Addr.String()), listenUDP(t, "udp4", g.Addr.String())}
+	rcs := make([]syscall.RawConn, len(set))
+	for i, c := range set {
+		var err error
+		if rcs[i], err = c.SyscallConn(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slots, err := nu.RegisterSet(rcs, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range slots[1:] {
+		if slots[i+1] != slots[i]+1 {
+			t.Fatalf("slots %v are not consecutive", slots)
+		}
+	}
+	servers := append([]*net.UDPConn{a}, set...)
+	got := map[int]int{}
+	for range 24 {
+		c := listenUDP(t, "udp4", "127.0.0.1:0")
+		first := receiver(t, c, g.Addr, servers...)
+		if first < 1 {
+			t.Fatalf("a new client went to socket %d, want one of the new process's", first)
+		}
+		for range 3 {
+			if again := receiver(t, c, g.Addr, servers...); again != first {
+				t.Fatalf("a client moved from socket %d to %d", first, again)
+			}
+		}
+		got[first]++
+	}
+	if len(got) < 2 {
+		t.Errorf("24 new clients all went to one socket of the set: %v", got)
+	}
+	if r := receiver(t, owned, g.Addr, servers...); r != 0 {
+		t.Errorf("the old process's client went to socket %d", r)
+	}
+	// Retiring the set stops new flows to all of it.
+	if err := nu.Retire(); err != nil {
+		t.Fatal(err)
+	}
+	var cur uint32
+	if err := nu.objs.SteerActive.Lookup(g.key(), &cur); err == nil {
+		t.Errorf("the retired set still takes new flows (%#x)", cur)
+	}
+}

@@ -24,7 +24,8 @@ func TestSTUNnerMetrics(t *testing.T) {
 	}
 	bothModes(t, func(t *testing.T, mode string) {
 		r := netns.NewRouted(t)
-		startNode(t, r, mode, []nodeListener{{addr: "10.100.0.1", peers: []string{"10.200.0.0/24"}}})
+		// Two read loops: STUNner counts a UDP listener's sockets as its connections.
+		startNode(t, r, mode, []nodeListener{{addr: "10.100.0.1", peers: []string{"10.200.0.0/24"}}}, "--udp-thread-num=2")
 		startEcho(t, r.Peer, netip.MustParseAddrPort(peerAddr+":5002"))
 		relay, err := allocateWith(t, r.Client, "10.100.0.1:3478", user, password, false)
 		if err != nil {
@@ -84,10 +85,10 @@ func TestSTUNnerMetrics(t *testing.T) {
 				t.Errorf("the kernel relayed %v/%v packets with XDP off", xdpC2P, xdpP2C)
 			}
 		}
-		for _, name := range []string{"stunner_allocations_active", `stunner_listener_connections{name="udp-0"}`,
-			`stunner_listener_connections_total{name="udp-0"}`, "stunnerd_xdp_allocations_active"} {
-			if v := after.get(t, name); v != 1 {
-				t.Errorf("%s = %v, want 1", name, v)
+		for name, want := range map[string]float64{"stunner_allocations_active": 1, "stunnerd_xdp_allocations_active": 1,
+			`stunner_listener_connections{name="udp-0"}`: 2, `stunner_listener_connections_total{name="udp-0"}`: 2} {
+			if v := after.get(t, name); v != want {
+				t.Errorf("%s = %v, want %v", name, v, want)
 			}
 		}
 		after.get(t, "go_goroutines")

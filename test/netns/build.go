@@ -18,15 +18,18 @@ const (
 	UDPEcho  = "udpecho"      // ./test/cmd/udpecho from this tree
 	Turncat  = "turncat"      // STUNner v1.1.0's turncat, from test/tools
 	Stunnerd = "stunnerd"     // STUNner v1.1.0's stunnerd, from test/tools
+	// Stunnerd121 is STUNner v1.2.1's stunnerd (the current release), from test/tools/stunner121.
+	Stunnerd121 = "stunnerd-v1.2.1"
 )
 
 // binaries says where each program comes from: the environment variable that names a prebuilt
 // binary instead, and the package built from this tree ("" for test/tools' STUNner builds).
 var binaries = map[string]struct{ env, pkg string }{
-	Daemon:   {"STUNNERD_XDP", "./cmd/stunnerd-xdp"},
-	UDPEcho:  {"UDPECHO", "./test/cmd/udpecho"},
-	Turncat:  {"TURNCAT", ""},
-	Stunnerd: {"STUNNERD", ""},
+	Daemon:      {"STUNNERD_XDP", "./cmd/stunnerd-xdp"},
+	UDPEcho:     {"UDPECHO", "./test/cmd/udpecho"},
+	Turncat:     {"TURNCAT", ""},
+	Stunnerd:    {"STUNNERD", ""},
+	Stunnerd121: {"STUNNERD_121", ""},
 }
 
 var built sync.Map // name -> func() (string, error), built once per process

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Builds STUNner's turncat and stunnerd, at the version pinned in this module's go.mod, into BIN_DIR.
+# Builds STUNner's turncat and stunnerd, at the version pinned in this module's go.mod, into BIN_DIR,
+# and the current release's stunnerd (stunner121/go.mod) as BIN_DIR/stunnerd-v1.2.1.
 #
 # `go install github.com/l7mp/stunner/cmd/turncat@v1.1.0` does not work: the proxy refuses stunner's
 # version list and `go install mod@version` ignores the replace directive that points pion/turn at
@@ -22,3 +23,10 @@ for cmd in turncat stunnerd; do
 	go build -trimpath -ldflags "$ldflags" -o "$BIN_DIR/$cmd" "github.com/l7mp/stunner/cmd/$cmd"
 done
 echo "built $BIN_DIR/turncat and $BIN_DIR/stunnerd (STUNner $version)"
+
+# v1.2 builds against upstream pion/turn v5: no replace, its own module.
+cd stunner121
+version=$(go list -m -f '{{.Version}}' github.com/l7mp/stunner)
+ldflags="-X main.version=$version -X main.commitHash=n/a -X main.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+go build -trimpath -ldflags "$ldflags" -o "$BIN_DIR/stunnerd-$version" github.com/l7mp/stunner/cmd/stunnerd
+echo "built $BIN_DIR/stunnerd-$version"

@@ -1,0 +1,136 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// ---- stage: the userspace relays side by side (issue 12, items 3 and 4) ----
+//
+// stunnerd-xdp without XDP at one read loop and at one per CPU, coturn with its
+// default thread model, and STUNner's current stunnerd (v1.2.1) with one read
+// loop per CPU and with the operator's 16. Several allocations carry the load
+// (one client socket each): the kernel's SO_REUSEPORT hash keeps a 4-tuple on
+// one socket, so a single flow can never use more than one read loop.
+
+// userspaceFlows is the number of allocations the generator spreads over.
+const userspaceFlows = 4
+
+// daemonThreadsSpec runs stunnerd-xdp in userspace with threads read loops
+// per listener (0: its default, one per CPU).
+func daemonThreadsSpec(name string, threads int) serverSpec {
+	base := daemonSpec(name, "off", false)
+	return serverSpec{name: name, xdpMode: "off", argv: func(h *harness, dir string) []string {
+		argv := base.argv(h, dir)
+		return append(argv[:len(argv)-1], "--udp-thread-num="+strconv.Itoa(threads), argv[len(argv)-1])
+	}}
+}
+
+func stunnerd121Spec(name string, threads int) serverSpec {
+	return serverSpec{name: name, argv: func(h *harness, _ string) []string {
+		return []string{h.stunnerd121Bin, "-l", "all:WARN", "-u", strconv.Itoa(threads), turnURI}
+	}}
+}
+
+var (
+	specUser1        = daemonThreadsSpec(ServerUser1, 1)
+	specUserN        = daemonThreadsSpec(ServerUserN, runtime.NumCPU())
+	specStunnerd121N = stunnerd121Spec(ServerStunnerd121N, runtime.NumCPU())
+	specStunnerd1216 = stunnerd121Spec(ServerStunnerd12116, 16)
+)
+
+// userspaceSpecs are the stage's servers, in the report's order.
+var userspaceSpecs = []serverSpec{specUser1, specUserN, specCoturn, specStunnerd121N, specStunnerd1216}
+
+func (h *harness) stageUserspace(t *testing.T) {
+	for _, spec := range userspaceSpecs {
+		t.Run(spec.name, func(t *testing.T) { h.userspaceOne(t, spec) })
+	}
+}
+
+func (h *harness) userspaceOne(t *testing.T, spec serverSpec) {
+	rs := h.startServer(t, spec)
+	defer h.stopServer(t, rs)
+	var streams []*stream
+	for range userspaceFlows {
+		sess := newSession(t, h, listenAddr)
+		defer sess.close()
+		streams = append(streams, sess.stream(100))
+	}
+	pids := []int{rs.proc.PID()}
+	record := func(p RelayPoint, pinned bool) {
+		p.Payload, p.Pinned, p.Flows = 100, pinned, userspaceFlows
+		h.rep.Userspace = append(h.rep.Userspace, p)
+		t.Logf("%s target %s pinned %v: offered %.0f delivered %.0f pps, loss %.2f %%, server %.2f µs/pkt (process %.2f + softirq %.2f)",
+			spec.name, rateLabel(p.TargetPPS), pinned, p.OfferedPPS, p.DeliveredPPS, p.LossPercent, p.TotalUsPerPkt, p.ProcUsPerPkt, p.SoftUsPerPkt)
+	}
+	for _, rate := range h.cfg.userspaceLadder {
+		record(h.measure(t, spec, streams, rate, pids), false)
+	}
+	// The max rung again with the generator on CPU 0 and the relay on the
+	// other CPUs: what the relay does when it does not share its cores with
+	// the generator (the softirq of the client->server veth still runs where
+	// the generator sends).
+	if runtime.NumCPU() < 2 {
+		t.Fatalf("the pinned rung needs 2 CPUs, have %d", runtime.NumCPU())
+	}
+	restore := pin(t, os.Getpid(), cpuSet(0))
+	restoreServer := pin(t, rs.proc.PID(), cpuSet(cpusFrom(1)...))
+	record(h.measure(t, spec, streams, 0, pids), true)
+	restoreServer()
+	restore()
+}
+
+func cpusFrom(first int) []int {
+	var out []int
+	for c := first; c < runtime.NumCPU(); c++ {
+		out = append(out, c)
+	}
+	return out
+}
+
+func cpuSet(cpus ...int) unix.CPUSet {
+	var s unix.CPUSet
+	for _, c := range cpus {
+		s.Set(c)
+	}
+	return s
+}
+
+// pin sets the CPU affinity of every thread of pid (threads made later
+// inherit it from their creator) and returns what allows every CPU again.
+func pin(t *testing.T, pid int, set unix.CPUSet) func() {
+	t.Helper()
+	pinned := 0
+	for _, tid := range tasks(pid) {
+		if unix.SchedSetaffinity(tid, &set) == nil {
+			pinned++
+		}
+	}
+	if pinned == 0 {
+		t.Fatalf("pid %d: no thread pinned", pid)
+	}
+	return func() {
+		all := cpuSet(cpusFrom(0)...)
+		for _, tid := range tasks(pid) {
+			_ = unix.SchedSetaffinity(tid, &all)
+		}
+	}
+}
+
+// tasks are the thread ids of pid.
+func tasks(pid int) []int {
+	dir, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	var out []int
+	for _, task := range dir {
+		if tid, err := strconv.Atoi(task.Name()); err == nil {
+			out = append(out, tid)
+		}
+	}
+	return out
+}

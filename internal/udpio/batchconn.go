@@ -1,0 +1,157 @@
+// Package udpio reads a UDP socket in batches (recvmmsg) under the one
+// datagram per call net.PacketConn interface pion/turn's read loop uses, with
+// no allocation per datagram.
+package udpio
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// BatchSize is the most datagrams one recvmmsg returns.
+	BatchSize = 32
+	// slotSize holds any datagram pion/turn accepts (its inbound MTU is
+	// 1600): a bigger one is cut here as in pion's own buffer, and pion drops
+	// it for filling the buffer, as it would anyway.
+	slotSize = 2048
+	// maxAddrs bounds the cache of source addresses; a full cache starts over.
+	maxAddrs = 1 << 14
+)
+
+// ErrNotUDP: the connection is not a *net.UDPConn.
+var ErrNotUDP = errors.New("udpio: not a UDP socket")
+
+// BatchConn is a UDP socket whose ReadFrom hands out the datagrams of one
+// recvmmsg call at a time; every other method is the socket's own. It
+// returns the same *net.UDPAddr for every datagram of one source, so callers
+// must not modify the addresses (pion/turn never does). ReadFrom is meant
+// for one reader (pion/turn's read loop) and serialises several.
+type BatchConn struct {
+	*net.UDPConn
+	rc syscall.RawConn
+
+	mu    sync.Mutex
+	hdrs  [BatchSize]unix.Mmsghdr
+	iovs  [BatchSize]unix.Iovec
+	names [BatchSize]unix.RawSockaddrInet6 // big enough for either family
+	buf   []byte                           // BatchSize slots of slotSize
+	n     int                              // datagrams in the batch
+	next  int                              // the next one ReadFrom hands out
+	errno syscall.Errno
+	recv  func(fd uintptr) bool // c.recvmmsg, bound once: a method value per call allocates
+	addrs map[addrKey]*net.UDPAddr
+}
+
+// addrKey tells apart what Go's own ReadFrom would return differently: an
+// IPv4 source on an IPv4 socket (a 4-byte IP) and the same source mapped on
+// an IPv6 socket (16 bytes), and link-local sources on different interfaces.
+type addrKey struct {
+	ap    netip.AddrPort
+	scope uint32
+}
+
+// NewBatchConn wraps a UDP socket.
+func NewBatchConn(pc net.PacketConn) (*BatchConn, error) {
+	u, ok := pc.(*net.UDPConn)
+	if !ok {
+		return nil, ErrNotUDP
+	}
+	rc, err := u.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	c := &BatchConn{UDPConn: u, rc: rc, buf: make([]byte, BatchSize*slotSize), addrs: map[addrKey]*net.UDPAddr{}}
+	for i := range c.hdrs {
+		c.iovs[i].Base = &c.buf[i*slotSize]
+		c.iovs[i].SetLen(slotSize)
+		c.hdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(&c.names[i]))
+		c.hdrs[i].Hdr.Iov = &c.iovs[i]
+		c.hdrs[i].Hdr.SetIovlen(1)
+	}
+	c.recv = c.recvmmsg
+	return c, nil
+}
+
+// recvmmsg fills the batch without blocking; false (EAGAIN) makes the
+// runtime's poller wait until the socket is readable.
+func (c *BatchConn) recvmmsg(fd uintptr) bool {
+	for i := range c.hdrs {
+		c.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
+		c.hdrs[i].Hdr.Flags = 0
+	}
+	r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&c.hdrs[0])), BatchSize, unix.MSG_DONTWAIT, 0, 0)
+	if errno == unix.EAGAIN {
+		return false
+	}
+	if errno == unix.EINTR {
+		return c.recvmmsg(fd)
+	}
+	c.n, c.next, c.errno = int(r), 0, errno
+	if errno != 0 {
+		c.n = 0
+	}
+	return true
+}
+
+// ReadFrom implements net.PacketConn.
+func (c *BatchConn) ReadFrom(p []byte) (int, net.Addr, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.next >= c.n {
+		if err := c.rc.Read(c.recv); err != nil {
+			return 0, nil, &net.OpError{Op: "read", Net: "udp", Source: c.LocalAddr(), Err: err}
+		}
+		if c.errno != 0 {
+			return 0, nil, &net.OpError{Op: "read", Net: "udp", Source: c.LocalAddr(), Err: os.NewSyscallError("recvmmsg", c.errno)}
+		}
+	}
+	i := c.next
+	c.next++
+	size := min(int(c.hdrs[i].Len), slotSize)
+	n := copy(p, c.buf[i*slotSize:i*slotSize+size])
+	return n, c.source(&c.names[i]), nil
+}
+
+// source is the datagram's source as Go's UDPConn.ReadFrom would return it,
+// made once per source.
+func (c *BatchConn) source(sa *unix.RawSockaddrInet6) *net.UDPAddr {
+	var k addrKey
+	port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:])
+	if sa.Family == unix.AF_INET {
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		k.ap = netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), port)
+	} else {
+		k.ap = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), port)
+		k.scope = sa.Scope_id
+	}
+	if a, ok := c.addrs[k]; ok {
+		return a
+	}
+	if len(c.addrs) >= maxAddrs {
+		clear(c.addrs)
+	}
+	a := &net.UDPAddr{IP: k.ap.Addr().AsSlice(), Port: int(port), Zone: zoneName(k.scope)}
+	c.addrs[k] = a
+	return a
+}
+
+// zoneName is the zone Go's net package gives a scope id.
+func zoneName(scope uint32) string {
+	if scope == 0 {
+		return ""
+	}
+	if ifi, err := net.InterfaceByIndex(int(scope)); err == nil {
+		return ifi.Name
+	}
+	return strconv.Itoa(int(scope))
+}

@@ -1,0 +1,192 @@
+package udpio
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"os"
+	"reflect"
+	"testing"
+	"time"
+)
+
+func listen(t testing.TB, network, addr string) *net.UDPConn {
+	t.Helper()
+	c, err := net.ListenUDP(network, mustResolve(t, network, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func mustResolve(t testing.TB, network, addr string) *net.UDPAddr {
+	t.Helper()
+	a, err := net.ResolveUDPAddr(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func batch(t testing.TB, c *net.UDPConn) *BatchConn {
+	t.Helper()
+	b, err := NewBatchConn(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestSameAsUDPConn: what BatchConn hands out, bytes and source address, is
+// what the socket's own ReadFrom returns for the same datagrams, for IPv4,
+// IPv6 and IPv4 sources on a dual-stack socket, including a datagram bigger
+// than the reader's buffer.
+func TestSameAsUDPConn(t *testing.T) {
+	for _, tc := range []struct{ name, network, server, clientNet, client string }{
+		{"ipv4", "udp4", "127.0.0.1:0", "udp4", "127.0.0.1:0"},
+		{"ipv6", "udp6", "[::1]:0", "udp6", "[::1]:0"},
+		{"ipv4 on dual stack", "udp", "[::]:0", "udp4", "127.0.0.1:0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plain, batched := listen(t, tc.network, tc.server), listen(t, tc.network, tc.server)
+			b := batch(t, batched)
+			client := listen(t, tc.clientNet, tc.client)
+			to := func(c *net.UDPConn) *net.UDPAddr {
+				a := c.LocalAddr().(*net.UDPAddr)
+				if a.IP.IsUnspecified() {
+					return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: a.Port}
+				}
+				return a
+			}
+			sizes := []int{1, 4, 100, 1200, 1600, 1700, 3000}
+			for _, size := range sizes {
+				p := bytes.Repeat([]byte{byte(size)}, size)
+				for _, c := range []*net.UDPConn{plain, batched} {
+					if _, err := client.WriteToUDP(p, to(c)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for _, size := range sizes {
+				want, got := make([]byte, 1600), make([]byte, 1600)
+				_ = plain.SetReadDeadline(time.Now().Add(2 * time.Second))
+				_ = b.SetReadDeadline(time.Now().Add(2 * time.Second))
+				wn, wa, werr := plain.ReadFrom(want)
+				gn, ga, gerr := b.ReadFrom(got)
+				if werr != nil || gerr != nil {
+					t.Fatalf("%d B: plain %v, batched %v", size, werr, gerr)
+				}
+				if gn != wn || !bytes.Equal(got[:gn], want[:wn]) {
+					t.Errorf("%d B: batched read %d bytes, plain %d", size, gn, wn)
+				}
+				if !reflect.DeepEqual(ga, wa) {
+					t.Errorf("%d B: batched source %#v, plain %#v", size, ga, wa)
+				}
+			}
+		})
+	}
+}
+
+// TestBatchOrder: a burst queued before the read comes out whole and in order,
+// across several recvmmsg batches.
+func TestBatchOrder(t *testing.T) {
+	server := listen(t, "udp4", "127.0.0.1:0")
+	_ = server.SetReadBuffer(1 << 20)
+	b := batch(t, server)
+	client := listen(t, "udp4", "127.0.0.1:0")
+	const n = 3*BatchSize + 5
+	for i := range n {
+		if _, err := client.WriteToUDP([]byte{byte(i)}, server.LocalAddr().(*net.UDPAddr)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, 16)
+	_ = b.SetReadDeadline(time.Now().Add(2 * time.Second))
+	for i := range n {
+		k, _, err := b.ReadFrom(buf)
+		if err != nil || k != 1 || buf[0] != byte(i) {
+			t.Fatalf("datagram %d: %d bytes %v, %v", i, k, buf[:k], err)
+		}
+	}
+}
+
+// TestCloseAndDeadline: a blocked reader returns when the socket closes
+// (net.ErrClosed, which ends pion's read loop) or its deadline passes.
+func TestCloseAndDeadline(t *testing.T) {
+	b := batch(t, listen(t, "udp4", "127.0.0.1:0"))
+	_ = b.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, _, err := b.ReadFrom(make([]byte, 16)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("after the deadline: %v", err)
+	}
+	_ = b.SetReadDeadline(time.Time{})
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := b.ReadFrom(make([]byte, 16))
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	b.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Errorf("after close: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the reader did not return after close")
+	}
+}
+
+// TestNoAllocations: reading a datagram from a known source allocates
+// nothing; the socket's own ReadFrom allocates its address every time.
+func TestNoAllocations(t *testing.T) {
+	server := listen(t, "udp4", "127.0.0.1:0")
+	b := batch(t, server)
+	client := listen(t, "udp4", "127.0.0.1:0")
+	to := server.LocalAddr().(*net.UDPAddr).AddrPort()
+	p, buf := []byte("channel data"), make([]byte, 1600)
+	read := func(r func([]byte) (int, net.Addr, error)) func() {
+		return func() {
+			if _, err := client.WriteToUDPAddrPort(p, to); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := r(buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	plain := testing.AllocsPerRun(200, read(server.ReadFrom))
+	batched := testing.AllocsPerRun(200, read(b.ReadFrom))
+	t.Logf("allocations per datagram: UDPConn.ReadFrom %.1f, BatchConn.ReadFrom %.1f", plain, batched)
+	if batched != 0 {
+		t.Errorf("BatchConn.ReadFrom: %.1f allocations per datagram, want 0", batched)
+	}
+}
+
+func BenchmarkReadFrom(b *testing.B) {
+	for _, mode := range []string{"UDPConn", "BatchConn"} {
+		b.Run(mode, func(b *testing.B) {
+			server := listen(b, "udp4", "127.0.0.1:0")
+			_ = server.SetReadBuffer(4 << 20)
+			var r net.PacketConn = server
+			if mode == "BatchConn" {
+				r = batch(b, server)
+			}
+			client := listen(b, "udp4", "127.0.0.1:0")
+			to := server.LocalAddr().(*net.UDPAddr).AddrPort()
+			p, buf := make([]byte, 100), make([]byte, 1600)
+			b.ReportAllocs()
+			for b.Loop() {
+				// Bursts of a batch, as a loaded listener sees them.
+				for range BatchSize {
+					_, _ = client.WriteToUDPAddrPort(p, to)
+				}
+				for range BatchSize {
+					if _, _, err := r.ReadFrom(buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}
