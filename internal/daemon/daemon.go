@@ -77,6 +77,9 @@ type Config struct {
 	ReconcileInterval time.Duration
 	// SocketBuffer is the receive and send buffer of the listener sockets.
 	SocketBuffer int
+	// UDPThreadNum is the number of userspace readloops per UDP listener
+	// (stunnerd's --udp-thread-num); 0: one per CPU.
+	UDPThreadNum int
 
 	Logger *logging.Factory
 }
@@ -92,6 +95,9 @@ type Listener struct {
 	// outside them are refused even when AllowPeers is empty.
 	AllowPeers []netip.Prefix
 	Allowlist  bool
+	// PeerPorts are the cluster endpoints with their port ranges: a peer
+	// address they cover is relayed to on their ports only (peerports.go).
+	PeerPorts []config.Endpoint
 }
 
 func (l Listener) equalSocket(o Listener) bool {

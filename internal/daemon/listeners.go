@@ -43,6 +43,7 @@ type listenerServer struct {
 	l      Listener
 	server *turn.Server
 	policy atomic.Pointer[control.PeerPolicy]
+	ports  portState
 
 	// The socket's steering slot, when the node's daemons share the port.
 	group   handover.Group
@@ -62,6 +63,7 @@ func (d *Daemon) startListener(l Listener) error {
 	cfg := d.config()
 	ls := &listenerServer{l: l}
 	ls.policy.Store(d.policyFor(l))
+	d.setPeerPorts(&ls.ports, l.PeerPorts)
 	permit := func(client net.Addr, peer net.IP) bool { return ls.policy.Load().Handler(client, peer) }
 	relay := &fallback.RelayAddressGenerator{
 		RelayAddressGeneratorPortRange: turn.RelayAddressGeneratorPortRange{
@@ -72,6 +74,7 @@ func (d *Daemon) startListener(l Listener) error {
 		},
 		Counters: d.counters,
 	}
+	gen := &portFilterGenerator{RelayAddressGenerator: relay, ps: &ls.ports}
 	sc := turn.ServerConfig{
 		Realm:              cfg.Realm,
 		LoggerFactory:      cfg.Logger,
@@ -112,11 +115,11 @@ func (d *Daemon) startListener(l Listener) error {
 			conn.Close()
 			return fmt.Errorf("listener %q: %w", l.Name, err)
 		}
-		sc.EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, sc.EventHandler)))
+		sc.EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, withPeerPorts(&ls.ports, sc.EventHandler))))
 		sc.PacketConnConfigs = []turn.PacketConnConfig{{
 			PacketConn:            &fallback.ListenerConn{PacketConn: conn, Counters: d.counters},
 			PermissionHandler:     permit,
-			RelayAddressGenerator: relay,
+			RelayAddressGenerator: gen,
 		}}
 	case config.TCP, config.TLS:
 		ln, err := lc.Listen(context.Background(), tcp, addr)
@@ -133,7 +136,7 @@ func (d *Daemon) startListener(l Listener) error {
 		sc.ListenerConfigs = []turn.ListenerConfig{{
 			Listener:              ln,
 			PermissionHandler:     permit,
-			RelayAddressGenerator: relay,
+			RelayAddressGenerator: gen,
 		}}
 	default:
 		return fmt.Errorf("listener %q: protocol %q is not supported", l.Name, l.Protocol)
