@@ -9,7 +9,7 @@ TESTFLAGS ?= -count=1 -p 1 -timeout 40m
 # goroutines meet there; instrumenting the traffic tests would only slow them.
 RACEFLAGS ?= -race -short -count=1 -timeout 20m
 
-.PHONY: help generate check-generate build tools test test-short test-race fuzz-ci lint demo bench bench-smoke clean
+.PHONY: help generate check-generate build tools test test-stunner test-short test-race fuzz-ci lint demo bench bench-smoke clean
 
 # Differential fuzz targets (XDP program vs the Go reference model); CI runs
 # each for FUZZTIME as a regression check. Minimizing is kept short: every
@@ -39,10 +39,15 @@ tools: $(BIN)/turncat $(BIN)/udpecho ## build STUNner v1.1.0's turncat and stunn
 
 lint: ## go vet and gofmt
 	$(GO) vet ./...
+	cd test/stunner && $(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 
 test: lint tools test-race ## run every test; as root the XDP and network-namespace tests run too
 	$(GO) test $(TESTFLAGS) ./...
+	$(MAKE) test-stunner
+
+test-stunner: ## (root) stunnerd-xdp as a STUNner dataplane, against STUNner v1.2.1's config discovery server (test/stunner)
+	cd test/stunner && $(GO) test $(TESTFLAGS) ./...
 
 test-race: ## the -short tests under the race detector
 	$(GO) test $(RACEFLAGS) ./...
@@ -55,6 +60,7 @@ fuzz-ci: ## (root) run each differential fuzz target for FUZZTIME
 
 test-short: ## the unprivileged tests only
 	$(GO) test -short -count=1 ./...
+	cd test/stunner && $(GO) test -short -count=1 ./...
 
 bench: tools $(BIN)/stunnerd ## (root) stunnerd-xdp vs its userspace path, STUNner stunnerd and coturn (~8 min); writes bench/out/report.md
 	BENCH=full $(GO) test ./bench -run '^TestBench$$' -v -count=1 -timeout 20m
