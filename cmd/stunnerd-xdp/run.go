@@ -207,7 +207,7 @@ func (a *applier) apply(b []byte) error {
 		return nil
 	}
 	if err != nil {
-		a.log.Error("config rejected, the running one stays", "error", err)
+		a.log.Error("config reload", "result", "rejected, the running config stays", "error", err)
 		return err
 	}
 	for _, w := range r.Warnings {
@@ -231,7 +231,7 @@ func (a *applier) run(r *config.Resolved, fresh bool) error {
 	}
 	cfg, err := fromConfig(a.o, r)
 	if err != nil {
-		a.log.Error("config rejected, the running one stays", "error", err)
+		a.log.Error("config reload", "result", "rejected, the running config stays", "error", err)
 		return err
 	}
 	if !fresh && slices.EqualFunc(cfg.Listeners, a.lastCfg.Listeners, equalPolicy) {
@@ -254,10 +254,10 @@ func (a *applier) run(r *config.Resolved, fresh bool) error {
 		}
 	}
 	if err != nil {
-		a.log.Error("config applied with problems", "error", err)
+		a.log.Error("config reload", "result", "applied with problems", "error", err)
 		return err
 	}
-	a.log.Info("config applied", "listeners", len(cfg.Listeners))
+	a.log.Info("config reloaded", "listeners", len(cfg.Listeners))
 	return nil
 }
 
