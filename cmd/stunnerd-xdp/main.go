@@ -190,12 +190,12 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 		}
 	}
 	switch {
+	case o.watch && o.configOrigin == "":
+		return o, fs, fmt.Errorf("%w: -w needs a config origin (-c or $STUNNER_CONFIG_ORIGIN)", errUsage)
 	case o.configOrigin == "" && fs.NArg() != 1:
 		return o, fs, fmt.Errorf("%w: need a TURN URI, like turn://user:pass@10.0.0.1:3478, or a config origin (-c or $STUNNER_CONFIG_ORIGIN; see --help)", errUsage)
 	case o.configOrigin != "" && fs.NArg() != 0:
 		return o, fs, fmt.Errorf("%w: a TURN URI and a config origin (-c or $STUNNER_CONFIG_ORIGIN) exclude each other", errUsage)
-	case o.watch && o.configOrigin == "":
-		return o, fs, fmt.Errorf("%w: -w needs a config origin (-c or $STUNNER_CONFIG_ORIGIN)", errUsage)
 	}
 	return o, fs, nil
 }
