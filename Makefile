@@ -45,12 +45,13 @@ test: lint tools test-race test-modules ## run every test; as root the XDP and n
 	$(GO) test $(TESTFLAGS) ./...
 
 # Test modules of their own: they need STUNner's packages, which bring pion/turn v5.
-TEST_MODULES ?= test/stunnerstatus
+# test/stunner runs the binary as a STUNner dataplane against STUNner's config discovery server (root).
+TEST_MODULES ?= test/stunnerstatus test/stunner
 
 test-modules: ## vet and run the test modules under test/ that build against STUNner itself
 	@for m in $(TEST_MODULES); do \
 		echo "test module $$m"; \
-		(cd $$m && $(GO) vet ./... && $(GO) test -count=1 ./...) || exit 1; \
+		(cd $$m && $(GO) vet ./... && $(GO) test $(TESTFLAGS) ./...) || exit 1; \
 	done
 
 test-race: ## the -short tests under the race detector
@@ -64,6 +65,7 @@ fuzz-ci: ## (root) run each differential fuzz target for FUZZTIME
 
 test-short: ## the unprivileged tests only
 	$(GO) test -short -count=1 ./...
+	@for m in $(TEST_MODULES); do (cd $$m && $(GO) test -short -count=1 ./...) || exit 1; done
 
 bench: tools $(BIN)/stunnerd $(BIN)/stunnerd-v1.2.1 ## (root) stunnerd-xdp vs its userspace path, STUNner stunnerd and coturn (~8 min); writes bench/out/report.md
 	BENCH=full $(GO) test ./bench -run '^TestBench$$' -v -count=1 -timeout 20m

@@ -1,43 +1,59 @@
 // Command stunnerd-xdp is a TURN server (pion/turn) whose UDP ChannelData hot
-// path runs in XDP. It is run like STUNner's stunnerd:
+// path runs in XDP. It is run like STUNner's stunnerd, and answers to that
+// name too (the image links stunnerd to it):
 //
 //	stunnerd-xdp [flags] turn://USER:PASS@ADDR:PORT
+//	stunnerd -w    (the operator's args; STUNNER_CONFIG_ORIGIN and STUNNER_NAME/NAMESPACE set)
 package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
 	"net/url"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	flag "github.com/spf13/pflag"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
-	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/prefix"
 )
 
-const usageHead = `stunnerd-xdp: a TURN server (pion/turn) whose UDP ChannelData hot path runs in XDP.
+const usageHead = `stunnerd-xdp: a TURN server (pion/turn) whose UDP ChannelData hot path runs in XDP,
+a drop-in dataplane for STUNner (it answers to the name stunnerd as well).
 
 Usage:
   stunnerd-xdp [flags] turn://USER:PASS@ADDR:PORT
-  stunnerd-xdp [flags] -c stunnerd.conf [-w]
+  stunnerd-xdp [flags] -c ORIGIN [-w] [-i NAMESPACE/NAME]
   stunnerd-xdp probe [--health-socket PATH] live|ready|status
+
+ORIGIN (-c, or $STUNNER_CONFIG_ORIGIN) is where STUNner's dataplane config
+(version v1) comes from: the operator's config discovery service as IP:PORT,
+HOST:PORT, http(s):// or ws(s)://, which serves the gateway NAMESPACE/NAME (-i,
+or $STUNNER_NAMESPACE/$STUNNER_NAME) for the node $STUNNER_NODENAME; or a file
+as file://PATH or a plain PATH. With -w the config is watched: the daemon starts
+unready and serves from the first valid config, a change reloads it without
+dropping the sessions it does not touch, a lost server is reconnected with
+backoff, and a deleted gateway's empty config is ignored (as stunnerd does: the
+pod's termination drains it). The operator starts a Dataplane as
+  stunnerd -w --udp-thread-num=16
+with STUNNER_CONFIG_ORIGIN, STUNNER_NAME, STUNNER_NAMESPACE, STUNNER_ADDR and
+STUNNER_NODENAME set; $STUNNER_ADDR in listener addresses is the pod's address.
 
 pion/turn handles everything that needs judgement (Allocate, authentication,
 CreatePermission, ChannelBind, Refresh, STUN Binding) and mirrors each channel
 binding into BPF maps; an XDP program relays the bound ChannelData in the
 kernel. Whatever XDP cannot relay, and everything when XDP is unavailable, is
-relayed by pion/turn in userspace.
+relayed by pion/turn in userspace. The config's admin.offload_engine None
+(the operator's default) does not turn XDP off: --xdp-mode=off or the node
+label stunner.l7mp.io/xdp-offload=disabled does.
 
 Two daemons may run on one node at once (a rolling update with surge): they
 share the TURN ports through SO_REUSEPORT and a steering program whose maps are
@@ -57,13 +73,17 @@ type options struct {
 	metricsAddr, healthAddr, healthSocket, handoverDir   string
 	minPort, maxPort                                     uint
 	maxBindings                                          uint
-	udpThreadNum                                         int // temporary (H6); H4's -u/--udp-thread-num replaces it
-	forceReady                                           bool
+	forceReady, verbose, dryRun                          bool
+	udpThreadNum                                         int
 	gracePeriod                                          time.Duration
 	allowPeers, denyPeers, noOffloadPeers                prefixList
-	configFile, nodeName, kubeconfig                     string
-	watch                                                bool
-	set                                                  map[string]bool // flags given on the command line
+	configOrigin, id, nodeName, kubeconfig               string
+	// cdsNode is the node the config discovery service patches configs for
+	// ($STUNNER_NODENAME); labelNode says whether nodeName came from it only.
+	cdsNode   string
+	labelNode bool
+	watch     bool
+	set       map[string]bool // flags given on the command line
 }
 
 // prefixList is a repeatable flag of CIDR prefixes or addresses.
@@ -88,41 +108,52 @@ func (l *prefixList) Set(v string) error {
 	return nil
 }
 
+func (l *prefixList) Type() string { return "CIDR" }
+
 func main() {
+	// Answer to stunnerd's name as to ours: the operator runs `stunnerd`.
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
-func run(args []string, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "probe" {
-		return probe(args[1:], os.Stdout, stderr)
-	}
+// errUsage is bad input on the command line (exit 2).
+var errUsage = errors.New("usage")
+
+// parseFlags reads the command line and the environment stunnerd reads.
+func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error) {
 	fs := flag.NewFlagSet("stunnerd-xdp", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.SortFlags = false
 	var o options
-	fs.StringVar(&o.log, "log", "all:INFO", "log levels per scope: `SPEC` as scope:LEVEL,... with LEVEL TRACE, DEBUG, INFO, WARN, ERROR or DISABLE;\nscope 'all' is the default; scopes include turn, auth, control, loader, stunnerd-xdp")
+	// stunnerd's own flags, with its short forms.
+	fs.StringVarP(&o.configOrigin, "config", "c", "", "config `ORIGIN`: the config discovery service as IP:PORT, HOST:PORT, http(s):// or ws(s)://,\nor a file as file://PATH or a plain PATH (default: $STUNNER_CONFIG_ORIGIN); 'k8s' is refused with an explanation")
+	fs.BoolVarP(&o.watch, "watch", "w", false, "watch the config origin: start unready, serve from the first valid config, apply changes\nwithout dropping the sessions they do not touch, reconnect to a lost server")
+	fs.StringVarP(&o.log, "log", "l", "all:INFO", "log levels per scope: `SPEC` as scope:LEVEL,... with LEVEL TRACE, DEBUG, INFO, WARN, ERROR or DISABLE;\nscope 'all' is the default; scopes include turn, auth, control, loader, stunnerd-xdp, cds\n(given, it wins over the config's admin.loglevel)")
+	fs.StringVarP(&o.id, "id", "i", "", "`NAMESPACE/NAME` of the gateway whose config to ask the discovery service for\n(default: $STUNNER_NAMESPACE/$STUNNER_NAME, else default/stunnerd-HOSTNAME)")
+	fs.BoolVarP(&o.dryRun, "dry-run", "d", false, "check the command line and the config (a file, or one fetched from the server), print what\nwould run, and exit without opening sockets or loading XDP")
+	fs.BoolVarP(&o.verbose, "verbose", "v", false, "verbose logging, the same as -l all:DEBUG")
+	fs.IntVarP(&o.udpThreadNum, "udp-thread-num", "u", 0, "userspace readloops per UDP listener (SO_REUSEPORT sockets); 0: one per CPU")
+	fs.BoolVar(&o.forceReady, "force-ready-status", false, "keep /ready green while draining, for clusters that blackhole UDP to unready pods")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	// This project's flags.
 	fs.StringVar(&o.realm, "realm", config.DefaultRealm, "TURN realm for long-term credentials")
 	fs.StringVar(&o.relayAddr, "relay-address", "", "`IP` that relay sockets bind to and relayed packets leave from\n(default: the listener address when it is not a wildcard)")
 	fs.UintVar(&o.minPort, "min-relay-port", daemon.DefaultMinRelayPort, "lowest relay port (relay ports are host ports)")
 	fs.UintVar(&o.maxPort, "max-relay-port", daemon.DefaultMaxRelayPort, "highest relay port")
-	fs.StringVar(&o.xdpMode, "xdp-mode", string(loader.ModeAuto), "XDP attach mode: auto (native, then generic, then userspace), native, generic or off;\ngiven, it wins over the config's admin.offload_engine; the node label wins over both (internal/offload)")
+	fs.StringVar(&o.xdpMode, "xdp-mode", string(loader.ModeAuto), "XDP attach `MODE`: auto (native, then generic, then userspace), native, generic or off;\ngiven, it wins over the config's admin.offload_engine; the node label stunner.l7mp.io/xdp-offload wins over both")
 	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
 	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off)")
 	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live and /ready (empty: off)")
 	fs.StringVar(&o.healthSocket, "health-socket", "", "`PATH` of a unix socket serving /live, /ready and /status for this process only\n(for exec probes: 'stunnerd-xdp probe --health-socket PATH ready'; empty: off)")
-	fs.IntVar(&o.udpThreadNum, "udp-thread-num", 0, "read loops per UDP listener, each on its own SO_REUSEPORT socket (0: one per CPU, at most 16)")
 	fs.StringVar(&o.handoverDir, "handover-dir", handover.DefaultDir, "bpffs `DIR` where the daemons of a node share their TURN ports for hitless rolling updates\n(a subdirectory per network namespace; empty: ports are bound exclusively)")
-	fs.BoolVar(&o.forceReady, "force-ready-status", false, "keep /ready green while draining, for clusters that blackhole UDP to unready pods")
 	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist,\nand it also admits peers the defaults refuse (loopback, link-local, multicast, this node's addresses)")
 	fs.Var(&o.denyPeers, "deny-peer", "`CIDR` of peers clients may not relay to (repeatable); the most specific prefix wins")
 	fs.Var(&o.noOffloadPeers, "no-offload-peer", "`CIDR` of peers relayed by pion/turn in userspace only, never by XDP (repeatable): ranges the node\n"+
 		"NATs (the XDP path runs before netfilter) or whose firewall rules must apply; the cluster's Service CIDRs\n"+
 		"are added when --node-name gives access to the Kubernetes API")
-	fs.StringVar(&o.configFile, "c", "", "read STUNner's dataplane config `FILE` (version v1, YAML or JSON) instead of a URI:\nlisteners, auth (static or ephemeral), clusters as peer allowlists, admin log level and endpoints;\nflags given on the command line win over it")
-	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "`NODE` whose label stunner.l7mp.io/xdp-offload (enabled|disabled) attaches or detaches XDP live;\nempty: no label, --xdp-mode decides (default: $NODE_NAME, set by the downward API)")
+	fs.StringVar(&o.nodeName, "node-name", "", "`NODE` whose label stunner.l7mp.io/xdp-offload (enabled|disabled) attaches or detaches XDP live;\n"+
+		"empty: no label, --xdp-mode decides (default: $NODE_NAME; else $STUNNER_NODENAME, followed only when\nthe Kubernetes API answers)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig `FILE` for --node-name outside a cluster (default: in-cluster config)")
-	fs.BoolVar(&o.watch, "w", false, "with -c: reload the config file when it changes, without dropping the sessions the change does not touch")
 	fs.DurationVar(&o.gracePeriod, "grace-period", time.Hour, "on SIGTERM or SIGINT, how long to drain: new allocations are refused,\nlive ones keep relaying until they end or this runs out; a second signal exits at once")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usageHead)
@@ -130,81 +161,67 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			return o, fs, err
 		}
-		return 2
+		return o, fs, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	o.set = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
-	if o.configFile == "" && fs.NArg() != 1 || o.configFile != "" && fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "stunnerd-xdp: need exactly one of a TURN URI, like turn://user:pass@10.0.0.1:3478, or -c FILE (see --help)")
-		return 2
+	if o.verbose && !o.set["log"] {
+		o.log = "all:DEBUG"
 	}
-	if o.watch && o.configFile == "" {
-		fmt.Fprintln(stderr, "stunnerd-xdp: -w needs -c FILE")
-		return 2
+	if o.udpThreadNum < 0 {
+		return o, fs, fmt.Errorf("%w: --udp-thread-num %d: want 0 (one per CPU) or more", errUsage, o.udpThreadNum)
 	}
-	var (
-		cfg daemon.Config
-		err error
-	)
-	if o.configFile != "" {
-		var r *config.Resolved
-		if r, err = config.ReadFile(o.configFile); err == nil {
-			cfg, err = fromFile(o, r)
+	// The environment the operator sets, as stunnerd reads it.
+	if o.configOrigin == "" && fs.NArg() == 0 {
+		o.configOrigin = os.Getenv("STUNNER_CONFIG_ORIGIN")
+	}
+	if o.id == "" {
+		ns, okNS := os.LookupEnv("STUNNER_NAMESPACE")
+		name, okName := os.LookupEnv("STUNNER_NAME")
+		if okNS && okName {
+			o.id = ns + "/" + name
 		}
-	} else {
-		cfg, err = buildConfig(o, fs.Arg(0))
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
-		return 2
+	o.cdsNode = os.Getenv("STUNNER_NODENAME")
+	if !o.set["node-name"] {
+		if o.nodeName = os.Getenv("NODE_NAME"); o.nodeName == "" && o.cdsNode != "" {
+			o.nodeName, o.labelNode = o.cdsNode, true
+		}
 	}
-	logger, err := logging.New(o.log, o.logFormat, stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
-		return 2
+	switch {
+	case o.watch && o.configOrigin == "":
+		return o, fs, fmt.Errorf("%w: -w needs a config origin (-c or $STUNNER_CONFIG_ORIGIN)", errUsage)
+	case o.configOrigin == "" && fs.NArg() != 1:
+		return o, fs, fmt.Errorf("%w: need a TURN URI, like turn://user:pass@10.0.0.1:3478, or a config origin (-c or $STUNNER_CONFIG_ORIGIN; see --help)", errUsage)
+	case o.configOrigin != "" && fs.NArg() != 0:
+		return o, fs, fmt.Errorf("%w: a TURN URI and a config origin (-c or $STUNNER_CONFIG_ORIGIN) exclude each other", errUsage)
 	}
-	cfg.Logger = logger
-	log := logger.Slog("stunnerd-xdp")
+	return o, fs, nil
+}
 
-	d, err := daemon.Start(cfg)
+func run(args []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "probe" {
+		return probe(args[1:], os.Stdout, stderr)
+	}
+	o, fs, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
 	if err != nil {
-		log.Error("cannot start", "error", err)
-		return 1
+		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+		return 2
 	}
-	if o.nodeName != "" {
-		if err := watchNode(d, logger, o.nodeName, o.kubeconfig); err != nil {
-			log.Error("cannot follow the node label; unset --node-name (NODE_NAME) to run without it", "error", err)
-			_ = d.Close()
-			return 1
-		}
+	if o.configOrigin != "" {
+		return runOrigin(o, stderr)
 	}
-	if o.watch {
-		stopWatch := make(chan struct{})
-		defer close(stopWatch)
-		go watchConfig(o, d, logger, stopWatch)
+	cfg, err := buildConfig(o, fs.Arg(0))
+	if err != nil {
+		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
+		return 2
 	}
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	s := <-sigs
-	log.Info("graceful shutdown", "signal", s.String(), "grace-period", o.gracePeriod.String())
-	drained := d.Drain()
-	timer := time.NewTimer(o.gracePeriod)
-	select {
-	case <-drained:
-		log.Info("last allocation gone")
-	case <-timer.C:
-		log.Warn("grace period over, closing live allocations", "allocations", d.AllocationCount())
-	case s := <-sigs:
-		log.Warn("second signal, exiting at once", "signal", s.String(), "allocations", d.AllocationCount())
-	}
-	timer.Stop()
-	if err := d.Close(); err != nil {
-		log.Error("shutdown", "error", err)
-		return 1
-	}
-	return 0
+	return runURI(o, cfg, stderr)
 }
 
 // buildConfig turns the flags and the URI into a daemon configuration.
@@ -261,9 +278,9 @@ func flagsConfig(o options) (daemon.Config, error) {
 		return cfg, fmt.Errorf("--max-bindings %d: want 1-%d", o.maxBindings, 1<<24)
 	}
 	cfg.MaxBindings = uint32(o.maxBindings)
-	cfg.UDPThreadNum = o.udpThreadNum
 	cfg.MetricsAddr, cfg.HealthAddr, cfg.ForceReady = o.metricsAddr, o.healthAddr, o.forceReady
 	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
+	cfg.UDPThreadNum = o.udpThreadNum
 	cfg.AllowPeers, cfg.DenyPeers, cfg.NoOffloadPeers = o.allowPeers, o.denyPeers, o.noOffloadPeers
 	return cfg, nil
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -32,51 +30,38 @@ func TestConfigReloadKeepsNodeLabel(t *testing.T) {
 		return
 	}
 	const listen = "127.0.0.1:3478"
-	file := filepath.Join(t.TempDir(), "stunnerd.conf")
-	write := func(engine, password string) {
-		t.Helper()
-		doc := fmt.Sprintf(`{"version":"v1","admin":{"offload_engine":%q,"offload_interfaces":["lo"],"metrics_endpoint":"http://127.0.0.1:18080","healthcheck_endpoint":"http://127.0.0.1:18086"},
+	doc := func(engine, password string) []byte {
+		return fmt.Appendf(nil, `{"version":"v1","admin":{"offload_engine":%q,"offload_interfaces":["lo"],"metrics_endpoint":"http://127.0.0.1:18080","healthcheck_endpoint":"http://127.0.0.1:18086"},
 "auth":{"type":"static","credentials":{"username":"u","password":%q}},
 "listeners":[{"name":"udp","protocol":"TURN-UDP","address":"127.0.0.1","port":3478}]}`, engine, password)
-		if err := os.WriteFile(file, []byte(doc), 0o600); err != nil {
-			t.Fatal(err)
-		}
 	}
-	write("None", "p1")
 	o := options{log: "all:WARN", logFormat: "text", realm: config.DefaultRealm, xdpMode: "auto",
 		minPort: daemon.DefaultMinRelayPort, maxPort: daemon.DefaultMaxRelayPort, maxBindings: 1024,
-		configFile: file, watch: true, set: map[string]bool{}}
-	r, err := config.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := fromFile(o, r)
-	if err != nil {
-		t.Fatal(err)
-	}
+		watch: true, set: map[string]bool{}}
 	logger, err := logging.New(o.log, o.logFormat, t.Output())
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Logger = logger
-	d, err := daemon.Start(cfg)
-	if err != nil {
+	// The applier is what the file and config discovery watchers feed.
+	a := &applier{o: o, logger: logger, log: logger.Slog("test"), warned: map[string]bool{},
+		dns: config.NewDNSCache(net.DefaultResolver)}
+	if err := a.apply(doc("None", "p1")); err != nil {
 		t.Fatal(err)
 	}
+	d := a.d
 	t.Cleanup(func() { _ = d.Close() })
 	if err := d.FollowNode(context.Background(), nodelabel.Detach); err != nil {
 		t.Fatal(err)
 	}
-	stop := make(chan struct{})
-	t.Cleanup(func() { close(stop) })
-	go watchConfig(o, d, logger, stop)
 
 	// Each reload changes the password: an allocation with the new one shows
 	// the reload ran. The second one orders after everything the first did.
-	write("Auto", "p2")
-	waitAllocates(t, listen, "p2")
-	write("Auto", "p3")
-	waitAllocates(t, listen, "p3")
+	for _, password := range []string{"p2", "p3"} {
+		if err := a.apply(doc("Auto", password)); err != nil {
+			t.Fatal(err)
+		}
+		waitAllocates(t, listen, password)
+	}
 	if got := d.Attached(); len(got) != 0 {
 		t.Fatalf("the reload attached XDP (%v) while the node label says disabled", got)
 	}

@@ -1,8 +1,13 @@
 // Package config reads STUNner's dataplane configuration (`version: v1`, YAML or
-// JSON, as stunnerd reads it with -c) and turns it into what stunnerd-xdp runs:
-// listeners, authentication, and per-listener peer allowlists from the
-// clusters. What it does not support is an error that says so, never a silent
-// default.
+// JSON, as stunnerd reads it with -c or gets it from the operator's config
+// discovery service) and turns it into what stunnerd-xdp runs: listeners,
+// authentication, and per-listener peer allowlists from the clusters.
+//
+// A field this dataplane does not implement, and a field it does not know (a
+// newer operator's), is a warning in Resolved.Warnings and is ignored: a config
+// the operator renders must never take a node down. A value it cannot serve
+// faithfully (an open relay, a DTLS-only gateway, a bad address) is an error:
+// the running configuration stays.
 package config
 
 import (
@@ -10,9 +15,13 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"net/url"
 	"os"
+	"reflect"
+	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -99,17 +108,25 @@ const (
 
 // Resolved is a validated configuration in the daemon's terms.
 type Resolved struct {
+	// Name is admin.name: the operator renders the gateway's namespace/name there.
+	Name        string
 	LogLevel    string
 	MetricsAddr string // empty: off
 	HealthAddr  string // empty: off
-	// XDPMode and Interfaces come from admin.offload_engine and
-	// admin.offload_interfaces; empty when the config does not say.
-	XDPMode    string
-	Interfaces []string
-	Auth       ResolvedAuth
-	Listeners  []ResolvedListener
+	// XDPMode is what admin.offload_engine asks for, in loader.Mode terms
+	// ("auto"), or empty when the config has no preference (unset or None,
+	// which the operator renders by default: see OffloadEngineNone).
+	XDPMode string
+	// OffloadEngine is admin.offload_engine as written.
+	OffloadEngine string
+	Interfaces    []string
+	Auth          ResolvedAuth
+	Listeners     []ResolvedListener
 	// Source is the configuration as given: /status reports it as stunnerd does.
 	Source *Stunner
+	// Warnings name what the config asks for that this dataplane ignores:
+	// unknown fields, fields it does not implement, listeners it skips.
+	Warnings []string
 }
 
 // ResolvedAuth is the authentication in force.
@@ -132,9 +149,16 @@ type ResolvedListener struct {
 	Cert *tls.Certificate
 	// AllowPeers admits peers: the endpoints of the clusters the listener
 	// routes to. With Allowlist, a peer outside them is refused even when
-	// AllowPeers is empty (STUNner's listener without routes).
+	// AllowPeers is empty (STUNner's listener without routes). STRICT_DNS
+	// endpoints join them once resolved (ResolveDNS).
 	AllowPeers []netip.Prefix
 	Allowlist  bool
+	// PeerPorts are the STATIC endpoints with their port ranges (1-65535
+	// when the endpoint has none): a peer address they cover is reachable on
+	// the ports of the endpoints covering it only.
+	PeerPorts []Endpoint
+	// DNSNames are the STRICT_DNS endpoints the listener routes to.
+	DNSNames []string
 	// Clusters are the clusters the listener routes to, in route order: the
 	// metrics count a peer's traffic under the first that has it.
 	Clusters []ResolvedCluster
@@ -146,6 +170,17 @@ type ResolvedCluster struct {
 	Peers []netip.Prefix
 }
 
+// Endpoint is a STATIC cluster endpoint: `IP[/len][:<min-max>]`.
+type Endpoint struct {
+	Prefix           netip.Prefix
+	MinPort, MaxPort uint16
+}
+
+// Contains reports whether the endpoint admits the peer address and port.
+func (e Endpoint) Contains(p netip.AddrPort) bool {
+	return e.Prefix.Contains(p.Addr().Unmap()) && p.Port() >= e.MinPort && p.Port() <= e.MaxPort
+}
+
 // SameSocket reports whether two listeners run the same socket: a reload
 // keeps such a listener's allocations and changes only its peer policy.
 func (l ResolvedListener) SameSocket(o ResolvedListener) bool {
@@ -153,6 +188,17 @@ func (l ResolvedListener) SameSocket(o ResolvedListener) bool {
 		return false
 	}
 	return l.Cert == nil || string(l.Cert.Certificate[0]) == string(o.Cert.Certificate[0])
+}
+
+// Equal reports whether two listeners would run the same socket and policy.
+func (l ResolvedListener) Equal(o ResolvedListener) bool {
+	if l.Name != o.Name || l.Protocol != o.Protocol || l.Addr != o.Addr || (l.Cert == nil) != (o.Cert == nil) {
+		return false
+	}
+	if l.Cert != nil && string(l.Cert.Certificate[0]) != string(o.Cert.Certificate[0]) {
+		return false
+	}
+	return slices.Equal(l.AllowPeers, o.AllowPeers) && slices.Equal(l.PeerPorts, o.PeerPorts) && slices.Equal(l.DNSNames, o.DNSNames)
 }
 
 func ReadFile(path string) (*Resolved, error) {
@@ -167,26 +213,112 @@ func ReadFile(path string) (*Resolved, error) {
 	return r, nil
 }
 
-// Parse decodes a YAML or JSON configuration strictly (unknown fields are
-// errors) and resolves it. $VARIABLES in listener addresses are expanded from
-// the environment, as STUNner's $STUNNER_ADDR.
+// ErrZeroConfig is the config the operator's discovery service sends for a
+// deleted gateway (and stunnerd boots with): no listeners, no clusters, the
+// dummy static credentials. stunnerd -w ignores it and keeps serving; so do we.
+var ErrZeroConfig = errors.New("zero config (the gateway is deleted, or not rendered yet)")
+
+// Parse decodes a YAML or JSON configuration and resolves it. Unknown fields
+// are warnings (Resolved.Warnings), not errors. $VARIABLES in listener
+// addresses are expanded from the environment, as STUNner's $STUNNER_ADDR. A
+// zero config is ErrZeroConfig.
 func Parse(b []byte) (*Resolved, error) {
 	var s Stunner
-	if err := yaml.UnmarshalStrict(b, &s); err != nil {
+	if err := yaml.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("decode: %w", err)
 	}
-	return s.Resolve()
+	var generic any
+	if err := yaml.Unmarshal(b, &generic); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	unknown := unknownFields(generic, reflect.TypeOf(s), "")
+	if s.isZero() {
+		return nil, ErrZeroConfig
+	}
+	r, err := s.Resolve()
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range unknown {
+		r.Warnings = append(r.Warnings, fmt.Sprintf("unknown field %s: ignored (a newer STUNner's?)", f))
+	}
+	return r, nil
 }
+
+// isZero tells the zero config (client.ZeroConfig in STUNner) from a real one.
+func (s *Stunner) isZero() bool {
+	return len(s.Listeners) == 0 && len(s.Clusters) == 0 && strings.EqualFold(s.Auth.Type, "static") &&
+		s.Auth.Credentials["username"] == "dummy-username" && s.Auth.Credentials["password"] == "dummy-password"
+}
+
+// unknownFields lists the keys of a decoded document that the JSON tags of t
+// do not name (matching as encoding/json does, case-insensitively).
+func unknownFields(v any, t reflect.Type, path string) []string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var out []string
+	switch v := v.(type) {
+	case map[string]any:
+		if t.Kind() != reflect.Struct {
+			return nil // a map field (credentials) or an any (license_config)
+		}
+		fields := map[string]reflect.Type{}
+		for i := range t.NumField() {
+			name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+			fields[strings.ToLower(name)] = t.Field(i).Type
+		}
+		keys := slices.Sorted(maps.Keys(v))
+		for _, k := range keys {
+			p := k
+			if path != "" {
+				p = path + "." + k
+			}
+			ft, ok := fields[strings.ToLower(k)]
+			if !ok {
+				out = append(out, p)
+				continue
+			}
+			out = append(out, unknownFields(v[k], ft, p)...)
+		}
+	case []any:
+		if t.Kind() != reflect.Slice {
+			return nil
+		}
+		for i, e := range v {
+			out = append(out, unknownFields(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i))...)
+		}
+	}
+	return out
+}
+
+// Offload engines STUNner's admin.offload_engine names.
+const (
+	// OffloadEngineNone is STUNner's default, which the operator renders for
+	// every Dataplane that does not set one. It is not taken as "no XDP": this
+	// dataplane exists for its kernel path, and a default nobody chose must
+	// not switch it off. It means "no preference": --xdp-mode and the node
+	// label decide (auto by default). Turn XDP off with --xdp-mode=off in the
+	// Dataplane's args or the node label stunner.l7mp.io/xdp-offload=disabled.
+	OffloadEngineNone = "none"
+	OffloadEngineAuto = "auto"
+	OffloadEngineXDP  = "xdp"
+	// OffloadEngineTC asks for STUNner's TC offload; this dataplane offloads
+	// at the earlier XDP hook instead (the same bindings, relayed before the
+	// stack): it runs as Auto, with a warning.
+	OffloadEngineTC = "tc"
+)
 
 // Resolve validates the configuration and turns it into daemon terms.
 func (s *Stunner) Resolve() (*Resolved, error) {
 	if s.APIVersion != "v1" {
 		return nil, fmt.Errorf("version %q is not supported, want v1", s.APIVersion)
 	}
-	r := &Resolved{LogLevel: s.Admin.LogLevel, Source: s}
+	r := &Resolved{Name: s.Admin.Name, LogLevel: s.Admin.LogLevel, OffloadEngine: s.Admin.OffloadEngine, Source: s}
 	if r.LogLevel == "" {
 		r.LogLevel = "all:INFO"
 	}
+	warn := func(format string, args ...any) { r.Warnings = append(r.Warnings, fmt.Sprintf(format, args...)) }
 	var err error
 	if r.MetricsAddr, err = endpointAddr(s.Admin.MetricsEndpoint, DefaultMetricsAddr, "admin.metrics_endpoint"); err != nil {
 		return nil, err
@@ -199,19 +331,21 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 	}
 	r.HealthAddr = health
 	if s.Admin.UserQuota != 0 {
-		return nil, errors.New("admin.user_quota is not supported")
+		warn("admin.user_quota %d: not implemented, no per-user allocation quota is enforced", s.Admin.UserQuota)
 	}
 	if s.Admin.LicenseConfig != nil {
-		return nil, errors.New("admin.license_config is not supported")
+		warn("admin.license_config: ignored (this dataplane has no licensed features)")
 	}
-	switch strings.ToLower(s.Admin.OffloadEngine) {
-	case "":
-	case "none":
-		r.XDPMode = "off"
-	case "auto", "xdp":
+	switch e := strings.ToLower(s.Admin.OffloadEngine); e {
+	case "", OffloadEngineNone:
+	case OffloadEngineAuto, OffloadEngineXDP:
 		r.XDPMode = "auto"
+	case OffloadEngineTC:
+		r.XDPMode = "auto"
+		warn("admin.offload_engine TC: this dataplane offloads with XDP, not TC; running as Auto (XDP native, then generic)")
 	default:
-		return nil, fmt.Errorf("admin.offload_engine %q is not supported: want None, Auto or XDP", s.Admin.OffloadEngine)
+		r.XDPMode = ""
+		warn("admin.offload_engine %q: unknown, ignored (want None, Auto, XDP or TC)", s.Admin.OffloadEngine)
 	}
 	r.Interfaces = s.Admin.OffloadInterfaces
 
@@ -219,7 +353,7 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 		return nil, err
 	}
 
-	clusters := map[string][]netip.Prefix{}
+	clusters := map[string]cluster{}
 	for i, c := range s.Clusters {
 		if c.Name == "" {
 			return nil, fmt.Errorf("clusters[%d]: missing name", i)
@@ -227,26 +361,45 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 		if _, dup := clusters[c.Name]; dup {
 			return nil, fmt.Errorf("cluster %q: defined twice", c.Name)
 		}
-		if t := strings.ToUpper(c.Type); t != "" && t != "STATIC" {
-			return nil, fmt.Errorf("cluster %q: type %s is not supported, only STATIC (endpoint addresses and prefixes)", c.Name, c.Type)
+		switch p := strings.ToUpper(c.Protocol); p {
+		case "", "UDP":
+		case "TCP":
+			// stunnerd v1.2.1 does not implement TCP clusters either: it admits
+			// their endpoints like a UDP cluster's, and relays are UDP.
+			warn("cluster %q: protocol TCP is not implemented (as in stunnerd): relays are UDP, its endpoints admit UDP peers", c.Name)
+		default:
+			return nil, fmt.Errorf("cluster %q: unknown protocol %s, want UDP or TCP", c.Name, c.Protocol)
 		}
-		if p := strings.ToUpper(c.Protocol); p != "" && p != "UDP" {
-			return nil, fmt.Errorf("cluster %q: protocol %s is not supported, only UDP", c.Name, c.Protocol)
-		}
-		var ps []netip.Prefix
-		for _, e := range c.Endpoints {
-			p, err := prefix.Parse(e) // STRICT_DNS names are refused with the type
-			if err != nil {
-				return nil, fmt.Errorf("cluster %q: endpoint %q: %w", c.Name, e, err)
+		var rc cluster
+		switch t := strings.ToUpper(c.Type); t {
+		case "", "STATIC":
+			for _, e := range c.Endpoints {
+				ep, err := ParseEndpoint(e)
+				if err != nil {
+					return nil, fmt.Errorf("cluster %q: endpoint %q: %w", c.Name, e, err)
+				}
+				rc.static = append(rc.static, ep)
 			}
-			ps = append(ps, p)
+		case "STRICT_DNS":
+			for _, e := range c.Endpoints {
+				if _, err := netip.ParseAddr(e); err == nil || e == "" || strings.ContainsAny(e, "/: ") {
+					return nil, fmt.Errorf("cluster %q: STRICT_DNS endpoint %q: want a DNS name", c.Name, e)
+				}
+				rc.dns = append(rc.dns, strings.TrimSuffix(e, "."))
+			}
+		default:
+			return nil, fmt.Errorf("cluster %q: unknown type %s, want STATIC or STRICT_DNS", c.Name, c.Type)
 		}
-		clusters[c.Name] = ps
+		clusters[c.Name] = rc
 	}
 
 	seen := map[string]bool{}
 	for i, l := range s.Listeners {
 		rl, err := l.resolve(clusters)
+		if errors.Is(err, errSkipListener) {
+			warn("listeners[%d] %q: %v", i, l.Name, err)
+			continue
+		}
 		if err != nil {
 			return nil, fmt.Errorf("listeners[%d] %q: %w", i, l.Name, err)
 		}
@@ -261,6 +414,12 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 	}
 	sort.Slice(r.Listeners, func(i, j int) bool { return r.Listeners[i].Name < r.Listeners[j].Name })
 	return r, nil
+}
+
+// cluster is a resolved cluster: STATIC endpoints or STRICT_DNS names.
+type cluster struct {
+	static []Endpoint
+	dns    []string
 }
 
 func (a Auth) resolve() (ResolvedAuth, error) {
@@ -289,7 +448,11 @@ func (a Auth) resolve() (ResolvedAuth, error) {
 	return r, nil
 }
 
-func (l Listener) resolve(clusters map[string][]netip.Prefix) (ResolvedListener, error) {
+// errSkipListener marks a listener this dataplane cannot serve: it is left
+// out with a warning and the others run.
+var errSkipListener = errors.New("listener skipped")
+
+func (l Listener) resolve(clusters map[string]cluster) (ResolvedListener, error) {
 	r := ResolvedListener{Name: l.Name, Allowlist: true}
 	if r.Name == "" {
 		return r, errors.New("missing name")
@@ -302,7 +465,7 @@ func (l Listener) resolve(clusters map[string][]netip.Prefix) (ResolvedListener,
 	case "TLS", "TURN-TLS":
 		r.Protocol = TLS
 	case "DTLS", "TURN-DTLS":
-		return r, errors.New("protocol TURN-DTLS is not supported (UDP, TCP and TLS are)")
+		return r, fmt.Errorf("%w: protocol TURN-DTLS is not implemented (UDP, TCP and TLS are)", errSkipListener)
 	default:
 		return r, fmt.Errorf("unknown protocol %q", l.Protocol)
 	}
@@ -336,12 +499,20 @@ func (l Listener) resolve(clusters map[string][]netip.Prefix) (ResolvedListener,
 		return r, fmt.Errorf("cert and key are for TURN-TLS listeners, not %s", r.Protocol)
 	}
 	for _, route := range l.Routes {
-		ps, ok := clusters[route]
+		c, ok := clusters[route]
 		if !ok {
 			return r, fmt.Errorf("route to unknown cluster %q", route)
 		}
-		r.AllowPeers = append(r.AllowPeers, ps...)
-		r.Clusters = append(r.Clusters, ResolvedCluster{Name: route, Peers: ps})
+		for _, e := range c.static {
+			r.AllowPeers = append(r.AllowPeers, e.Prefix)
+			r.PeerPorts = append(r.PeerPorts, e)
+		}
+		r.DNSNames = append(r.DNSNames, c.dns...)
+		rc := ResolvedCluster{Name: route}
+		for _, e := range c.static {
+			rc.Peers = append(rc.Peers, e.Prefix)
+		}
+		r.Clusters = append(r.Clusters, rc)
 	}
 	return r, nil
 }
@@ -365,6 +536,30 @@ func decodeCert(certB64, keyB64 string) (*tls.Certificate, error) {
 	}
 	return &cert, nil
 }
+
+// ParseEndpoint reads a STATIC cluster endpoint as STUNner writes it: an
+// address or a CIDR prefix, optionally followed by a port range `:<min-max>`
+// (the operator renders a backend's port and endPort so).
+func ParseEndpoint(s string) (Endpoint, error) {
+	e := Endpoint{MinPort: 1, MaxPort: 65535}
+	if m := portRange.FindStringSubmatch(s); m != nil {
+		lo, err1 := strconv.ParseUint(m[2], 10, 16)
+		hi, err2 := strconv.ParseUint(m[3], 10, 16)
+		if err1 != nil || err2 != nil || lo == 0 || hi < lo {
+			return e, fmt.Errorf("port range <%s-%s>: want 1 <= min <= max <= 65535", m[2], m[3])
+		}
+		s, e.MinPort, e.MaxPort = m[1], uint16(lo), uint16(hi)
+	}
+	p, err := prefix.Parse(s)
+	if err != nil {
+		return e, fmt.Errorf("%w (with an optional :<min-max> port range; DNS names belong in STRICT_DNS clusters)", err)
+	}
+	e.Prefix = p
+	return e, nil
+}
+
+// portRange is STUNner's endpoint port-range suffix (internal/util.ParseEndpoint).
+var portRange = regexp.MustCompile(`^(.*):<([0-9]+)-([0-9]+)>$`)
 
 // endpointAddr turns "http://:8080/metrics" into ":8080"; empty means off.
 func endpointAddr(ep, def, field string) (string, error) {

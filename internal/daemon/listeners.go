@@ -49,6 +49,7 @@ type listenerServer struct {
 	l       config.ResolvedListener
 	servers []*turn.Server
 	policy  atomic.Pointer[peerpolicy.Policy]
+	ports   portState
 
 	// The sockets' steering slots, when the node's daemons share the port.
 	group   handover.Group
@@ -68,6 +69,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 	cfg := d.config()
 	ls := &listenerServer{l: l}
 	ls.policy.Store(d.policyFor(l))
+	d.setPeerPorts(&ls.ports, l.PeerPorts)
 	permit := func(client net.Addr, peer net.IP) bool { return ls.policy.Load().Handler(client, peer) }
 	relay := d.traffic.RelayAddressGenerator(l.Name, &fallback.RelayAddressGenerator{
 		RelayAddressGeneratorPortRange: turn.RelayAddressGeneratorPortRange{
@@ -78,6 +80,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		},
 		Counters: d.counters,
 	})
+	gen := &portFilterGenerator{RelayAddressGenerator: relay, ps: &ls.ports}
 	sc := turn.ServerConfig{
 		Realm:              cfg.Realm,
 		LoggerFactory:      cfg.Logger,
@@ -115,14 +118,17 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		if err != nil {
 			return fmt.Errorf("listener %q: %w", l.Name, err)
 		}
+		// One port filter for all the listener's sockets: the channels it
+		// holds back are the listener's.
+		base := withPeerPorts(&ls.ports, sc.EventHandler)
 		scs = make([]turn.ServerConfig, len(conns))
 		for i, conn := range conns {
 			scs[i] = sc
-			scs[i].EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, i, sc.EventHandler)))
+			scs[i].EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, i, base)))
 			scs[i].PacketConnConfigs = []turn.PacketConnConfig{{
 				PacketConn:            &fallback.ListenerConn{PacketConn: d.traffic.ListenerConn(l.Name, conn), Counters: d.counters},
 				PermissionHandler:     permit,
-				RelayAddressGenerator: relay,
+				RelayAddressGenerator: gen,
 			}}
 		}
 	case config.TCP, config.TLS:
@@ -141,7 +147,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		sc.ListenerConfigs = []turn.ListenerConfig{{
 			Listener:              ln,
 			PermissionHandler:     permit,
-			RelayAddressGenerator: relay,
+			RelayAddressGenerator: gen,
 		}}
 		scs = []turn.ServerConfig{sc}
 	default:

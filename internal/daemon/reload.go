@@ -12,7 +12,7 @@ import (
 // dropping the sessions the change does not touch:
 //   - credentials change in place (live allocations are not re-checked);
 //   - a listener whose socket is unchanged keeps running; its peer allowlist
-//     changes in place;
+//     and peer port ranges change in place;
 //   - added listeners start, removed ones stop (closing their allocations),
 //     changed ones (address, port, protocol, certificate) restart;
 //   - the XDP program is reloaded over the same maps when the UDP listener
@@ -82,6 +82,7 @@ func (d *Daemon) Reconfigure(next Config) error {
 		if ls, ok := d.listeners[l.Name]; ok {
 			ls.l = l
 			ls.policy.Store(d.policyFor(l))
+			d.setPeerPorts(&ls.ports, l.PeerPorts)
 			continue
 		}
 		if err := d.startListener(l); err != nil {

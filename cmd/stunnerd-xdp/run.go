@@ -1,0 +1,385 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	"github.com/l7mp/stunnerd-xdp/internal/logging"
+)
+
+// runURI serves the one listener of a TURN URI.
+func runURI(o options, cfg daemon.Config, stderr io.Writer) int {
+	logger, err := logging.New(o.log, o.logFormat, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
+		return 2
+	}
+	cfg.Logger = logger
+	log := logger.Slog("stunnerd-xdp")
+	if o.dryRun {
+		log.Info("dry run: the command line is valid", "listener", cfg.Listen.String())
+		return 0
+	}
+	d, err := daemon.Start(cfg)
+	if err != nil {
+		log.Error("cannot start", "error", err)
+		return 1
+	}
+	if err := followNode(o, d, logger); err != nil {
+		_ = d.Close()
+		return 1
+	}
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	return drain(o, d, log, <-sigs, sigs)
+}
+
+// followNode starts the node label watcher. A --node-name or $NODE_NAME that
+// cannot be followed is an error; $STUNNER_NODENAME (set by the operator for
+// the config discovery service, where the pod may have no RBAC for Nodes) is
+// followed when the Kubernetes API answers, and only warned about otherwise.
+func followNode(o options, d *daemon.Daemon, logger *logging.Factory) error {
+	log := logger.Slog("stunnerd-xdp")
+	if o.nodeName == "" {
+		return nil
+	}
+	if o.labelNode {
+		go func() {
+			if err := watchNode(d, logger, o.nodeName, o.kubeconfig); err != nil {
+				log.Warn("not following the node label (from $STUNNER_NODENAME): --xdp-mode and the config decide", "node", o.nodeName, "error", err)
+			}
+		}()
+		return nil
+	}
+	if err := watchNode(d, logger, o.nodeName, o.kubeconfig); err != nil {
+		log.Error("cannot follow the node label; unset --node-name (NODE_NAME) to run without it", "error", err)
+		return err
+	}
+	return nil
+}
+
+// drain is the graceful shutdown after the first signal.
+func drain(o options, d *daemon.Daemon, log *slog.Logger, s os.Signal, sigs <-chan os.Signal) int {
+	log.Info("graceful shutdown", "signal", s.String(), "grace-period", o.gracePeriod.String())
+	drained := d.Drain()
+	timer := time.NewTimer(o.gracePeriod)
+	select {
+	case <-drained:
+		log.Info("last allocation gone")
+	case <-timer.C:
+		log.Warn("grace period over, closing live allocations", "allocations", d.AllocationCount())
+	case s := <-sigs:
+		log.Warn("second signal, exiting at once", "signal", s.String(), "allocations", d.AllocationCount())
+	}
+	timer.Stop()
+	if err := d.Close(); err != nil {
+		log.Error("shutdown", "error", err)
+		return 1
+	}
+	return 0
+}
+
+// runOrigin serves the configs of a file or a config discovery service.
+func runOrigin(o options, stderr io.Writer) int {
+	org, err := parseOrigin(o.configOrigin)
+	if err != nil {
+		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
+		return 2
+	}
+	logger, err := logging.New(o.log, o.logFormat, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
+		return 2
+	}
+	log := logger.Slog("stunnerd-xdp")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	configs := make(chan []byte, 1)
+	if org.file != "" {
+		b, err := os.ReadFile(org.file)
+		switch {
+		case err == nil:
+			configs <- b
+		case !o.watch:
+			fmt.Fprintf(stderr, "stunnerd-xdp: read config: %v\n", err)
+			return 2
+		default:
+			log.Warn("config file not readable yet, waiting for it", "file", org.file, "error", err)
+		}
+		if o.watch {
+			go watchFile(ctx, org.file, b, configs)
+		}
+	} else {
+		if o.id == "" {
+			host, _ := os.Hostname()
+			o.id = "default/stunnerd-" + host // stunnerd's default
+		}
+		ns, name, err := parseID(o.id)
+		if err != nil {
+			fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
+			return 2
+		}
+		c := &cdsClient{base: org.cds, namespace: ns, name: name, node: o.cdsNode,
+			http: &http.Client{Timeout: 10 * time.Second}, log: logger.Slog("cds")}
+		log.Info("config discovery", "server", org.cds.String(), "id", o.id, "node", o.cdsNode, "watch", o.watch)
+		if o.watch {
+			go c.watch(ctx, configs)
+		} else {
+			b, err := c.get(ctx)
+			if err != nil {
+				log.Error("cannot load the config", "error", err)
+				return 1
+			}
+			configs <- b
+		}
+	}
+	a := &applier{o: o, logger: logger, log: log, warned: map[string]bool{},
+		dns: config.NewDNSCache(net.DefaultResolver)}
+	if o.dryRun {
+		return a.dryRun(<-configs)
+	}
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	if err := a.boot.start(o.healthAddr, o.healthSocket); err != nil {
+		log.Error("cannot serve health checks while waiting for a config", "error", err)
+		return 1
+	}
+	defer a.boot.stop()
+	dnsTick := time.NewTicker(config.DNSInterval)
+	defer dnsTick.Stop()
+	for {
+		select {
+		case b := <-configs:
+			if err := a.apply(b); err != nil && !o.watch {
+				return 1
+			}
+		case <-dnsTick.C:
+			a.refreshDNS(ctx)
+		case s := <-sigs:
+			cancel() // stop following the origin, as stunnerd does
+			if a.d == nil {
+				log.Info("exiting before the first config", "signal", s.String())
+				return 0
+			}
+			return drain(o, a.d, log, s, sigs)
+		}
+	}
+}
+
+// applier turns each config from the origin into the running daemon.
+type applier struct {
+	o      options
+	logger *logging.Factory
+	log    *slog.Logger
+	d      *daemon.Daemon
+	boot   bootstrapHealth
+	dns    *config.DNSCache
+	// last is the last config applied, before DNS resolution; lastCfg after.
+	last    *config.Resolved
+	lastCfg daemon.Config
+	warned  map[string]bool
+}
+
+// apply parses one config and starts or reconfigures the daemon with it.
+func (a *applier) apply(b []byte) error {
+	r, err := config.Parse(b)
+	if errors.Is(err, config.ErrZeroConfig) {
+		if a.d == nil {
+			a.log.Info("empty config: waiting for the gateway's config, unready")
+		} else {
+			a.log.Info("ignoring the empty config of a deleted gateway, as stunnerd does: the listeners keep serving until the pod terminates")
+		}
+		return nil
+	}
+	if err != nil {
+		a.log.Error("config reload", "result", "rejected, the running config stays", "error", err)
+		return err
+	}
+	for _, w := range r.Warnings {
+		if !a.warned[w] {
+			a.warned[w] = true
+			a.log.Warn("config: " + w)
+		}
+	}
+	a.last = r
+	return a.run(r, true)
+}
+
+// run resolves r's DNS names and applies it.
+func (a *applier) run(r *config.Resolved, fresh bool) error {
+	if r.HasDNS() {
+		var errs []error
+		r, errs = a.dns.Apply(context.Background(), r)
+		for _, err := range errs {
+			a.log.Warn("config: cluster DNS", "error", err)
+		}
+	}
+	cfg, err := fromConfig(a.o, r)
+	if err != nil {
+		a.log.Error("config reload", "result", "rejected, the running config stays", "error", err)
+		return err
+	}
+	if !fresh && slices.EqualFunc(cfg.Listeners, a.lastCfg.Listeners, equalPolicy) {
+		return nil // a DNS refresh that changed nothing
+	}
+	if fresh && !a.o.set["log"] && !a.o.verbose {
+		if err := a.logger.SetLevels(r.LogLevel); err != nil {
+			a.log.Warn("config: bad loglevel, keeping the current one", "error", err)
+		}
+	}
+	if a.d == nil {
+		return a.start(cfg, r)
+	}
+	err = a.d.Reconfigure(cfg) // the config's offload_engine goes to internal/offload from there
+	a.lastCfg = cfg
+	if err != nil {
+		a.log.Error("config reload", "result", "applied with problems", "error", err)
+		return err
+	}
+	a.log.Info("config reloaded", "listeners", len(cfg.Listeners))
+	return nil
+}
+
+// start starts the daemon on its first config, in place of the bootstrap
+// health endpoints.
+func (a *applier) start(cfg daemon.Config, r *config.Resolved) error {
+	cfg.Logger = a.logger
+	a.logOffload(cfg, r)
+	a.boot.stop()
+	d, err := daemon.Start(cfg)
+	if err != nil {
+		a.log.Error("cannot start on this config, waiting for another", "error", err)
+		if berr := a.boot.start(a.o.healthAddr, a.o.healthSocket); berr != nil {
+			a.log.Error("health checks", "error", berr)
+		}
+		return err
+	}
+	a.d, a.lastCfg = d, cfg
+	if err := followNode(a.o, d, a.logger); err != nil {
+		return err
+	}
+	a.log.Info("serving: ready", "listeners", len(cfg.Listeners), "config", r.Name)
+	return nil
+}
+
+// logOffload says once, at start, what admin.offload_engine made of the XDP
+// mode: None, the operator's default, does not turn XDP off.
+func (a *applier) logOffload(cfg daemon.Config, r *config.Resolved) {
+	engine := r.OffloadEngine
+	if engine == "" {
+		engine = "unset"
+	}
+	switch {
+	case a.o.set["xdp-mode"]:
+		a.log.Info("offload: --xdp-mode decides", "xdp-mode", string(cfg.XDPMode), "offload_engine", engine)
+	case r.XDPMode == "":
+		a.log.Info("offload: the config's offload_engine "+engine+" (STUNner's default) does not turn XDP off here; "+
+			"--xdp-mode=off or the node label stunner.l7mp.io/xdp-offload=disabled does", "xdp-mode", string(requestedMode(cfg)))
+	default:
+		a.log.Info("offload: from the config", "offload_engine", engine, "xdp-mode", string(requestedMode(cfg)))
+	}
+}
+
+// refreshDNS re-resolves the STRICT_DNS clusters and reloads when their
+// addresses changed.
+func (a *applier) refreshDNS(context.Context) {
+	if a.d == nil || a.last == nil || !a.last.HasDNS() {
+		return
+	}
+	_ = a.run(a.last, false)
+}
+
+// dryRun checks one config and prints what would run.
+func (a *applier) dryRun(b []byte) int {
+	r, err := config.Parse(b)
+	if err != nil {
+		a.log.Error("dry run: config rejected", "error", err)
+		return 1
+	}
+	for _, w := range r.Warnings {
+		a.log.Warn("config: " + w)
+	}
+	if r.HasDNS() {
+		r, _ = a.dns.Apply(context.Background(), r)
+	}
+	cfg, err := fromConfig(a.o, r)
+	if err != nil {
+		a.log.Error("dry run: config rejected", "error", err)
+		return 1
+	}
+	var ls []string
+	for _, l := range cfg.Listeners {
+		ls = append(ls, fmt.Sprintf("%s %s %v", l.Name, l.Protocol, l.Addr))
+	}
+	a.log.Info("dry run: config valid", "listeners", strings.Join(ls, "; "), "xdp-mode", string(requestedMode(cfg)))
+	return 0
+}
+
+// equalPolicy compares what a DNS refresh may change.
+func equalPolicy(x, y config.ResolvedListener) bool {
+	return x.Name == y.Name && slices.Equal(x.AllowPeers, y.AllowPeers) && slices.Equal(x.PeerPorts, y.PeerPorts)
+}
+
+// bootstrapHealth answers the kubelet while there is no daemon yet: live, not
+// ready (stunnerd's zero config).
+type bootstrapHealth struct {
+	srvs []*http.Server
+	sock string
+}
+
+func (b *bootstrapHealth) start(addr, sock string) error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"live"}` + "\n"))
+	})
+	waiting := func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"status":"waiting for a config"}` + "\n"))
+	}
+	mux.HandleFunc("/ready", waiting)
+	mux.HandleFunc("/status", waiting)
+	for _, l := range []struct{ network, addr string }{{"tcp", addr}, {"unix", sock}} {
+		if l.addr == "" {
+			continue
+		}
+		if l.network == "unix" {
+			_ = os.Remove(l.addr)
+			b.sock = l.addr
+		}
+		ln, err := net.Listen(l.network, l.addr)
+		if err != nil {
+			b.stop()
+			return err
+		}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		b.srvs = append(b.srvs, srv)
+		go func() { _ = srv.Serve(ln) }()
+	}
+	return nil
+}
+
+func (b *bootstrapHealth) stop() {
+	for _, s := range b.srvs {
+		_ = s.Close()
+	}
+	b.srvs = nil
+	if b.sock != "" {
+		_ = os.Remove(b.sock)
+		b.sock = ""
+	}
+}
