@@ -247,3 +247,103 @@ func TestSetDestinations(t *testing.T) {
 	}
 	check(nil)
 }
+
+// TestAccountTotalsMonotonicUnderChurn: scrapes read the live counters
+// outside the lock while bindings come, go and move between accounts and the
+// "program" keeps counting; no account's total, and not the overall total,
+// may ever go down from one scrape to the next (a reset to Prometheus).
+func TestAccountTotalsMonotonicUnderChurn(t *testing.T) {
+	m, raw := newTestMaps(t, 64)
+	// Each read of the clock (under the maps' lock) is a second later: freed
+	// ids are out of quarantine by the next allocation.
+	clock := time.Now()
+	m.now = func() time.Time { clock = clock.Add(time.Second); return clock }
+	m.SetAccount(func(b Binding) string { return b.Peer.Addr().String() })
+	peers := []netip.AddrPort{netip.MustParseAddrPort("10.200.0.2:5001"), netip.MustParseAddrPort("10.200.0.3:5001")}
+	binding := func(i, peer int) Binding {
+		b := testBinding
+		b.Client = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 100, 1, byte(i)}), 40000)
+		b.Peer = peers[peer]
+		return b
+	}
+	ncpu := ebpf.MustPossibleCPU()
+	// bump counts one packet each way on every CPU in the binding's slot, as
+	// the program would (it may land after the binding's removal: a late
+	// packet, folded in when the slot is reused).
+	bump := func(k Key) {
+		m.mu.Lock()
+		e, ok := m.bindings[k]
+		m.mu.Unlock()
+		if !ok {
+			return
+		}
+		var v []bpf.RelayBindingStats
+		if err := raw.BindingCounters.Lookup(e.id, &v); err != nil {
+			t.Error(err)
+			return
+		}
+		for c := range v[:ncpu] {
+			v[c].C2pPackets++
+			v[c].P2cPackets++
+		}
+		if err := raw.BindingCounters.Put(e.id, v); err != nil {
+			t.Error(err)
+		}
+	}
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 3000; i++ {
+			b := binding(i%16, (i/16)%2)
+			switch i % 5 {
+			case 0, 1, 2: // install or move to the other peer, and count
+				if err := m.Upsert(b); err != nil {
+					t.Error(err)
+					return
+				}
+				bump(b.Key())
+			case 3:
+				bump(b.Key())
+			case 4:
+				if err := m.Delete(b.Key()); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}
+	}()
+	prev := map[string]Stats{}
+	var prevTotal Stats
+	less := func(a, b Stats) bool {
+		return a.ClientToPeerPackets < b.ClientToPeerPackets || a.PeerToClientPackets < b.PeerToClientPackets
+	}
+	for scrapes := 0; ; scrapes++ {
+		select {
+		case <-done:
+			if scrapes < 10 {
+				t.Errorf("only %d scrapes during the churn", scrapes)
+			}
+			return
+		default:
+		}
+		got, err := m.AccountTotals()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for a, s := range got {
+			if less(s, prev[a]) {
+				t.Fatalf("scrape %d: account %s went down from %+v to %+v", scrapes, a, prev[a], s)
+			}
+		}
+		prev = got
+		total, err := m.Totals()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if less(total, prevTotal) {
+			t.Fatalf("scrape %d: totals went down from %+v to %+v", scrapes, prevTotal, total)
+		}
+		prevTotal = total
+	}
+}

@@ -1,6 +1,7 @@
 package channelmap_test
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -60,7 +61,7 @@ func TestTotalsLiveAndRemoved(t *testing.T) {
 }
 
 // loadMaps loads the program (not attached) and wraps its maps.
-func loadMaps(t *testing.T, maxBindings uint32) (*channelmap.Maps, *ebpf.Map) {
+func loadMaps(t testing.TB, maxBindings uint32) (*channelmap.Maps, *ebpf.Map) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: maxBindings},
@@ -146,5 +147,33 @@ func TestAccountTotalsGrowAcrossRemovalAndPeerMoves(t *testing.T) {
 	want("removed", 2, 2)
 	if tot, err := m.Totals(); err != nil || tot.ClientToPeerPackets != 4*ncpu {
 		t.Errorf("totals %+v (%v), want %d client->peer packets", tot, err, 4*ncpu)
+	}
+}
+
+// BenchmarkAccountTotals: a scrape's cost follows the live bindings, not the
+// size of the maps (here the default 131,072 slots).
+func BenchmarkAccountTotals(b *testing.B) {
+	for _, n := range []int{100, 10000} {
+		b.Run(fmt.Sprintf("bindings=%d", n), func(b *testing.B) {
+			m, _ := loadMaps(b, 131072)
+			m.SetAccount(func(bd channelmap.Binding) string { return bd.Peer.String() })
+			for i := 0; i < n; i++ {
+				bd := channelmap.Binding{
+					Client:   netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 40000),
+					Listener: netip.MustParseAddrPort("10.100.0.1:3478"), Channel: 0x4000,
+					Peer:  netip.MustParseAddrPort("10.200.0.2:5001"),
+					Relay: netip.AddrPortFrom(netip.MustParseAddr("10.200.0.1"), uint16(50000+i%10000)),
+				}
+				if err := m.Upsert(bd); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for range b.N {
+				if _, err := m.AccountTotals(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -311,7 +311,7 @@ func Start(cfg Config) (*Daemon, error) {
 	}
 	d.startXDP()
 
-	d.registry = metrics.NewRegistry(d, newGateCollector(d))
+	d.registry = metrics.NewRegistry(d)
 	if err := d.serveHTTP(); err != nil {
 		d.Close()
 		return nil, err
@@ -430,6 +430,9 @@ func (d *Daemon) MirrorStats() (mirror.Stats, int) {
 	_, chans := d.mirror.Counts()
 	return d.mirror.Stats(), chans
 }
+
+// UserspaceBindings returns how many of pion's bindings stay in userspace, by reason.
+func (d *Daemon) UserspaceBindings() map[string]int { return d.mirror.UserspaceBindings() }
 
 // NodeLabel returns the state of the node's offload label.
 func (d *Daemon) NodeLabel() nodelabel.State {

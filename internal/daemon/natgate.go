@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/l7mp/stunnerd-xdp/internal/natcheck"
@@ -50,33 +49,4 @@ func (d *Daemon) followServiceCIDRs(client kubernetes.Interface, timeout time.Du
 		<-d.stop
 		stop()
 	}()
-}
-
-// gateCollector exports why bindings stay in userspace.
-type gateCollector struct {
-	d               *Daemon
-	userspace, full *prometheus.Desc
-}
-
-func newGateCollector(d *Daemon) *gateCollector {
-	return &gateCollector{
-		d: d,
-		userspace: prometheus.NewDesc("stunnerd_xdp_bindings_userspace",
-			"Channel bindings pion/turn holds that stay on the userspace path, by reason: nat (the kernel NATs the flow), "+
-				"no_offload_peer (--no-offload-peer or a Service CIDR), pending (no conntrack evidence yet), full (the maps are full).",
-			[]string{"reason"}, nil),
-		full: prometheus.NewDesc("stunnerd_xdp_bindings_full_total", "Channel bindings the full XDP maps refused (--max-bindings).", nil, nil),
-	}
-}
-
-func (c *gateCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.userspace
-	ch <- c.full
-}
-
-func (c *gateCollector) Collect(ch chan<- prometheus.Metric) {
-	for reason, n := range c.d.mirror.UserspaceBindings() {
-		ch <- prometheus.MustNewConstMetric(c.userspace, prometheus.GaugeValue, float64(n), reason)
-	}
-	ch <- prometheus.MustNewConstMetric(c.full, prometheus.CounterValue, float64(c.d.mirror.Stats().Full))
 }

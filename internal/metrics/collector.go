@@ -28,6 +28,8 @@ type Source interface {
 	UserspaceCounters() *fallback.Counters
 	// MirrorStats are the mirror's counters and the channel bindings pion holds.
 	MirrorStats() (st mirror.Stats, channels int)
+	// UserspaceBindings are pion's bindings that stay in userspace, by reason.
+	UserspaceBindings() map[string]int
 	// NodeLabel is the state of the node's offload label.
 	NodeLabel() nodelabel.State
 	// Steering is the node's listener steering (nil without it).
@@ -38,11 +40,10 @@ type Source interface {
 
 // NewRegistry returns a registry with STUNner's series, the fast path's, and
 // Go's and the process's.
-func NewRegistry(src Source, more ...prometheus.Collector) *prometheus.Registry {
+func NewRegistry(src Source) *prometheus.Registry {
 	r := prometheus.NewRegistry()
 	r.MustRegister(newStunnerCollector(src), newCollector(src),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	r.MustRegister(more...)
 	return r
 }
 
@@ -61,7 +62,7 @@ type collector struct {
 	src                                            Source
 	packets, bytes, verdicts, allocs, chans, bound *prometheus.Desc
 	attached, mirrorEvents, mirrorErrors, drift    *prometheus.Desc
-	mode, label, steering                          *prometheus.Desc
+	mode, label, steering, userspace, full         *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -80,11 +81,16 @@ func newCollector(src Source) *collector {
 		mode:         prometheus.NewDesc("stunnerd_xdp_mode", "1 for the path in use: native or generic (XDP attached somewhere in that mode) or off (userspace only).", []string{"mode"}, nil),
 		steering:     prometheus.NewDesc("stunnerd_xdp_steering_total", "Listener packets the node's SO_REUSEPORT steering sent to the allocation's daemon (owner), the newest daemon (active), or left to the kernel's hash.", []string{"verdict"}, nil),
 		label:        prometheus.NewDesc("stunnerd_xdp_offload_label", "1 for the state of the node's stunner.l7mp.io/xdp-offload label (absent without --node-name).", []string{"state"}, nil),
+		userspace: prometheus.NewDesc("stunnerd_xdp_bindings_userspace",
+			"Channel bindings pion/turn holds that stay on the userspace path, by reason: nat (the kernel NATs the flow), "+
+				"no_offload_peer (--no-offload-peer or a Service CIDR), pending (no conntrack evidence yet), full (the maps are full).",
+			[]string{"reason"}, nil),
+		full: prometheus.NewDesc("stunnerd_xdp_bindings_full_total", "Channel bindings the full XDP maps refused (--max-bindings).", nil, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering} {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full} {
 		ch <- d
 	}
 }
@@ -174,4 +180,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(ch, c.mirrorEvents, st.Events)
 	counter(ch, c.mirrorErrors, st.Errors)
 	counter(ch, c.drift, st.Drift)
+	counter(ch, c.full, st.Full)
+	for reason, n := range c.src.UserspaceBindings() {
+		gauge(ch, c.userspace, float64(n), reason)
+	}
 }

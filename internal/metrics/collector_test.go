@@ -1,0 +1,88 @@
+package metrics
+
+import (
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/fallback"
+	"github.com/l7mp/stunnerd-xdp/internal/handover"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/mirror"
+	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
+)
+
+// mirrorSource is a daemon that never loaded XDP: a real mirror, pion's
+// counters and the listener accounting, no maps.
+type mirrorSource struct {
+	m        *mirror.Mirror
+	counters fallback.Counters
+	traffic  *Traffic
+}
+
+func (s *mirrorSource) AllocationCount() int                  { return 0 }
+func (s *mirrorSource) Maps() *channelmap.Maps                { return nil }
+func (s *mirrorSource) Attached() map[string]loader.Mode      { return nil }
+func (s *mirrorSource) Interfaces() []string                  { return []string{"eth0"} }
+func (s *mirrorSource) UserspaceCounters() *fallback.Counters { return &s.counters }
+func (s *mirrorSource) UserspaceBindings() map[string]int     { return s.m.UserspaceBindings() }
+func (s *mirrorSource) NodeLabel() nodelabel.State            { return nodelabel.Absent }
+func (s *mirrorSource) Steering() (*handover.Stats, error)    { return nil, nil }
+func (s *mirrorSource) Traffic() *Traffic                     { return s.traffic }
+func (s *mirrorSource) MirrorStats() (mirror.Stats, int) {
+	_, chans := s.m.Counts()
+	return s.m.Stats(), chans
+}
+
+// TestScrapeWithoutXDP: a daemon that never loaded XDP exports every series
+// that has a value without traffic: the fast path's at zero (each userspace
+// reason too, so that alerts on one work before the first binding takes it),
+// STUNner's allocations and listener connections, Go's and the process's.
+func TestScrapeWithoutXDP(t *testing.T) {
+	m := mirror.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer m.Close()
+	src := &mirrorSource{m: m, traffic: NewTraffic()}
+	src.traffic.SetListeners([]Listener{{Name: "ns/udp"}})
+	raw, _ := udpPair(t)
+	src.traffic.ListenerConn("ns/udp", raw)
+	families, err := NewRegistry(src).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	for _, f := range families {
+		if _, err := expfmt.MetricFamilyToText(&out, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, line := range []string{
+		`stunnerd_xdp_bindings_userspace{reason="nat"} 0`,
+		`stunnerd_xdp_bindings_userspace{reason="no_offload_peer"} 0`,
+		`stunnerd_xdp_bindings_userspace{reason="pending"} 0`,
+		`stunnerd_xdp_bindings_userspace{reason="full"} 0`,
+		`stunnerd_xdp_bindings_full_total 0`,
+		`stunnerd_xdp_packets_total{direction="client_to_peer",path="xdp"} 0`,
+		`stunnerd_xdp_mode{mode="off"} 1`,
+		`stunnerd_xdp_attached{iface="eth0",mode="native"} 0`,
+		`stunner_allocations_active 0`,
+		`stunner_listener_connections{name="ns/udp"} 1`,
+		`stunner_listener_connections_total{name="ns/udp"} 1`,
+		`stunner_listener_packets_total{direction="rx",name="ns/udp"} 0`,
+	} {
+		if !strings.Contains(out.String(), line+"\n") {
+			t.Errorf("missing %s", line)
+		}
+	}
+	for _, prefix := range []string{"go_goroutines ", "process_cpu_seconds_total "} {
+		if !strings.Contains(out.String(), "\n"+prefix) {
+			t.Errorf("missing %s", prefix)
+		}
+	}
+	if t.Failed() {
+		t.Logf("scrape:\n%s", out.String())
+	}
+}
