@@ -164,6 +164,9 @@ func runOrigin(o options, stderr io.Writer) int {
 		select {
 		case b := <-configs:
 			if err := a.apply(b); err != nil && !o.watch {
+				if errors.Is(err, errUsage) {
+					return 2 // a config that cannot run is bad input, as a bad flag
+				}
 				return 1
 			}
 		case <-dnsTick.C:
@@ -197,6 +200,10 @@ type applier struct {
 func (a *applier) apply(b []byte) error {
 	r, err := config.Parse(b)
 	if errors.Is(err, config.ErrZeroConfig) {
+		if !a.o.watch {
+			a.log.Error("the config is empty: nothing to serve, and without -w no other config follows", "error", err)
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
 		if a.d == nil {
 			a.log.Info("empty config: waiting for the gateway's config, unready")
 		} else {
@@ -206,7 +213,7 @@ func (a *applier) apply(b []byte) error {
 	}
 	if err != nil {
 		a.log.Error("config reload", "result", "rejected, the running config stays", "error", err)
-		return err
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	for _, w := range r.Warnings {
 		if !a.warned[w] {
@@ -230,7 +237,7 @@ func (a *applier) run(r *config.Resolved, fresh bool) error {
 	cfg, err := fromConfig(a.o, r)
 	if err != nil {
 		a.log.Error("config reload", "result", "rejected, the running config stays", "error", err)
-		return err
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if !fresh && slices.EqualFunc(cfg.Listeners, a.lastCfg.Listeners, equalPolicy) {
 		return nil // a DNS refresh that changed nothing
@@ -307,7 +314,7 @@ func (a *applier) dryRun(b []byte) int {
 	r, err := config.Parse(b)
 	if err != nil {
 		a.log.Error("dry run: config rejected", "error", err)
-		return 1
+		return 2
 	}
 	for _, w := range r.Warnings {
 		a.log.Warn("config: " + w)
@@ -318,7 +325,7 @@ func (a *applier) dryRun(b []byte) int {
 	cfg, err := fromConfig(a.o, r)
 	if err != nil {
 		a.log.Error("dry run: config rejected", "error", err)
-		return 1
+		return 2
 	}
 	var ls []string
 	for _, l := range cfg.Listeners {

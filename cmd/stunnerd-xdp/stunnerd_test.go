@@ -106,6 +106,7 @@ func TestStunnerdBadInput(t *testing.T) {
 		{[]string{"-c", "10.0.0.1:13478", "turn://u:p@10.0.0.1:3478"}, nil, "exclude each other"},
 		{nil, map[string]string{"STUNNER_CONFIG_ORIGIN": "ftp://x:1"}, "scheme"},
 		{[]string{"-c", "/no/such/stunnerd.conf"}, nil, "read config"},
+		{[]string{"-c", "../../internal/config/testdata/zero-config.json", "--health-addr="}, nil, "nothing to serve"},
 	} {
 		for k, v := range c.env {
 			t.Setenv(k, v)
@@ -153,7 +154,7 @@ func TestDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	out.Reset()
-	if code := run([]string{"-d", "-c", bad}, &out); code != 1 || !strings.Contains(out.String(), "open relay") {
+	if code := run([]string{"-d", "-c", bad}, &out); code != 2 || !strings.Contains(out.String(), "open relay") {
 		t.Errorf("dry run of a bad config: exit %d\n%s", code, out.String())
 	}
 }
