@@ -107,7 +107,8 @@ func startBinaryUntil(t *testing.T, r *netns.Rig, up func() error, args ...strin
 
 // runBinary runs the stunnerd-xdp binary in the server namespace with args and
 // waits until up succeeds; nil waits for the health endpoint at
-// 10.100.0.1:8086 to answer /live. The daemon's log is shown when the test fails.
+// 10.100.0.1:8086 to answer /ready (with a config origin, /live answers before
+// the first config is served). The daemon's log is shown when the test fails.
 func runBinary(t *testing.T, r *netns.Rig, up func() error, args ...string) *netns.Proc {
 	t.Helper()
 	p := r.Server.Start(t, netns.RequireBinary(t, netns.Daemon), args...)
@@ -117,7 +118,7 @@ func runBinary(t *testing.T, r *netns.Rig, up func() error, args ...string) *net
 		}
 	})
 	if up == nil {
-		up = func() error { return r.Server.GetOK("http://10.100.0.1:8086/live") }
+		up = func() error { return r.Server.GetOK("http://10.100.0.1:8086/ready") }
 	}
 	if err := netns.Eventually(10*time.Second, 50*time.Millisecond, func() error {
 		if p.Exited() {
