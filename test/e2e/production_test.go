@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -127,44 +128,15 @@ func runBinary(t *testing.T, r *netns.Rig, up func() error, args ...string) *net
 	return p
 }
 
-// echoSession relays datagrams through a pion/turn allocation to the echo peer
-// at a fixed rate for the given time and counts the echoes. It runs in the
-// client namespace (the socket is made there).
+// echoSession runs a taggedSession to the echo peer at rate for d and returns
+// what it sent, the echoes and when the last one came.
 func echoSession(t *testing.T, relay net.PacketConn, rate int, d time.Duration) (sent, received int, last time.Time) {
-	t.Helper()
-	peer := &net.UDPAddr{IP: net.ParseIP(peerAddr), Port: 5002}
-	type count struct {
-		n    int
-		last time.Time
-	}
-	got := make(chan count, 1)
-	go func() {
-		var c count
-		buf := make([]byte, 1500)
-		for {
-			_ = relay.SetReadDeadline(time.Now().Add(time.Second))
-			if _, _, err := relay.ReadFrom(buf); err != nil {
-				got <- c
-				return
-			}
-			c.n++
-			c.last = time.Now()
-		}
-	}()
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
-		<-tick.C
-		if _, err := relay.WriteTo([]byte("drain-test-payload"), peer); err != nil {
-			t.Errorf("write: %v", err)
-			break
-		}
-		sent++
-	}
-	c := <-got
-	return sent, c.n, c.last
+	s := &taggedSession{}
+	s.run(t, relay, sessionTags.Add(1), rate, d)
+	return int(s.sent.Load()), int(s.received.Load()), time.Unix(0, s.last.Load())
 }
+
+var sessionTags atomic.Uint64
 
 // TestGracefulDrain: SIGTERM stops new allocations, keeps the live session
 // relaying for the whole drain, fails /ready, reports TERMINATING, and the
