@@ -1,9 +1,6 @@
 package e2e
 
 import (
-	"context"
-	"encoding/json"
-	"io"
 	"net"
 	"net/http"
 	"os/exec"
@@ -21,23 +18,7 @@ import (
 // that process, whichever holds the health port.
 func socketStatus(t *testing.T, sock string) daemon.Status {
 	t.Helper()
-	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
-		},
-	}}
-	resp, err := c.Get("http://daemon/status")
-	if err != nil {
-		t.Fatalf("status over %s: %v", sock, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	var st daemon.Status
-	if err := json.Unmarshal(body, &st); err != nil {
-		t.Fatalf("status over %s: %v: %q", sock, err, body)
-	}
-	return st
+	return statusOf(t)(netns.UnixGet(sock, "http://daemon/status"))
 }
 
 // TestRollingUpdateHandover is a DaemonSet rolling update with maxSurge 1 on

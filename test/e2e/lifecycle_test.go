@@ -13,25 +13,17 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
 // removalDeadline is how soon after pion's event a binding must leave the maps.
 const removalDeadline = time.Second
 
-// allocate makes a pion/turn client allocation in this (the server) namespace
-// and sends to the peer until its channel binding shows up in the maps.
-func allocate(t *testing.T, d *daemon.Daemon) net.PacketConn {
+// allocate makes a pion/turn client allocation in the server namespace and
+// sends to the peer until its channel binding shows up in the maps.
+func allocate(t *testing.T, r rig, d *daemon.Daemon) net.PacketConn {
 	t.Helper()
-	conn, err := net.ListenPacket("udp4", "10.100.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay, err := testenv.Allocate(t, &turn.ClientConfig{
-		TURNServerAddr: listenAddr.String(), STUNServerAddr: listenAddr.String(),
-		Username: user, Password: password, Realm: daemon.DefaultRealm, Conn: conn,
-	})
+	relay, err := r.server.Allocate(t, "udp4", "10.100.0.1:0", &turn.ClientConfig{TURNServerAddr: listenAddr.String(), Username: user, Password: password, Realm: daemon.DefaultRealm})
 	if err != nil {
 		t.Fatalf("allocate: %v", err)
 	}
@@ -79,7 +71,7 @@ func waitEmpty(t *testing.T, d *daemon.Daemon, limit time.Duration) time.Duratio
 func TestAllocationRefreshZeroRemovesBindings(t *testing.T) {
 	inRig(t, false, func(t *testing.T, r rig) {
 		d := startDaemon(t, loader.ModeNative, r.serverIfaces, nil)
-		relay := allocate(t, d)
+		relay := allocate(t, r, d)
 		if d.AllocationCount() != 1 {
 			t.Fatalf("%d allocations, want 1", d.AllocationCount())
 		}
@@ -98,7 +90,7 @@ func TestChannelExpiryRemovesBindings(t *testing.T) {
 	inRig(t, false, func(t *testing.T, r rig) {
 		const lifetime = 2 * time.Second
 		d := startDaemon(t, loader.ModeNative, r.serverIfaces, func(c *daemon.Config) { c.ChannelBindTimeout = lifetime })
-		allocate(t, d)
+		allocate(t, r, d)
 		took := waitEmpty(t, d, lifetime+removalDeadline)
 		t.Logf("bindings left the maps %v after the binding was seen (lifetime %v)", took, lifetime)
 		if took < lifetime/2 {

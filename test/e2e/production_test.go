@@ -72,17 +72,25 @@ func allocateWith(t *testing.T, ns *netns.NS, server, username, pass string, tcp
 	if tcp {
 		network = "tcp4"
 	}
-	return ns.Allocate(t, network, "10.100.0.2:0", turn.ClientConfig{TURNServerAddr: server, Username: username, Password: pass, Realm: daemon.DefaultRealm})
+	return ns.Allocate(t, network, "10.100.0.2:0", &turn.ClientConfig{TURNServerAddr: server, Username: username, Password: pass, Realm: daemon.DefaultRealm})
 }
 
 func status(t *testing.T, ns *netns.NS) daemon.Status {
 	t.Helper()
-	code, body := httpGet(t, ns, "http://10.100.0.1:8086/status")
-	var st daemon.Status
-	if code != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil {
-		t.Fatalf("/status: %d %q", code, body)
+	return statusOf(t)(ns.HTTPGet("http://10.100.0.1:8086/status"))
+}
+
+// statusOf decodes the answer to a GET /status, failing the test unless it is
+// a 200 with a status.
+func statusOf(t *testing.T) func(int, string, error) daemon.Status {
+	return func(code int, body string, err error) daemon.Status {
+		t.Helper()
+		var st daemon.Status
+		if err != nil || code != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil {
+			t.Fatalf("/status: %v %d %q", err, code, body)
+		}
+		return st
 	}
-	return st
 }
 
 // startBinary runs the stunnerd-xdp binary in the server namespace and waits
