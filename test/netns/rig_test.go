@@ -71,7 +71,7 @@ func checkSetup(t *testing.T, r *netns.Rig) {
 		want["net.ipv4.conf."+name+".forwarding"] = "1"
 	}
 	for key, value := range want {
-		if got := strings.TrimSpace(r.Server.Run(t, "sysctl", "-n", key)); got != value {
+		if got := sysctl(t, r.Server, key); got != value {
 			t.Errorf("server: %s = %s, want %s", key, got, value)
 		}
 	}
@@ -89,17 +89,7 @@ func TestRoutedRedirect(t *testing.T) {
 	netns.RequirePrivileged(t)
 	r := netns.NewRouted(t)
 
-	var srv1 int
-	err := r.Server.Do(func() error {
-		ifi, err := net.InterfaceByName(r.ServerPeerIf.Name)
-		if ifi != nil {
-			srv1 = ifi.Index
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv1 := ifindex(t, r.Server, r.ServerPeerIf.Name)
 	r.Server.AttachXDP(t, r.ServerClientIf.Name, loadXDP(t, asm.Instructions{
 		asm.Mov.Imm(asm.R1, int32(srv1)),
 		asm.Mov.Imm(asm.R2, 0),
