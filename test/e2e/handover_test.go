@@ -93,7 +93,12 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 	}
 
 	// The new pod: same ports, same health port (busy until the old one is gone).
-	b := startBinaryUntil(t, r, func() error { return probe(sockB, "live") }, append(common, "--health-socket="+sockB)...)
+	// Up once its health socket answers (asked in-process: the hand-over to a
+	// successor of a draining daemon follows at once).
+	b := startBinaryUntil(t, r, func() error {
+		_, _, err := netns.UnixGet(sockB, "http://daemon/live")
+		return err
+	}, append(common, "--health-socket="+sockB)...)
 	if !b.WaitOutput(`"msg":"health endpoint busy`, 2*time.Second) {
 		t.Errorf("the new daemon did not report the busy health port:\n%s", b.Stderr())
 	}
