@@ -93,8 +93,7 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 	}
 
 	// The new pod: same ports, same health port (busy until the old one is gone).
-	// Up once its health socket answers (asked in-process: the hand-over to a
-	// successor of a draining daemon follows at once).
+	// Up once its health socket answers, asked in-process: a draining daemon hands over at once.
 	b := startBinaryUntil(t, r, func() error {
 		_, _, err := netns.UnixGet(sockB, "http://daemon/live")
 		return err

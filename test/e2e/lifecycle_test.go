@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -112,16 +111,6 @@ func xdpAttached(t *testing.T, ns *netns.NS, iface string) bool {
 	return strings.Contains(out, "prog/xdp") || strings.Contains(out, " xdp")
 }
 
-// httpGet fetches a URL from inside the namespace and fails the test on error.
-func httpGet(t *testing.T, ns *netns.NS, url string) (int, string) {
-	t.Helper()
-	code, body, err := ns.HTTPGet(url)
-	if err != nil {
-		t.Fatalf("GET %s in %s: %v", url, ns.Name, err)
-	}
-	return code, body
-}
-
 // TestKill9Detaches: the program is attached through bpf_links the daemon holds,
 // so SIGKILL leaves no XDP program behind. Before the kill, the binary serves
 // health and metrics as operators expect.
@@ -134,11 +123,14 @@ func TestKill9Detaches(t *testing.T) {
 		}
 	}
 	for _, path := range []string{"/live", "/ready"} {
-		if code, _ := httpGet(t, r.Server, "http://10.100.0.1:8086"+path); code != http.StatusOK {
-			t.Errorf("%s answered %d", path, code)
+		if err := r.Server.GetOK("http://10.100.0.1:8086" + path); err != nil {
+			t.Error(err)
 		}
 	}
-	_, metrics := httpGet(t, r.Server, "http://10.100.0.1:8080/metrics")
+	_, metrics, err := r.Server.HTTPGet("http://10.100.0.1:8080/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{
 		`stunnerd_xdp_attached{iface="srv0",mode="native"} 1`,
 		`stunnerd_xdp_attached{iface="srv1",mode="native"} 1`,

@@ -175,7 +175,7 @@ func TestGracefulDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	if code, _ := httpGet(t, r.Server, "http://10.100.0.1:8086/ready"); code != http.StatusServiceUnavailable {
+	if code, _, _ := r.Server.HTTPGet("http://10.100.0.1:8086/ready"); code != http.StatusServiceUnavailable {
 		t.Errorf("/ready answered %d while draining, want 503", code)
 	}
 	if st := status(t, r.Server); st.Status != "TERMINATING" || st.Allocations != 1 || len(st.Attached) != 2 {
