@@ -333,12 +333,7 @@ func (h *harness) iperfOne(t *testing.T, spec serverSpec) {
 	defer server.Stop()
 	peer := fmt.Sprintf("%s:%d", peerIP, iperfPort)
 	tc := h.rig.Client.StartTurncat(t, turnURI, peer)
-	defer func() {
-		_ = syscall.Kill(-tc.PID(), syscall.SIGTERM)
-		if tc.Wait(stopGrace) != nil && !tc.Exited() {
-			_ = tc.Kill()
-		}
-	}()
+	defer tc.Stop()
 	clientArgs := []string{"-c", "127.0.0.1", "-p", "5000", "-u", "-l", strconv.Itoa(size), "-b", fmt.Sprintf("%dpps", rate), "-t", strconv.Itoa(secs), "-e"}
 	if spec.name == ServerXDPNative {
 		h.command("ip netns exec PEER_NS iperf -s -u -p %d %s", iperfPort, strings.Join(serverArgs, " "))

@@ -23,6 +23,7 @@ import (
 type taggedSession struct {
 	peer                    *net.UDPAddr
 	sent, received, foreign atomic.Int64
+	last                    atomic.Int64 // when the last echo came, in Unix ns
 }
 
 func (s *taggedSession) run(t *testing.T, relay net.PacketConn, tag uint64, rate int, d time.Duration) {
@@ -45,6 +46,7 @@ func (s *taggedSession) run(t *testing.T, relay net.PacketConn, tag uint64, rate
 				continue
 			}
 			s.received.Add(1)
+			s.last.Store(time.Now().UnixNano())
 		}
 	}()
 	msg := make([]byte, 16)

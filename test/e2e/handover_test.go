@@ -1,9 +1,6 @@
 package e2e
 
 import (
-	"context"
-	"encoding/json"
-	"io"
 	"net"
 	"net/http"
 	"os/exec"
@@ -21,23 +18,7 @@ import (
 // that process, whichever holds the health port.
 func socketStatus(t *testing.T, sock string) dstatus.Status {
 	t.Helper()
-	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
-		},
-	}}
-	resp, err := c.Get("http://daemon/status")
-	if err != nil {
-		t.Fatalf("status over %s: %v", sock, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	var st dstatus.Status
-	if err := json.Unmarshal(body, &st); err != nil {
-		t.Fatalf("status over %s: %v: %q", sock, err, body)
-	}
-	return st
+	return statusOf(t)(netns.UnixGet(sock, "http://daemon/status"))
 }
 
 // TestRollingUpdateHandover is a DaemonSet rolling update with maxSurge 1 on
@@ -112,7 +93,11 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 	}
 
 	// The new pod: same ports, same health port (busy until the old one is gone).
-	b := startBinaryUntil(t, r, func() error { return probe(sockB, "live") }, append(common, "--health-socket="+sockB)...)
+	// Up once its health socket answers, asked in-process: a draining daemon hands over at once.
+	b := startBinaryUntil(t, r, func() error {
+		_, _, err := netns.UnixGet(sockB, "http://daemon/live")
+		return err
+	}, append(common, "--health-socket="+sockB)...)
 	if !b.WaitOutput(`"msg":"health endpoint busy`, 2*time.Second) {
 		t.Errorf("the new daemon did not report the busy health port:\n%s", b.Stderr())
 	}

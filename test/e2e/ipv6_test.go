@@ -23,7 +23,6 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
@@ -76,26 +75,16 @@ func (n udp6Net) ResolveUDPAddr(network, address string) (*net.UDPAddr, error) {
 // client's own address. Closing the relayed connection sends Refresh(0).
 func allocate6(t *testing.T, ns *netns.NS) (net.PacketConn, netip.AddrPort) {
 	t.Helper()
-	var conn net.PacketConn
-	if err := ns.Do(func() (err error) {
-		conn, err = net.ListenPacket("udp6", netip.AddrPortFrom(client6, 0).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	local := conn.LocalAddr().(*net.UDPAddr).AddrPort()
 	sn, err := stdnet.NewNet()
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay, err := testenv.Allocate(t, &turn.ClientConfig{
-		TURNServerAddr: listen6.String(), STUNServerAddr: listen6.String(),
-		Username: user, Password: password, Realm: config.DefaultRealm,
-		Conn: conn, Net: udp6Net{sn},
-	})
+	cfg := &turn.ClientConfig{TURNServerAddr: listen6.String(), Username: user, Password: password, Realm: config.DefaultRealm, Net: udp6Net{sn}}
+	relay, err := ns.Allocate(t, "udp6", netip.AddrPortFrom(client6, 0).String(), cfg)
 	if err != nil {
 		t.Fatalf("allocate over IPv6: %v", err)
 	}
+	local := cfg.Conn.LocalAddr().(*net.UDPAddr).AddrPort()
 	ra, ok := relay.LocalAddr().(*net.UDPAddr)
 	if !ok || ra.AddrPort().Addr().Unmap() != relayAddr {
 		t.Fatalf("relayed address %v, want %v:PORT", relay.LocalAddr(), relayAddr)

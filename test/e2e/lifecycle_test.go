@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -14,25 +13,17 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
 // removalDeadline is how soon after pion's event a binding must leave the maps.
 const removalDeadline = time.Second
 
-// allocate makes a pion/turn client allocation in this (the server) namespace
-// and sends to the peer until its channel binding shows up in the maps.
-func allocate(t *testing.T, d *daemon.Daemon) net.PacketConn {
+// allocate makes a pion/turn client allocation in the server namespace and
+// sends to the peer until its channel binding shows up in the maps.
+func allocate(t *testing.T, r rig, d *daemon.Daemon) net.PacketConn {
 	t.Helper()
-	conn, err := net.ListenPacket("udp4", "10.100.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay, err := testenv.Allocate(t, &turn.ClientConfig{
-		TURNServerAddr: listenAddr.String(), STUNServerAddr: listenAddr.String(),
-		Username: user, Password: password, Realm: config.DefaultRealm, Conn: conn,
-	})
+	relay, err := r.server.Allocate(t, "udp4", "10.100.0.1:0", &turn.ClientConfig{TURNServerAddr: listenAddr.String(), Username: user, Password: password, Realm: config.DefaultRealm})
 	if err != nil {
 		t.Fatalf("allocate: %v", err)
 	}
@@ -80,7 +71,7 @@ func waitEmpty(t *testing.T, d *daemon.Daemon, limit time.Duration) time.Duratio
 func TestAllocationRefreshZeroRemovesBindings(t *testing.T) {
 	inRig(t, false, func(t *testing.T, r rig) {
 		d := startDaemon(t, loader.ModeNative, r.serverIfaces, nil)
-		relay := allocate(t, d)
+		relay := allocate(t, r, d)
 		if d.AllocationCount() != 1 {
 			t.Fatalf("%d allocations, want 1", d.AllocationCount())
 		}
@@ -99,7 +90,7 @@ func TestChannelExpiryRemovesBindings(t *testing.T) {
 	inRig(t, false, func(t *testing.T, r rig) {
 		const lifetime = 2 * time.Second
 		d := startDaemon(t, loader.ModeNative, r.serverIfaces, func(c *daemon.Config) { c.ChannelBindTimeout = lifetime })
-		allocate(t, d)
+		allocate(t, r, d)
 		took := waitEmpty(t, d, lifetime+removalDeadline)
 		t.Logf("bindings left the maps %v after the binding was seen (lifetime %v)", took, lifetime)
 		if took < lifetime/2 {
@@ -121,16 +112,6 @@ func xdpAttached(t *testing.T, ns *netns.NS, iface string) bool {
 	return strings.Contains(out, "prog/xdp") || strings.Contains(out, " xdp")
 }
 
-// httpGet fetches a URL from inside the namespace and fails the test on error.
-func httpGet(t *testing.T, ns *netns.NS, url string) (int, string) {
-	t.Helper()
-	code, body, err := ns.HTTPGet(url)
-	if err != nil {
-		t.Fatalf("GET %s in %s: %v", url, ns.Name, err)
-	}
-	return code, body
-}
-
 // TestKill9Detaches: the program is attached through bpf_links the daemon holds,
 // so SIGKILL leaves no XDP program behind. Before the kill, the binary serves
 // health and metrics as operators expect.
@@ -143,11 +124,14 @@ func TestKill9Detaches(t *testing.T) {
 		}
 	}
 	for _, path := range []string{"/live", "/ready"} {
-		if code, _ := httpGet(t, r.Server, "http://10.100.0.1:8086"+path); code != http.StatusOK {
-			t.Errorf("%s answered %d", path, code)
+		if err := r.Server.GetOK("http://10.100.0.1:8086" + path); err != nil {
+			t.Error(err)
 		}
 	}
-	_, metrics := httpGet(t, r.Server, "http://10.100.0.1:8080/metrics")
+	_, metrics, err := r.Server.HTTPGet("http://10.100.0.1:8080/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{
 		`stunnerd_xdp_attached{iface="srv0",mode="native"} 1`,
 		`stunnerd_xdp_attached{iface="srv1",mode="native"} 1`,

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -74,17 +75,25 @@ func allocateWith(t *testing.T, ns *netns.NS, server, username, pass string, tcp
 	if tcp {
 		network = "tcp4"
 	}
-	return ns.Allocate(t, network, "10.100.0.2:0", turn.ClientConfig{TURNServerAddr: server, Username: username, Password: pass, Realm: config.DefaultRealm})
+	return ns.Allocate(t, network, "10.100.0.2:0", &turn.ClientConfig{TURNServerAddr: server, Username: username, Password: pass, Realm: config.DefaultRealm})
 }
 
 func status(t *testing.T, ns *netns.NS) dstatus.Status {
 	t.Helper()
-	code, body := httpGet(t, ns, "http://10.100.0.1:8086/status")
-	var st dstatus.Status
-	if code != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil {
-		t.Fatalf("/status: %d %q", code, body)
+	return statusOf(t)(ns.HTTPGet("http://10.100.0.1:8086/status"))
+}
+
+// statusOf decodes the answer to a GET /status, failing the test unless it is
+// a 200 with a status.
+func statusOf(t *testing.T) func(int, string, error) dstatus.Status {
+	return func(code int, body string, err error) dstatus.Status {
+		t.Helper()
+		var st dstatus.Status
+		if err != nil || code != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil {
+			t.Fatalf("/status: %v %d %q", err, code, body)
+		}
+		return st
 	}
-	return st
 }
 
 // startBinary runs the stunnerd-xdp binary in the server namespace and waits
@@ -131,44 +140,15 @@ func runBinary(t *testing.T, r *netns.Rig, up func() error, args ...string) *net
 	return p
 }
 
-// echoSession relays datagrams through a pion/turn allocation to the echo peer
-// at a fixed rate for the given time and counts the echoes. It runs in the
-// client namespace (the socket is made there).
+// echoSession runs a taggedSession to the echo peer at rate for d and returns
+// what it sent, the echoes and when the last one came.
 func echoSession(t *testing.T, relay net.PacketConn, rate int, d time.Duration) (sent, received int, last time.Time) {
-	t.Helper()
-	peer := &net.UDPAddr{IP: net.ParseIP(peerAddr), Port: 5002}
-	type count struct {
-		n    int
-		last time.Time
-	}
-	got := make(chan count, 1)
-	go func() {
-		var c count
-		buf := make([]byte, 1500)
-		for {
-			_ = relay.SetReadDeadline(time.Now().Add(time.Second))
-			if _, _, err := relay.ReadFrom(buf); err != nil {
-				got <- c
-				return
-			}
-			c.n++
-			c.last = time.Now()
-		}
-	}()
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
-		<-tick.C
-		if _, err := relay.WriteTo([]byte("drain-test-payload"), peer); err != nil {
-			t.Errorf("write: %v", err)
-			break
-		}
-		sent++
-	}
-	c := <-got
-	return sent, c.n, c.last
+	s := &taggedSession{}
+	s.run(t, relay, sessionTags.Add(1), rate, d)
+	return int(s.sent.Load()), int(s.received.Load()), time.Unix(0, s.last.Load())
 }
+
+var sessionTags atomic.Uint64
 
 // TestGracefulDrain: SIGTERM stops new allocations, keeps the live session
 // relaying for the whole drain, fails /ready, reports TERMINATING, and the
@@ -199,7 +179,7 @@ func TestGracefulDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	if code, _ := httpGet(t, r.Server, "http://10.100.0.1:8086/ready"); code != http.StatusServiceUnavailable {
+	if code, _, _ := r.Server.HTTPGet("http://10.100.0.1:8086/ready"); code != http.StatusServiceUnavailable {
 		t.Errorf("/ready answered %d while draining, want 503", code)
 	}
 	if st := status(t, r.Server); st.Status != "TERMINATING" || st.AllocationCount != 1 || len(st.XDP.Attached) != 2 {

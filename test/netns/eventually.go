@@ -14,10 +14,9 @@ import (
 var ErrTimeout = errors.New("condition not met in time")
 
 // abortError marks a condition's error as final.
-type abortError struct{ err error }
+type abortError struct{ error }
 
-func (e abortError) Error() string { return e.err.Error() }
-func (e abortError) Unwrap() error { return e.err }
+func (e abortError) Unwrap() error { return e.error }
 
 // Abort makes Eventually give up at once and return err, for a condition that can no longer
 // come true (the process it waits for has exited, say).
@@ -41,7 +40,7 @@ func Eventually(timeout, interval time.Duration, cond func() error) error {
 	case err == nil:
 		return nil
 	case errors.As(err, &a):
-		return a.err
+		return a.error
 	case last == nil:
 		return fmt.Errorf("%w (%v): %w", ErrTimeout, timeout, err)
 	default:

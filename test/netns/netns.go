@@ -327,13 +327,24 @@ func parseSnmp(s string) (map[string]int64, error) {
 // HTTPGet fetches url from inside the namespace and returns the status code and body. The
 // connection is dialled in Do, so its socket lives in the namespace.
 func (n *NS) HTTPGet(url string) (int, string, error) {
-	dial := func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+	return httpGet(url, func(ctx context.Context, network, addr string) (c net.Conn, err error) {
 		err = n.Do(func() error {
 			c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
 			return err
 		})
 		return c, err
-	}
+	})
+}
+
+// UnixGet fetches url (its host part is ignored) through the unix socket at path, such as the
+// daemon's --health-socket.
+func UnixGet(path, url string) (int, string, error) {
+	return httpGet(url, func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "unix", path)
+	})
+}
+
+func httpGet(url string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) (int, string, error) {
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
 	resp, err := client.Get(url)
 	if err != nil {

@@ -116,19 +116,19 @@ func (p *Proc) Kill() error {
 	return p.Wait(stopGrace)
 }
 
-// WaitOutput waits at most timeout until substr appears on stdout or stderr (a readiness line,
-// for instance). It returns false if the process exited or the time ran out first.
+// WaitOutput waits at most timeout until substr appears on stdout or stderr: for a report the
+// test checks (an error the process must log). Readiness is a probe's (WaitUDPBound, GetOK), not
+// a log line's. It returns false if the process exited or the time ran out first.
 func (p *Proc) WaitOutput(substr string, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if strings.Contains(p.Stdout(), substr) || strings.Contains(p.Stderr(), substr) {
-			return true
+	return Eventually(timeout, 20*time.Millisecond, func() error {
+		switch {
+		case strings.Contains(p.Stdout(), substr) || strings.Contains(p.Stderr(), substr):
+			return nil
+		case p.Exited():
+			return Abort(errors.New("exited"))
 		}
-		if p.Exited() || time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return errors.New("not yet")
+	}) == nil
 }
 
 func isSignalExit(err error) bool {

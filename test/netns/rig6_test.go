@@ -1,11 +1,9 @@
 package netns_test
 
 import (
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf/asm"
 
@@ -31,14 +29,14 @@ func TestIPv6(t *testing.T) {
 				t.Errorf("peer side has IPv6: peer %v, server %v", r.PeerIf.Addr6, r.ServerPeerIf.Addr6)
 			}
 
-			reachable6(t, r.Client, r.Server, r.ServerClientIf.Addr6)
-			reachable6(t, r.Server, r.Client, r.ClientIf.Addr6)
+			reachable(t, r.Client, r.Server, r.ServerClientIf.Addr6)
+			reachable(t, r.Server, r.Client, r.ClientIf.Addr6)
 			// IPv4 as before.
 			reachable(t, r.Client, r.Server, r.ServerClientIf.Addr)
 			reachable(t, r.Server, r.Peer, r.PeerIf.Addr)
 			unreachable(t, r.Client, r.Peer, r.PeerIf.Addr)
 			unreachable(t, r.Peer, r.Client, r.ClientIf.Addr)
-			unreachable6(t, r.Peer, r.Client, r.ClientIf.Addr6)
+			unreachable(t, r.Peer, r.Client, r.ClientIf.Addr6)
 			checkSetup(t, r)
 			checkIPv6Setup(t, r)
 
@@ -144,48 +142,6 @@ func checkIPv6Setup(t *testing.T, r *netns.Rig) {
 func sysctl(t *testing.T, ns *netns.NS, key string) string {
 	t.Helper()
 	return strings.TrimSpace(ns.Run(t, "sysctl", "-n", key))
-}
-
-// reach6 sends a datagram from one namespace to [addr]:7001 in another and waits up to 1s for it.
-func reach6(from, to *netns.NS, addr netip.Addr) error {
-	dst := netip.AddrPortFrom(addr, 7001).String()
-	var conn net.PacketConn
-	if err := to.Do(func() error {
-		var err error
-		conn, err = net.ListenPacket("udp6", dst)
-		return err
-	}); err != nil {
-		return err
-	}
-	defer conn.Close()
-	if err := from.Do(func() error {
-		c, err := net.Dial("udp6", dst)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_, err = c.Write([]byte("reach"))
-		return err
-	}); err != nil {
-		return err
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
-	_, _, err := conn.ReadFrom(make([]byte, 16))
-	return err
-}
-
-func reachable6(t *testing.T, from, to *netns.NS, addr netip.Addr) {
-	t.Helper()
-	if err := reach6(from, to, addr); err != nil {
-		t.Errorf("%s cannot reach [%s] in %s: %v", from.Name, addr, to.Name, err)
-	}
-}
-
-func unreachable6(t *testing.T, from, to *netns.NS, addr netip.Addr) {
-	t.Helper()
-	if err := reach6(from, to, addr); err == nil {
-		t.Errorf("%s reaches [%s] in %s", from.Name, addr, to.Name)
-	}
 }
 
 // fibLookup6 runs bpf_fib_lookup (AF_INET6) through BPF_PROG_RUN in the server namespace for a

@@ -1,13 +1,11 @@
 package netns_test
 
 import (
-	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -73,7 +71,7 @@ func checkSetup(t *testing.T, r *netns.Rig) {
 		want["net.ipv4.conf."+name+".forwarding"] = "1"
 	}
 	for key, value := range want {
-		if got := strings.TrimSpace(r.Server.Run(t, "sysctl", "-n", key)); got != value {
+		if got := sysctl(t, r.Server, key); got != value {
 			t.Errorf("server: %s = %s, want %s", key, got, value)
 		}
 	}
@@ -91,17 +89,7 @@ func TestRoutedRedirect(t *testing.T) {
 	netns.RequirePrivileged(t)
 	r := netns.NewRouted(t)
 
-	var srv1 int
-	err := r.Server.Do(func() error {
-		ifi, err := net.InterfaceByName(r.ServerPeerIf.Name)
-		if ifi != nil {
-			srv1 = ifi.Index
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv1 := ifindex(t, r.Server, r.ServerPeerIf.Name)
 	r.Server.AttachXDP(t, r.ServerClientIf.Name, loadXDP(t, asm.Instructions{
 		asm.Mov.Imm(asm.R1, int32(srv1)),
 		asm.Mov.Imm(asm.R2, 0),
@@ -181,7 +169,10 @@ func TestCleanup(t *testing.T) {
 		}
 		pids = append(pids, p.PID(), child)
 	})
-	list := runHost(t, "ip", "netns", "list")
+	list, err := netns.Exec("ip", "netns", "list")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range names {
 		if strings.Contains(list, name) {
 			t.Errorf("netns %s still exists:\n%s", name, list)
@@ -309,58 +300,49 @@ func waitRx(t *testing.T, ns *netns.NS, iface string, want int64) {
 	}
 }
 
-// reach sends a datagram from one namespace to addr in another and waits up to 1s for it.
-func reach(from, to *netns.NS, addr string) error {
+// reach sends a datagram from one namespace to addr:7001 in another and waits up to 1s for it.
+func reach(from, to *netns.NS, addr netip.Addr) error {
+	dst := netip.AddrPortFrom(addr, 7001).String()
+	network := "udp6"
+	if addr.Is4() {
+		network = "udp4"
+	}
 	var conn net.PacketConn
-	err := to.Do(func() error {
-		var err error
-		conn, err = net.ListenPacket("udp4", addr+":7001")
+	if err := to.Do(func() (err error) {
+		conn, err = net.ListenPacket(network, dst)
 		return err
-	})
-	if err != nil {
+	}); err != nil {
 		return err
 	}
 	defer conn.Close()
-	err = from.Do(func() error {
-		c, err := net.Dial("udp4", addr+":7001")
+	if err := from.Do(func() error {
+		c, err := net.Dial(network, dst)
 		if err != nil {
 			return err
 		}
 		defer c.Close()
 		_, err = c.Write([]byte("reach"))
 		return err
-	})
-	if err != nil {
+	}); err != nil {
 		return err
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
-	_, _, err = conn.ReadFrom(make([]byte, 16))
+	_, _, err := conn.ReadFrom(make([]byte, 16))
 	return err
 }
 
 func reachable(t *testing.T, from, to *netns.NS, addr netip.Addr) {
 	t.Helper()
-	if err := reach(from, to, addr.String()); err != nil {
+	if err := reach(from, to, addr); err != nil {
 		t.Errorf("%s cannot reach %s in %s: %v", from.Name, addr, to.Name, err)
 	}
 }
 
 func unreachable(t *testing.T, from, to *netns.NS, addr netip.Addr) {
 	t.Helper()
-	if err := reach(from, to, addr.String()); err == nil {
+	if err := reach(from, to, addr); err == nil {
 		t.Errorf("%s reaches %s in %s", from.Name, addr, to.Name)
 	}
-}
-
-func runHost(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s: %v\n%s", name, err, out)
-	}
-	return string(out)
 }
 
 // TestFibLookup runs bpf_fib_lookup as the server's XDP program would, for a packet that arrived on

@@ -16,10 +16,11 @@ import (
 // Allocate makes a pion/turn allocation from a socket made inside the namespace, so that its
 // packets leave from there while pion's goroutines, on other threads, only use it: a UDP socket
 // bound to local for network "udp4" or "udp6" (port 0 for any), or a TCP connection to
-// cfg.TURNServerAddr for "tcp4" (local unused). It sets cfg.Conn, and STUNServerAddr to the TURN
-// server when empty; the rest is testenv.Allocate: the Allocate's outcome, everything closed at
-// cleanup, a socket that cannot be made fails the test.
-func (n *NS) Allocate(t testing.TB, network, local string, cfg turn.ClientConfig) (net.PacketConn, error) {
+// cfg.TURNServerAddr for "tcp4" (local unused). It sets cfg.Conn (the caller may read the
+// client's address there), and STUNServerAddr to the TURN server when empty; the rest is
+// testenv.Allocate: the Allocate's outcome, everything closed at cleanup, a socket that cannot be
+// made fails the test.
+func (n *NS) Allocate(t testing.TB, network, local string, cfg *turn.ClientConfig) (net.PacketConn, error) {
 	t.Helper()
 	if err := n.Do(func() error {
 		if strings.HasPrefix(network, "tcp") {
@@ -38,7 +39,7 @@ func (n *NS) Allocate(t testing.TB, network, local string, cfg turn.ClientConfig
 	if cfg.STUNServerAddr == "" {
 		cfg.STUNServerAddr = cfg.TURNServerAddr
 	}
-	return testenv.Allocate(t, &cfg)
+	return testenv.Allocate(t, cfg)
 }
 
 // TurncatPort is where StartTurncat's turncat listens, on 127.0.0.1.
