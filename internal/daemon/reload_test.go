@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -208,8 +209,8 @@ func TestConfigSnapshotIsOwned(t *testing.T) {
 		Users:        map[string]string{"u": "p"},
 		RelayAddress: netip.MustParseAddr("127.0.0.1"),
 		MinRelayPort: 63000, MaxRelayPort: 63999,
-		XDPMode:      loader.ModeOff,
-		Logger:       lf,
+		XDPMode: loader.ModeOff,
+		Logger:  lf,
 	}
 	d, err := Start(cfg)
 	if err != nil {
@@ -232,4 +233,14 @@ func TestConfigSnapshotIsOwned(t *testing.T) {
 	}
 	cfg.Listeners[0].Name, cfg.Users["intruder"] = "changed", "x"
 	check("after Reconfigure")
+
+	// A setting only a restart changes: kept, and said with ErrNeedsRestart.
+	cfg.Listeners[0].Name, cfg.Users = "udp", map[string]string{"u": "p"}
+	cfg.MaxRelayPort = 63500
+	if err := d.Reconfigure(cfg); !errors.Is(err, ErrNeedsRestart) {
+		t.Errorf("reload with a new relay port range: %v, want ErrNeedsRestart", err)
+	}
+	if got := d.config().MaxRelayPort; got != 63999 {
+		t.Errorf("relay port range changed to %d without a restart", got)
+	}
 }
