@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/byteorder"
 )
 
 // Slots is the number of sockets the node's processes can register together.
@@ -321,10 +322,8 @@ func (s *Steering) Unregister(slot uint32) error {
 }
 
 func flowKey(g Group, client netip.AddrPort) bpf.SteerFlow {
-	return bpf.SteerFlow{Group: g.key(), ClientAddr: client.Addr().Unmap().As16(), ClientPort: htons(client.Port())}
+	return bpf.SteerFlow{Group: g.key(), ClientAddr: client.Addr().Unmap().As16(), ClientPort: byteorder.Htons(client.Port())}
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // AddFlow steers the client's datagrams on the group to the slot. Called when
 // pion/turn creates the client's allocation, before the response leaves.
