@@ -257,12 +257,13 @@ func (h *harness) directRoutes(t *testing.T) func() {
 func (h *harness) relayOne(t *testing.T, spec serverSpec) {
 	var pids []int
 	var sess *session
-	if spec.fromServer {
+	switch {
+	case spec.fromServer:
 		sess = newSessionIn(t, h, h.rig.Server, relayIP, nil)
-	} else if spec.direct {
+	case spec.direct:
 		defer h.directRoutes(t)()
 		sess = newSession(t, h, nil)
-	} else {
+	default:
 		rs := h.startServer(t, spec)
 		defer h.stopServer(t, rs)
 		pids = []int{rs.proc.PID()}
@@ -390,7 +391,11 @@ func (h *harness) stageIperf(t *testing.T) {
 	if err := os.WriteFile(knob, []byte("4194304"), 0); err != nil {
 		t.Fatal(err)
 	}
-	defer os.WriteFile(knob, old, 0)
+	defer func() {
+		if err := os.WriteFile(knob, old, 0); err != nil {
+			t.Errorf("restoring %s: %v", knob, err)
+		}
+	}()
 	h.command("sysctl -w net.core.rmem_default=4194304 during the iperf stage (restored to %s after)", strings.TrimSpace(string(old)))
 	for _, spec := range []serverSpec{specXDPNative, specXDPOff, specStunnerd, specCoturn} {
 		t.Run(spec.name, func(t *testing.T) { h.iperfOne(t, spec) })
@@ -403,7 +408,7 @@ func (h *harness) iperfOne(t *testing.T, spec serverSpec) {
 	rate, secs, size := h.cfg.iperfRate, h.cfg.iperfSeconds, 100
 	serverArgs := []string{"-s", "-u", "-p", strconv.Itoa(iperfPort), "-e", "-w", "4M"}
 	server := h.rig.Peer.Start(t, "iperf", serverArgs...)
-	defer server.Stop()
+	defer func() { _ = server.Stop() }() // its report was read: how it ends does not matter
 	if !server.WaitOutput("Server listening", 5*time.Second) {
 		t.Fatalf("iperf server not ready: %s%s", server.Stdout(), server.Stderr())
 	}

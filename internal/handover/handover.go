@@ -308,8 +308,12 @@ func (s *Steering) Unregister(slot uint32) error {
 	delete(s.slots, slot)
 	return s.exclusive(func() error {
 		var cookie uint64
-		if err := s.objs.SteerSockets.Lookup(slot, &cookie); err != nil || cookie != r.cookie {
+		err := s.objs.SteerSockets.Lookup(slot, &cookie)
+		if errors.Is(err, ebpf.ErrKeyNotExist) || err == nil && cookie != r.cookie {
 			return nil // the socket closed and another took the slot: not ours to touch
+		}
+		if err != nil {
+			return fmt.Errorf("steering %v: read the slot: %w", r.group, err)
 		}
 		if err := s.purge(slot); err != nil {
 			return fmt.Errorf("steering %v: %w", r.group, err)
@@ -338,8 +342,12 @@ func (s *Steering) AddFlow(g Group, client netip.AddrPort, slot uint32) error {
 func (s *Steering) RemoveFlow(g Group, client netip.AddrPort, slot uint32) error {
 	k := flowKey(g, client)
 	var cur uint32
-	if err := s.objs.SteerFlows.Lookup(k, &cur); err != nil || cur != slot {
-		return nil
+	err := s.objs.SteerFlows.Lookup(k, &cur)
+	if errors.Is(err, ebpf.ErrKeyNotExist) || err == nil && cur != slot {
+		return nil // forgotten already, or another slot's now
+	}
+	if err != nil {
+		return fmt.Errorf("unsteer %v client %v: %w", g, client, err)
 	}
 	if err := s.objs.SteerFlows.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("unsteer %v client %v: %w", g, client, err)

@@ -130,7 +130,7 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	if err := spec.LoadAndAssign(objs, opts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return fmt.Errorf("load XDP program: %+v", ve)
+			return fmt.Errorf("load XDP program: %w\n%s", err, strings.Join(ve.Log, "\n")) // the whole verifier log
 		}
 		return fmt.Errorf("load XDP program: %w", err)
 	}

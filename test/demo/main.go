@@ -286,7 +286,7 @@ func (r *rig) exec(ns, name string, args ...string) (string, error) {
 
 func ipCmd(args ...string) error {
 	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, out)
 	}
 	return nil
 }

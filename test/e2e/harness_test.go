@@ -6,10 +6,7 @@
 package e2e
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -239,26 +236,6 @@ func share(xdp, user uint64) float64 {
 		return 0
 	}
 	return float64(xdp) / float64(xdp+user)
-}
-
-// echoResult is udpecho send's report.
-type echoResult struct {
-	Sent, Received, Duplicates, Corrupt int
-}
-
-func parseEcho(t *testing.T, out string) echoResult {
-	t.Helper()
-	var r echoResult
-	dec := json.NewDecoder(io.MultiReader(bytes.NewReader([]byte(lastLine(out)))))
-	if err := dec.Decode(&r); err != nil {
-		t.Fatalf("udpecho output %q: %v", out, err)
-	}
-	return r
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return lines[len(lines)-1]
 }
 
 func mustUDPAddr(s string) *net.UDPAddr {
