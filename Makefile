@@ -9,7 +9,12 @@ TESTFLAGS ?= -count=1 -p 1 -timeout 40m
 # goroutines meet there; instrumenting the traffic tests would only slow them.
 RACEFLAGS ?= -race -short -count=1 -timeout 20m
 
-.PHONY: help generate check-generate build tools test test-short test-race test-modules fuzz-ci lint demo bench bench-smoke clean
+.PHONY: help generate check-generate build tools test test-short test-race test-modules fuzz-ci vet lint demo bench bench-smoke clean
+
+# golangci-lint is built from the module proxy at this version (go install
+# checks it against the checksum database); .golangci.yml configures it.
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOLANGCI_LINT         := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
 # Differential fuzz targets (XDP program vs the Go reference model); CI runs
 # each for FUZZTIME as a regression check. Minimizing is kept short: every
@@ -37,11 +42,19 @@ $(BIN)/udpecho: $(wildcard test/cmd/udpecho/*.go)
 
 tools: $(BIN)/turncat $(BIN)/stunnerd-v1.2.1 $(BIN)/udpecho ## build STUNner v1.1.0's turncat and stunnerd, v1.2.1's stunnerd, and udpecho, into bin/
 
-lint: ## go vet and gofmt
+vet: ## go vet and gofmt
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 
-test: lint tools test-race test-modules ## run every test; as root the XDP and network-namespace tests run too
+$(GOLANGCI_LINT):
+	mkdir -p $(BIN)/.golangci-lint
+	GOBIN=$(abspath $(BIN))/.golangci-lint $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(BIN)/.golangci-lint/golangci-lint $@
+
+lint: vet $(GOLANGCI_LINT) ## vet, then golangci-lint (.golangci.yml); the first run builds golangci-lint into bin/
+	$(GOLANGCI_LINT) run ./...
+
+test: vet tools test-race test-modules ## run every test; as root the XDP and network-namespace tests run too
 	$(GO) test $(TESTFLAGS) ./...
 
 # Test modules of their own: they need STUNner's packages, which bring pion/turn v5.

@@ -170,7 +170,7 @@ func (h *harness) stageScaling(t *testing.T) {
 	err := r.Server.Do(func() error {
 		for _, iface := range r.ServerIfaces() {
 			if m, err := prog.Attach(iface, loader.ModeNative); err != nil || m != loader.ModeNative {
-				return fmt.Errorf("attach %s: %v (%s)", iface, err, m)
+				return fmt.Errorf("attach %s: %w (%s)", iface, err, m)
 			}
 		}
 		return nil

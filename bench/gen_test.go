@@ -185,7 +185,7 @@ func (h *harness) startPeers(t *testing.T) {
 func (p *peers) sinkSaw(marker []byte, wait time.Duration) bool {
 	buf := make([]byte, 2048)
 	deadline := time.Now().Add(wait)
-	defer p.sink.SetReadDeadline(time.Time{})
+	defer func() { _ = p.sink.SetReadDeadline(time.Time{}) }()
 	for {
 		_ = p.sink.SetReadDeadline(deadline)
 		n, _, err := p.sink.ReadFromUDP(buf)
@@ -480,7 +480,9 @@ func takeCPU(pids ...int) (cpuSnap, error) {
 	}
 	v := make([]uint64, len(fields))
 	for i := 1; i < len(fields); i++ {
-		fmt.Sscan(string(fields[i]), &v[i])
+		if _, err := fmt.Sscan(string(fields[i]), &v[i]); err != nil {
+			return c, fmt.Errorf("/proc/stat: field %d of %q: %w", i, line, err)
+		}
 	}
 	c.soft = v[7]
 	c.busy = v[1] + v[2] + v[3] + v[6] + v[7] + v[8]
@@ -506,8 +508,15 @@ func procTicks(pid int) (uint64, error) {
 	}
 	f := bytes.Fields(b[i+1:]) // from field 3 (state) on: utime is field 14, stime 15
 	var u, s uint64
-	fmt.Sscan(string(f[11]), &u)
-	fmt.Sscan(string(f[12]), &s)
+	if len(f) < 13 {
+		return 0, errors.New("bad /proc/PID/stat")
+	}
+	if _, err := fmt.Sscan(string(f[11]), &u); err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat utime: %w", pid, err)
+	}
+	if _, err := fmt.Sscan(string(f[12]), &s); err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat stime: %w", pid, err)
+	}
 	return u + s, nil
 }
 

@@ -190,12 +190,13 @@ func (h *harness) directRoutes(t *testing.T) func() {
 func (h *harness) relayOne(t *testing.T, spec serverSpec) {
 	var pids []int
 	var sess *session
-	if spec.fromServer {
+	switch {
+	case spec.fromServer:
 		sess = newSessionIn(t, h, h.rig.Server, relayIP, nil)
-	} else if spec.direct {
+	case spec.direct:
 		defer h.directRoutes(t)()
 		sess = newSession(t, h, nil)
-	} else {
+	default:
 		rs := h.startServer(t, spec)
 		defer h.stopServer(t, rs)
 		pids = []int{rs.proc.PID()}

@@ -762,7 +762,7 @@ func (r *Report) Plot(dir string) ([]string, error) {
 	cmd := exec.Command("gnuplot", "plots.gp")
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("gnuplot: %v\n%s", err, out)
+		return nil, fmt.Errorf("gnuplot: %w\n%s", err, out)
 	}
 	return []string{"throughput.png", "cpu.png", "latency.png", "scaling.png"}, nil
 }

@@ -254,7 +254,10 @@ func waitLocal6(ifaces map[string]*iface) error {
 				break
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("%s: IPv6 address %s never became local (%v %v)", i.name, i.addr6, rs, err)
+				if err == nil {
+					err = fmt.Errorf("routes %v", rs)
+				}
+				return fmt.Errorf("%s: IPv6 address %s never became local: %w", i.name, i.addr6, err)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}

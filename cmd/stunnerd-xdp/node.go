@@ -28,11 +28,11 @@ func watchNode(d *daemon.Daemon, logger *logging.Factory, node, kubeconfig strin
 		cfg, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return fmt.Errorf("Kubernetes client config: %w", err)
+		return fmt.Errorf("client config for the Kubernetes API: %w", err)
 	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return fmt.Errorf("Kubernetes client: %w", err)
+		return fmt.Errorf("client for the Kubernetes API: %w", err)
 	}
 	return d.WatchNode(client, node, 30*time.Second)
 }

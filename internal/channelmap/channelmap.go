@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/bits"
 	"net/netip"
 	"sync"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/byteorder"
 )
 
 // Binding is one TURN channel binding as the fast path sees it: ChannelData from
@@ -144,8 +144,6 @@ func New(m *bpf.RelayMaps) *Maps {
 	}
 }
 
-func htons(v uint16) uint16 { return bits.ReverseBytes16(v) }
-
 // addr16 is the maps' address form: IPv4 as ::ffff:a.b.c.d, IPv6 as is, and
 // all zero for an invalid or unspecified address ("unknown").
 func addr16(a netip.Addr) [16]uint8 {
@@ -180,8 +178,8 @@ func (m *Maps) listenerID(l netip.AddrPort) uint32 {
 func (m *Maps) c2pKey(k Key) bpf.RelayC2pKey {
 	var key bpf.RelayC2pKey
 	key.ClientAddr.B = addr16(k.Client.Addr())
-	key.ClientPort = htons(k.Client.Port())
-	key.Channel = htons(k.Channel)
+	key.ClientPort = byteorder.Htons(k.Client.Port())
+	key.Channel = byteorder.Htons(k.Channel)
 	key.ListenerId = m.listenerID(k.Listener)
 	return key
 }
@@ -190,8 +188,8 @@ func p2cKey(b Binding) bpf.RelayP2cKey {
 	var key bpf.RelayP2cKey
 	key.PeerAddr.B = addr16(b.Peer.Addr())
 	key.RelayAddr.B = addr16(b.Relay.Addr())
-	key.PeerPort = htons(b.Peer.Port())
-	key.RelayPort = htons(b.Relay.Port())
+	key.PeerPort = byteorder.Htons(b.Peer.Port())
+	key.RelayPort = byteorder.Htons(b.Relay.Port())
 	return key
 }
 
@@ -236,7 +234,7 @@ func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 		}
 		var k bpf.RelayDstKey
 		k.Addr.B = addr16(wire.Addr())
-		k.Port = htons(wire.Port())
+		k.Port = byteorder.Htons(wire.Port())
 		want[k] = m.listenerID(l)
 	}
 	var errs []error
@@ -245,7 +243,7 @@ func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 			continue
 		}
 		if err := m.dsts.Put(k, bpf.RelayDstVal{ListenerId: id}); err != nil {
-			errs = append(errs, fmt.Errorf("destination %v:%d: %w", fromAddr16(k.Addr.B), htons(k.Port), mapErr(err)))
+			errs = append(errs, fmt.Errorf("destination %v:%d: %w", fromAddr16(k.Addr.B), byteorder.Htons(k.Port), mapErr(err)))
 			continue
 		}
 		m.dstTable[k] = id
@@ -255,7 +253,7 @@ func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 			continue
 		}
 		if err := m.dsts.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("remove destination %v:%d: %w", fromAddr16(k.Addr.B), htons(k.Port), err))
+			errs = append(errs, fmt.Errorf("remove destination %v:%d: %w", fromAddr16(k.Addr.B), byteorder.Htons(k.Port), err))
 			continue
 		}
 		delete(m.dstTable, k)
@@ -274,7 +272,7 @@ func (m *Maps) Destinations() (map[netip.AddrPort]netip.AddrPort, error) {
 	)
 	it := m.dsts.Iterate()
 	for it.Next(&k, &v) {
-		out[netip.AddrPortFrom(fromAddr16(k.Addr.B), htons(k.Port))] = m.listenerAddr[v.ListenerId]
+		out[netip.AddrPortFrom(fromAddr16(k.Addr.B), byteorder.Htons(k.Port))] = m.listenerAddr[v.ListenerId]
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("iterate destination map: %w", err)
@@ -318,16 +316,16 @@ func (m *Maps) Upsert(b Binding) error {
 	var cv bpf.RelayC2pVal
 	cv.PeerAddr.B = addr16(b.Peer.Addr())
 	cv.RelayAddr.B = addr16(b.Relay.Addr())
-	cv.PeerPort = htons(b.Peer.Port())
-	cv.RelayPort = htons(b.Relay.Port())
+	cv.PeerPort = byteorder.Htons(b.Peer.Port())
+	cv.RelayPort = byteorder.Htons(b.Relay.Port())
 	cv.BindingId = id
 
 	var pv bpf.RelayP2cVal
 	pv.ClientAddr.B = addr16(b.Client.Addr())
 	pv.ListenerAddr.B = reply
-	pv.ClientPort = htons(b.Client.Port())
-	pv.ListenerPort = htons(b.Listener.Port())
-	pv.Channel = htons(b.Channel)
+	pv.ClientPort = byteorder.Htons(b.Client.Port())
+	pv.ListenerPort = byteorder.Htons(b.Listener.Port())
+	pv.Channel = byteorder.Htons(b.Channel)
 	pv.BindingId = id
 
 	if exists && learnedFrom != pk {
@@ -639,11 +637,11 @@ func (m *Maps) Dump() (map[Key]Binding, error) {
 			continue // not this process's: RemoveStray's
 		}
 		b := Binding{
-			Client:   netip.AddrPortFrom(fromAddr16(k.ClientAddr.B), htons(k.ClientPort)),
+			Client:   netip.AddrPortFrom(fromAddr16(k.ClientAddr.B), byteorder.Htons(k.ClientPort)),
 			Listener: l,
-			Channel:  htons(k.Channel),
-			Peer:     netip.AddrPortFrom(fromAddr16(v.PeerAddr.B), htons(v.PeerPort)),
-			Relay:    netip.AddrPortFrom(fromAddr16(v.RelayAddr.B), htons(v.RelayPort)),
+			Channel:  byteorder.Htons(k.Channel),
+			Peer:     netip.AddrPortFrom(fromAddr16(v.PeerAddr.B), byteorder.Htons(v.PeerPort)),
+			Relay:    netip.AddrPortFrom(fromAddr16(v.RelayAddr.B), byteorder.Htons(v.RelayPort)),
 		}
 		if err := m.p2c.Lookup(p2cKey(b), &pv); err != nil || pv.BindingId != v.BindingId ||
 			pv.ClientAddr.B != k.ClientAddr.B || pv.ClientPort != k.ClientPort || pv.Channel != k.Channel {

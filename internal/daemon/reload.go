@@ -8,6 +8,11 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 )
 
+// ErrNeedsRestart: a reload changed settings only a restart applies (relay
+// address and ports, maximum bindings, endpoints, interfaces); the running
+// ones are kept and the rest of the reload is applied.
+var ErrNeedsRestart = errors.New("changing them needs a restart")
+
 // Reconfigure applies a new configuration to the running daemon without
 // dropping the sessions the change does not touch:
 //   - credentials change in place (live allocations are not re-checked);
@@ -22,8 +27,8 @@ import (
 //     label and --xdp-mode outrank it.
 //
 // Settings that only a restart can change (relay address and ports, maximum
-// bindings, metrics and health addresses, interfaces) are kept, with an error
-// naming them; everything else is applied.
+// bindings, metrics and health addresses, interfaces) are kept, with an
+// ErrNeedsRestart naming them; everything else is applied.
 func (d *Daemon) Reconfigure(next Config) error {
 	d.lmu.Lock() // one reload at a time, and the listeners with it
 	defer d.lmu.Unlock()
@@ -96,7 +101,7 @@ func (d *Daemon) Reconfigure(next Config) error {
 		}
 	}
 	if len(kept) > 0 {
-		errs = append(errs, fmt.Errorf("kept the running %v: changing them needs a restart", kept))
+		errs = append(errs, fmt.Errorf("%w: kept the running %v", ErrNeedsRestart, kept))
 	}
 	if err := errors.Join(errs...); err != nil {
 		d.log.Warn("configuration reloaded with problems", "error", err)

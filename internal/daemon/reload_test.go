@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -232,4 +233,65 @@ func TestConfigSnapshotIsOwned(t *testing.T) {
 	}
 	cfg.Listeners[0].Name, cfg.Users["intruder"] = "changed", "x"
 	check("after Reconfigure")
+
+	// A setting only a restart changes: kept, and said with ErrNeedsRestart.
+	cfg.Listeners[0].Name, cfg.Users = "udp", map[string]string{"u": "p"}
+	cfg.MaxRelayPort = 63500
+	if err := d.Reconfigure(cfg); !errors.Is(err, ErrNeedsRestart) {
+		t.Errorf("reload with a new relay port range: %v, want ErrNeedsRestart", err)
+	}
+	if got := d.config().MaxRelayPort; got != 63999 {
+		t.Errorf("relay port range changed to %d without a restart", got)
+	}
+}
+
+// TestReloadKeepsNodeLabel: a reload whose config asks for another XDP mode
+// goes to the offload manager as the config's input, which the node label
+// outranks; the label going back to default hands the decision to the config
+// again. Mode is the manager's decision, so no XDP is needed: the interface
+// does not exist (nothing is attached anywhere).
+func TestReloadKeepsNodeLabel(t *testing.T) {
+	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+	lf, err := logging.New("all:ERROR", "text", t.Output())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{
+		Listeners:    []config.ResolvedListener{{Name: "udp", Protocol: config.UDP, Addr: listen}},
+		Users:        map[string]string{"u": "p"},
+		RelayAddress: netip.MustParseAddr("127.0.0.1"),
+		MinRelayPort: 61000, MaxRelayPort: 61999,
+		ConfigXDPMode: loader.ModeOff,
+		Interfaces:    []string{"nosuchif0"},
+		Logger:        lf,
+	}
+	d, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	wantMode := func(when string, want loader.Mode) {
+		t.Helper()
+		if got := d.Mode(); got != want {
+			t.Errorf("%s: mode %q, want %q", when, got, want)
+		}
+	}
+	wantMode("offload_engine None", loader.ModeOff)
+	if err := d.FollowNode(context.Background(), nodelabel.Detach); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConfigXDPMode = loader.ModeAuto
+	if err := d.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	wantMode("label disabled, then a reload to offload_engine Auto", loader.ModeOff)
+	// XDP cannot attach to the missing interface (nor load without root):
+	// the mode stays what the inputs say.
+	if err := d.FollowNode(context.Background(), nodelabel.Default); err == nil {
+		t.Error("label back to default: no error, but the interface does not exist")
+	}
+	wantMode("label back to default", loader.ModeAuto)
+	if len(d.Attached()) != 0 {
+		t.Errorf("attached %v", d.Attached())
+	}
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"strings"
@@ -94,7 +95,7 @@ func TestTwoDaemonsShareThePorts(t *testing.T) {
 	if !strings.Contains(logs.String(), "no listener handover") || !strings.Contains(logs.String(), "not on a bpf filesystem") {
 		t.Errorf("the fallback to exclusive sockets was not logged:\n%s", logs.String())
 	}
-	if _, _, err := startOn(t, other, notBPF); err == nil || !strings.Contains(err.Error(), syscall.EADDRINUSE.Error()) {
+	if _, _, err := startOn(t, other, notBPF); !errors.Is(err, syscall.EADDRINUSE) {
 		t.Errorf("second daemon without the steering: %v, want address already in use", err)
 	}
 }

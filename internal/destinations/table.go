@@ -14,24 +14,9 @@
 //   - VIPs the node DNATs to a listener, learned from conntrack when an
 //     allocation arrives through one.
 //
-// A destination with two claimants (a VIP learned for two listeners, or a
-// local address also DNATed to another listener) is left out: the kernel
-// decides per flow, a destination-only table cannot, and leaving it out sends
-// its packets to userspace, where the kernel's decision holds.
-//
-// What stays on the userspace path (correct, not accelerated):
-//   - local ranges without an address (AnyIP: `ip route add local
-//     192.0.2.0/24 dev lo`), which a wildcard socket receives;
-//   - a VIP DNATed with a port change (VIP:443 -> listener:3478): the XDP
-//     program only looks at listener ports;
-//   - a VIP reaching a wildcard listener through a local address beyond the
-//     first 64 the listener owns (IPVS puts every ClusterIP on kube-ipvs0);
-//   - conntrack zones other than 0.
-//
-// A learned VIP stays while an allocation through it lives, even if the DNAT
-// rule goes: the flow's conntrack entry keeps translating it until it
-// expires, and a kernel-relayed flow never refreshes it, so conntrack cannot
-// tell when to stop either.
+// A destination with two claimants is left out, so its packets go to
+// userspace where the kernel decides per flow. What stays on the userspace
+// path, and why learned VIPs outlive their DNAT rule: docs/internals.md.
 package destinations
 
 import (

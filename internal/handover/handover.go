@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/byteorder"
 )
 
 // Slots is the number of sockets the node's processes can register together.
@@ -354,8 +355,12 @@ func (s *Steering) Unregister(slot uint32) error {
 	delete(s.slots, slot)
 	return s.exclusive(func() error {
 		var cookie uint64
-		if err := s.objs.SteerSockets.Lookup(slot, &cookie); err != nil || cookie != r.cookie {
+		err := s.objs.SteerSockets.Lookup(slot, &cookie)
+		if errors.Is(err, ebpf.ErrKeyNotExist) || err == nil && cookie != r.cookie {
 			return nil // the socket closed and another took the slot: not ours to touch
+		}
+		if err != nil {
+			return fmt.Errorf("steering %v: read the slot: %w", r.group, err)
 		}
 		if err := s.purge(slot); err != nil {
 			return fmt.Errorf("steering %v: %w", r.group, err)
@@ -368,10 +373,8 @@ func (s *Steering) Unregister(slot uint32) error {
 }
 
 func flowKey(g Group, client netip.AddrPort) bpf.SteerFlow {
-	return bpf.SteerFlow{Group: g.key(), ClientAddr: client.Addr().Unmap().As16(), ClientPort: htons(client.Port())}
+	return bpf.SteerFlow{Group: g.key(), ClientAddr: client.Addr().Unmap().As16(), ClientPort: byteorder.Htons(client.Port())}
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // AddFlow steers the client's datagrams on the group to the slot. Called when
 // pion/turn creates the client's allocation, before the response leaves.
@@ -386,8 +389,12 @@ func (s *Steering) AddFlow(g Group, client netip.AddrPort, slot uint32) error {
 func (s *Steering) RemoveFlow(g Group, client netip.AddrPort, slot uint32) error {
 	k := flowKey(g, client)
 	var cur uint32
-	if err := s.objs.SteerFlows.Lookup(k, &cur); err != nil || cur != slot {
-		return nil
+	err := s.objs.SteerFlows.Lookup(k, &cur)
+	if errors.Is(err, ebpf.ErrKeyNotExist) || err == nil && cur != slot {
+		return nil // forgotten already, or another slot's now
+	}
+	if err != nil {
+		return fmt.Errorf("unsteer %v client %v: %w", g, client, err)
 	}
 	if err := s.objs.SteerFlows.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("unsteer %v client %v: %w", g, client, err)

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/byteorder"
 )
 
 // Mode is how the program runs on an interface.
@@ -104,7 +105,7 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	}
 	var c bpf.RelayConfig
 	for i, p := range cfg.ListenerPorts {
-		c.ListenerPorts[i] = htons(p)
+		c.ListenerPorts[i] = byteorder.Htons(p)
 	}
 	c.ListenerPortCount = uint16(len(cfg.ListenerPorts))
 	c.MinRelayPort = cfg.MinRelayPort
@@ -129,7 +130,7 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	if err := spec.LoadAndAssign(objs, opts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return fmt.Errorf("load XDP program: %+v", ve)
+			return fmt.Errorf("load XDP program: %w\n%s", err, strings.Join(ve.Log, "\n")) // the whole verifier log
 		}
 		return fmt.Errorf("load XDP program: %w", err)
 	}
@@ -172,8 +173,6 @@ func (p *Program) Reconfigure(cfg Config) error {
 }
 
 func maxListenerPorts() uint16 { return uint16(len(bpf.RelayConfig{}.ListenerPorts)) }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // Maps returns the program's maps.
 func (p *Program) Maps() *bpf.RelayMaps { return &p.objs.RelayMaps }

@@ -5,36 +5,11 @@
 // pion/turn's socket does meet them, so a binding whose flow the kernel NATs
 // has to stay on the userspace path.
 //
-// The evidence is the conntrack table of the network namespace, looked up
-// through ctnetlink: the entry of relay->peer (pion sent first) or
-// peer->relay (the peer sent first). NAT status bits (IPS_SRC_NAT,
-// IPS_DST_NAT) or a reply tuple that does not mirror the original one mean the
-// kernel rewrites the flow. NAT needs conntrack, so where conntrack is not in
-// use in the namespace nothing is NATed: the module is not loaded, or the
-// namespace's table is empty. Conntrack hooks into a namespace only once a
-// rule there needs it, and then tracks the binding's own TURN traffic, so an
-// empty table right after a ChannelBind means nothing is tracked. (It would
-// be wrong only where conntrack is hooked in but tracks none of the node's
-// traffic yet, e.g. the TURN ports are NOTRACKed and pion has not relayed.)
-//
-// What this cannot see:
-//   - translation outside netfilter: Cilium's socket load balancer rewrites a
-//     ClusterIP in the sendmsg hook, before conntrack, so the entry names the
-//     backend and no entry names the ClusterIP; eBPF NAT on tc hooks; IPVS
-//     without conntrack=1. Such flows find no entry and stay Unknown (in
-//     userspace) as long as the table holds anything at all; keep their ranges
-//     out with --no-offload-peer (the daemon adds the cluster's Service CIDRs
-//     where it can list them).
-//   - flows exempted from conntrack (NOTRACK, CT notrack): no entry, so they
-//     stay Unknown and in userspace although nothing NATs them;
-//   - conntrack zones other than 0 (OVS, some CNIs): only zone 0 is looked up;
-//   - rules added after the verdict: a flow found Direct and offloaded is not
-//     rechecked, and its packets no longer pass netfilter (see below).
-//
-// What the kernel path skips for an offloaded (Direct) flow: netfilter as a
-// whole, so host firewall rules (OUTPUT/FORWARD/INPUT filters, including a
-// later DROP or REJECT) and conntrack: the entry pion's first packets created
-// is no longer refreshed and expires (UDP: 30 s unreplied, 120 s stream).
+// The evidence is the namespace's conntrack table, read through ctnetlink:
+// NAT status bits, or a reply tuple that does not mirror the original, mean
+// the kernel rewrites the flow; no conntrack in use means nothing is NATed.
+// What this cannot see, and what the kernel path skips for a flow it
+// offloads: docs/internals.md.
 package natcheck
 
 import (

@@ -12,7 +12,7 @@ import (
 )
 
 func udpFlow(status conntrack.Status, orig, reply [2]string) conntrack.Flow {
-	ap := func(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+	ap := netip.MustParseAddrPort
 	f := conntrack.NewFlow(unix.IPPROTO_UDP, status, ap(orig[0]).Addr(), ap(orig[1]).Addr(), ap(orig[0]).Port(), ap(orig[1]).Port(), 0, 0)
 	f.TupleReply.IP.SourceAddress, f.TupleReply.Proto.SourcePort = ap(reply[0]).Addr(), ap(reply[0]).Port()
 	f.TupleReply.IP.DestinationAddress, f.TupleReply.Proto.DestinationPort = ap(reply[1]).Addr(), ap(reply[1]).Port()
