@@ -13,6 +13,21 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type RelayBindingState struct {
+	_            structs.HostLayout
+	ListenerAddr struct {
+		_ structs.HostLayout
+		B [16]uint8
+	}
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Pad    uint32
+	C2pHop RelayNextHop
+	P2cHop RelayNextHop
+}
+
 type RelayBindingStats struct {
 	_          structs.HostLayout
 	C2pPackets uint64
@@ -71,6 +86,18 @@ type RelayDstVal struct {
 	ListenerId uint32
 }
 
+type RelayNextHop struct {
+	_         structs.HostLayout
+	Gen       uint32
+	Ifindex   uint32
+	InIfindex uint32
+	MaxLen    uint16
+	Tos       uint8
+	Pad       uint8
+	Dmac      [6]uint8
+	Smac      [6]uint8
+}
+
 type RelayP2cKey struct {
 	_        structs.HostLayout
 	PeerAddr struct {
@@ -88,10 +115,6 @@ type RelayP2cKey struct {
 type RelayP2cVal struct {
 	_          structs.HostLayout
 	ClientAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	ListenerAddr struct {
 		_ structs.HostLayout
 		B [16]uint8
 	}
@@ -142,7 +165,9 @@ const (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	RelayMapBindingCounters = "binding_counters"
+	RelayMapBindingStates   = "binding_states"
 	RelayMapC2pBindings     = "c2p_bindings"
+	RelayMapFibGen          = "fib_gen"
 	RelayMapListenerDsts    = "listener_dsts"
 	RelayMapP2cBindings     = "p2c_bindings"
 	RelayMapTxPorts         = "tx_ports"
@@ -202,7 +227,9 @@ type RelayProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayMapSpecs struct {
 	BindingCounters *ebpf.MapSpec `ebpf:"binding_counters"`
+	BindingStates   *ebpf.MapSpec `ebpf:"binding_states"`
 	C2pBindings     *ebpf.MapSpec `ebpf:"c2p_bindings"`
+	FibGen          *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts    *ebpf.MapSpec `ebpf:"listener_dsts"`
 	P2cBindings     *ebpf.MapSpec `ebpf:"p2c_bindings"`
 	TxPorts         *ebpf.MapSpec `ebpf:"tx_ports"`
@@ -238,7 +265,9 @@ func (o *RelayObjects) Close() error {
 // It can be passed to LoadRelayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayMaps struct {
 	BindingCounters *ebpf.Map `ebpf:"binding_counters"`
+	BindingStates   *ebpf.Map `ebpf:"binding_states"`
 	C2pBindings     *ebpf.Map `ebpf:"c2p_bindings"`
+	FibGen          *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts    *ebpf.Map `ebpf:"listener_dsts"`
 	P2cBindings     *ebpf.Map `ebpf:"p2c_bindings"`
 	TxPorts         *ebpf.Map `ebpf:"tx_ports"`
@@ -248,7 +277,9 @@ type RelayMaps struct {
 func (m *RelayMaps) Close() error {
 	return _RelayClose(
 		m.BindingCounters,
+		m.BindingStates,
 		m.C2pBindings,
+		m.FibGen,
 		m.ListenerDsts,
 		m.P2cBindings,
 		m.TxPorts,

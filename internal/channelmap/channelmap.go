@@ -92,6 +92,7 @@ type bindingMap interface {
 type Maps struct {
 	c2p, p2c                 bindingMap
 	counters, verdicts, dsts *ebpf.Map
+	states, fibGen           *ebpf.Map
 
 	mu       sync.Mutex
 	bindings map[Key]entry
@@ -125,6 +126,8 @@ func New(m *bpf.RelayMaps) *Maps {
 		counters:     m.BindingCounters,
 		verdicts:     m.Verdicts,
 		dsts:         m.ListenerDsts,
+		states:       m.BindingStates,
+		fibGen:       m.FibGen,
 		bindings:     make(map[Key]entry),
 		maxID:        m.BindingCounters.MaxEntries(),
 		listenerIDs:  make(map[netip.AddrPort]uint32),
@@ -293,16 +296,14 @@ func (m *Maps) Upsert(b Binding) error {
 		}
 	}
 	pk := p2cKey(b)
-	// What the program learned lives in the peer->client entry: the one this
-	// binding has, or had before its channel moved to another peer or relay.
-	learnedFrom := pk
-	if exists {
-		learnedFrom = p2cKey(old.binding)
-	}
-	var reply [16]uint8
-	var cur bpf.RelayP2cVal
-	if err := m.p2c.Lookup(learnedFrom, &cur); err == nil && cur.BindingId == id {
-		reply = cur.ListenerAddr.B
+	if !exists {
+		// A fresh slot: nothing learned, no next hop cached (the id may have
+		// served a removed binding). The program reads it only once the
+		// entries below point at it.
+		if err := m.states.Put(id, bpf.RelayBindingState{}); err != nil {
+			m.free(id)
+			return fmt.Errorf("clear the state slot of %v: %w", b, err)
+		}
 	}
 
 	var cv bpf.RelayC2pVal
@@ -314,21 +315,21 @@ func (m *Maps) Upsert(b Binding) error {
 
 	var pv bpf.RelayP2cVal
 	pv.ClientAddr.B = addr16(b.Client.Addr())
-	pv.ListenerAddr.B = reply
 	pv.ClientPort = htons(b.Client.Port())
 	pv.ListenerPort = htons(b.Listener.Port())
 	pv.Channel = htons(b.Channel)
 	pv.BindingId = id
 
-	if exists && learnedFrom != pk {
+	moved := exists && p2cKey(old.binding) != pk
+	if moved {
 		// The channel moved to another peer or relay: the old peer->client
 		// entry must not survive it.
-		if err := m.p2c.Delete(learnedFrom); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := m.p2c.Delete(p2cKey(old.binding)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete stale peer->client entry of %v: %w", old.binding, err)
 		}
 	}
-	// peer->client first: a client->peer packet learns the reply source into
-	// the peer->client entry, so that one must exist when traffic starts.
+	// peer->client first: the two directions are one binding, and the kernel
+	// must never see a client->peer entry without its twin.
 	if err := m.p2c.Put(pk, pv); err != nil {
 		m.fail(k, exists, id)
 		return fmt.Errorf("install peer->client entry of %v: %w", b, mapErr(err))
@@ -342,8 +343,20 @@ func (m *Maps) Upsert(b Binding) error {
 		return err
 	}
 	m.bindings[k] = entry{binding: b, id: id}
+	if moved {
+		// The next hop the program cached for the old peer is not the new
+		// one's: resolve again (the program reads the generation before the
+		// binding, so a lookup racing this update is stored as stale).
+		if err := bpf.BumpFibGen(m.fibGen); err != nil {
+			return fmt.Errorf("binding %v moved: %w", b, err)
+		}
+	}
 	return nil
 }
+
+// InvalidateNextHops makes the program resolve every cached next hop again
+// (after a change of routes, neighbours or links).
+func (m *Maps) InvalidateNextHops() error { return bpf.BumpFibGen(m.fibGen) }
 
 // fail undoes an Upsert that could not write both directions. A replaced
 // binding loses its old client->peer entry too: it pointed at the peer->client
@@ -564,6 +577,7 @@ func (m *Maps) Dump() (map[Key]Binding, error) {
 		k  bpf.RelayC2pKey
 		v  bpf.RelayC2pVal
 		pv bpf.RelayP2cVal
+		st bpf.RelayBindingState
 	)
 	it := m.c2p.Iterate()
 	for it.Next(&k, &v) {
@@ -582,8 +596,8 @@ func (m *Maps) Dump() (map[Key]Binding, error) {
 			pv.ClientAddr.B != k.ClientAddr.B || pv.ClientPort != k.ClientPort || pv.Channel != k.Channel {
 			continue
 		}
-		if pv.ListenerAddr.B != [16]uint8{} {
-			b.ReplySource = fromAddr16(pv.ListenerAddr.B)
+		if err := m.states.Lookup(v.BindingId, &st); err == nil && st.ListenerAddr.B != [16]uint8{} {
+			b.ReplySource = fromAddr16(st.ListenerAddr.B)
 		}
 		out[b.Key()] = b
 	}

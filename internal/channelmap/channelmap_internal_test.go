@@ -50,16 +50,20 @@ var testBinding = Binding{
 	Relay:    netip.MustParseAddrPort("10.200.0.1:50000"),
 }
 
-// learn writes a reply source into b's peer->client entry, as the program does
-// from a client packet.
+// learn writes a reply source into b's state slot, as the program does from a
+// client packet.
 func learn(t *testing.T, raw *bpf.RelayMaps, b Binding, a netip.Addr) {
 	t.Helper()
 	var v bpf.RelayP2cVal
+	var st bpf.RelayBindingState
 	if err := raw.P2cBindings.Lookup(p2cKey(b), &v); err != nil {
 		t.Fatal(err)
 	}
-	v.ListenerAddr.B = a.As16()
-	if err := raw.P2cBindings.Put(p2cKey(b), v); err != nil {
+	if err := raw.BindingStates.Lookup(v.BindingId, &st); err != nil {
+		t.Fatal(err)
+	}
+	st.ListenerAddr.B = a.As16()
+	if err := raw.BindingStates.Put(v.BindingId, st); err != nil {
 		t.Fatal(err)
 	}
 }
