@@ -142,6 +142,7 @@ func TestBench(t *testing.T) {
 	}
 	stage("progrun", h.stageProgRun)
 	stage("livecost", h.stageLiveCost)
+	stage("memory", h.stageMemory)
 	stage("control", h.stageControl)
 	stage("scaling", h.stageScaling)
 	stage("relay", h.stageRelay)

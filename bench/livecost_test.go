@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -306,4 +307,45 @@ func (r *LiveCostRow) finish() {
 		}
 	}
 	r.Ratio = med(ratios)
+}
+
+// relayMaps names every map of the relay program.
+func relayMaps(pm *bpf.RelayMaps) map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{bpf.RelayMapBindingCounters: pm.BindingCounters, bpf.RelayMapBindingStates: pm.BindingStates,
+		bpf.RelayMapC2pBindings: pm.C2pBindings, bpf.RelayMapP2cBindings: pm.P2cBindings, bpf.RelayMapListenerDsts: pm.ListenerDsts,
+		bpf.RelayMapFibGen: pm.FibGen, bpf.RelayMapTxPorts: pm.TxPorts, bpf.RelayMapVerdicts: pm.Verdicts}
+}
+
+// stageMemory loads the program with the maps sized for 100k, the default
+// 131,072 and 1M bindings and reads what the kernel charges for each map on
+// this machine; for 64 CPUs the per-CPU maps' share is scaled (computed).
+func (h *harness) stageMemory(t *testing.T) {
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []uint32{100000, 131072, 1000000} {
+		prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535,
+			MaxBindings: n}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		measured := MemoryRow{Bindings: n, CPUs: ncpu, Maps: map[string]uint64{}, Measured: true}
+		computed := MemoryRow{Bindings: n, CPUs: 64, Maps: map[string]uint64{}}
+		for name, m := range relayMaps(prog.Maps()) {
+			b := uint64(memlock(m))
+			if memlock(m) < 0 {
+				t.Fatalf("%s: no memlock figure", name)
+			}
+			measured.Maps[name], measured.Total = b, measured.Total+b
+			if m.Type() == ebpf.PerCPUArray || m.Type() == ebpf.PerCPUHash {
+				// The per-CPU share: entries × value size (rounded to 8) per CPU.
+				b += uint64(64-ncpu) * uint64(m.MaxEntries()) * uint64((m.ValueSize()+7)&^7)
+			}
+			computed.Maps[name], computed.Total = b, computed.Total+b
+		}
+		prog.Close()
+		t.Logf("%d bindings: %.1f MiB on %d CPUs, %.1f MiB on 64 CPUs", n, float64(measured.Total)/(1<<20), ncpu, float64(computed.Total)/(1<<20))
+		h.rep.Memory = append(h.rep.Memory, measured, computed)
+	}
 }
