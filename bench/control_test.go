@@ -143,9 +143,9 @@ func (h *harness) stageControl(t *testing.T) {
 	for name, m := range relayMaps(pm) {
 		c.MapMemlock[name] = memlock(m)
 	}
-	c.MapBytesPerSlot = float64(c.MapMemlock["c2p_bindings"]+c.MapMemlock["p2c_bindings"]+c.MapMemlock["binding_counters"]+c.MapMemlock["binding_states"]) / maxBindings
-	c.MapBytesPerSlotComputed = float64(pm.C2pBindings.KeySize()+pm.C2pBindings.ValueSize()+pm.P2cBindings.KeySize()+pm.P2cBindings.ValueSize()+
-		pm.BindingStates.ValueSize()) + float64(pm.BindingCounters.ValueSize())*float64(possible)
+	c.MapBytesPerSlot = float64(c.MapMemlock["c2p_bindings"]+c.MapMemlock["p2c_bindings"]+c.MapMemlock["binding_states"]) / maxBindings
+	c.MapBytesPerSlotComputed = float64(pm.C2pBindings.KeySize() + pm.C2pBindings.ValueSize() + pm.P2cBindings.KeySize() + pm.P2cBindings.ValueSize() +
+		pm.BindingStates.ValueSize())
 
 	start = time.Now()
 	for _, a := range allocs {

@@ -311,7 +311,7 @@ func (r *LiveCostRow) finish() {
 
 // relayMaps names every map of the relay program.
 func relayMaps(pm *bpf.RelayMaps) map[string]*ebpf.Map {
-	return map[string]*ebpf.Map{bpf.RelayMapBindingCounters: pm.BindingCounters, bpf.RelayMapBindingStates: pm.BindingStates,
+	return map[string]*ebpf.Map{bpf.RelayMapBindingStates: pm.BindingStates,
 		bpf.RelayMapC2pBindings: pm.C2pBindings, bpf.RelayMapP2cBindings: pm.P2cBindings, bpf.RelayMapListenerDsts: pm.ListenerDsts,
 		bpf.RelayMapFibGen: pm.FibGen, bpf.RelayMapTxPorts: pm.TxPorts, bpf.RelayMapVerdicts: pm.Verdicts}
 }

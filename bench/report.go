@@ -592,8 +592,8 @@ func (r *Report) WriteMarkdown(dir string, lo, hi float64, plots []string) error
 		for _, k := range keys {
 			ct.add("memlock of map "+k, f(float64(c.MapMemlock[k]), 0)+" B")
 		}
-		ct.add("kernel memory per binding slot (memlock of the four per-binding maps / slots)", f(c.MapBytesPerSlot, 1)+" B")
-		ct.add(fmt.Sprintf("computed: key+value of c2p and p2c + state slot + counters × %d possible CPUs", c.PossibleCPUs), f(c.MapBytesPerSlotComputed, 1)+" B")
+		ct.add("kernel memory per binding slot (memlock of the three per-binding maps / slots)", f(c.MapBytesPerSlot, 1)+" B")
+		ct.add(fmt.Sprintf("computed: key+value of c2p and p2c + state slot with the counters (the same on %d possible CPUs as on any number)", c.PossibleCPUs), f(c.MapBytesPerSlotComputed, 1)+" B")
 		ct.add("Go heap per binding (mirror + channelmap, after GC)", f(c.HeapBytesPerBinding, 1)+" B")
 		b.WriteString(ct.String())
 		b.WriteString("\nThe maps are preallocated: their memory is paid for all --max-bindings slots at load, whatever is bound. " +

@@ -45,7 +45,7 @@ struct c2p_val {
 	struct addr relay_addr;
 	__be16 peer_port;
 	__be16 relay_port;
-	__u32 binding_id; /* index into binding_counters */
+	__u32 binding_id; /* index into binding_states */
 };
 
 /* A peer's datagram to a relayed transport address. The relay address is part of
@@ -82,6 +82,14 @@ struct next_hop {
 	unsigned char smac[ETH_ALEN];
 };
 
+/* Per binding and direction: packets and application-data bytes relayed. */
+struct binding_stats {
+	__u64 c2p_packets;
+	__u64 c2p_bytes;
+	__u64 p2c_packets;
+	__u64 p2c_bytes;
+};
+
 /* Per binding, indexed by binding id: what the program learns and caches. One
  * array slot instead of a second hash lookup per packet. */
 struct binding_state {
@@ -97,15 +105,11 @@ struct binding_state {
 	__u32 _pad;
 	struct next_hop c2p_hop;
 	struct next_hop p2c_hop;
+	/* Added atomically: one copy per binding whatever the number of CPUs (a
+	 * per-CPU array costs bindings x CPUs x 32 B: 2 GiB at 1M and 64). */
+	struct binding_stats stats;
 };
 
-/* Per binding and direction: packets and application-data bytes relayed. */
-struct binding_stats {
-	__u64 c2p_packets;
-	__u64 c2p_bytes;
-	__u64 p2c_packets;
-	__u64 p2c_bytes;
-};
 
 /* Load-time configuration (rewritten by the loader before load, so the verifier
  * sees constants). Ports in network byte order; relay range inclusive. */
@@ -138,13 +142,6 @@ struct {
 	__type(value, struct p2c_val);
 	__uint(max_entries, 131072);
 } p2c_bindings SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, struct binding_stats);
-	__uint(max_entries, 131072);
-} binding_counters SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -286,17 +286,14 @@ static __always_inline int emit(struct xdp_md *ctx, struct iphdr *ip4, struct re
 	return action;
 }
 
-static __always_inline void count_binding(__u32 id, int c2p, __u16 data_len)
+static __always_inline void count_binding(struct binding_state *st, int c2p, __u16 data_len)
 {
-	struct binding_stats *st = bpf_map_lookup_elem(&binding_counters, &id);
-	if (!st)
-		return;
 	if (c2p) {
-		st->c2p_packets++;
-		st->c2p_bytes += data_len;
+		__sync_fetch_and_add(&st->stats.c2p_packets, 1);
+		__sync_fetch_and_add(&st->stats.c2p_bytes, data_len);
 	} else {
-		st->p2c_packets++;
-		st->p2c_bytes += data_len;
+		__sync_fetch_and_add(&st->stats.p2c_packets, 1);
+		__sync_fetch_and_add(&st->stats.p2c_bytes, data_len);
 	}
 }
 
@@ -533,8 +530,8 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		return XDP_PASS;
 	}
 	int action = emit(ctx, &ip4, &rw, channel, data_len, 1, reason);
-	if (action != XDP_DROP)
-		count_binding(binding_id, 1, data_len);
+	if (action != XDP_DROP && st)
+		count_binding(st, 1, data_len);
 	return action;
 }
 
@@ -645,7 +642,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	}
 	int action = emit(ctx, &ip4, &rw, channel, data_len, 0, reason);
 	if (action != XDP_DROP)
-		count_binding(binding_id, 0, data_len);
+		count_binding(st, 0, data_len);
 	return action;
 }
 

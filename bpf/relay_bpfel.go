@@ -26,6 +26,7 @@ type RelayBindingState struct {
 	Pad    uint32
 	C2pHop RelayNextHop
 	P2cHop RelayNextHop
+	Stats  RelayBindingStats
 }
 
 type RelayBindingStats struct {
@@ -164,17 +165,16 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	RelayMapBindingCounters = "binding_counters"
-	RelayMapBindingStates   = "binding_states"
-	RelayMapC2pBindings     = "c2p_bindings"
-	RelayMapFibGen          = "fib_gen"
-	RelayMapListenerDsts    = "listener_dsts"
-	RelayMapP2cBindings     = "p2c_bindings"
-	RelayMapTxPorts         = "tx_ports"
-	RelayMapVerdicts        = "verdicts"
-	RelayProgXdpTurnRelay   = "xdp_turn_relay"
-	RelayVarUnusedReason    = "_unused_reason"
-	RelayVarCfg             = "cfg"
+	RelayMapBindingStates = "binding_states"
+	RelayMapC2pBindings   = "c2p_bindings"
+	RelayMapFibGen        = "fib_gen"
+	RelayMapListenerDsts  = "listener_dsts"
+	RelayMapP2cBindings   = "p2c_bindings"
+	RelayMapTxPorts       = "tx_ports"
+	RelayMapVerdicts      = "verdicts"
+	RelayProgXdpTurnRelay = "xdp_turn_relay"
+	RelayVarUnusedReason  = "_unused_reason"
+	RelayVarCfg           = "cfg"
 )
 
 // LoadRelay returns the embedded CollectionSpec for Relay.
@@ -226,14 +226,13 @@ type RelayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayMapSpecs struct {
-	BindingCounters *ebpf.MapSpec `ebpf:"binding_counters"`
-	BindingStates   *ebpf.MapSpec `ebpf:"binding_states"`
-	C2pBindings     *ebpf.MapSpec `ebpf:"c2p_bindings"`
-	FibGen          *ebpf.MapSpec `ebpf:"fib_gen"`
-	ListenerDsts    *ebpf.MapSpec `ebpf:"listener_dsts"`
-	P2cBindings     *ebpf.MapSpec `ebpf:"p2c_bindings"`
-	TxPorts         *ebpf.MapSpec `ebpf:"tx_ports"`
-	Verdicts        *ebpf.MapSpec `ebpf:"verdicts"`
+	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
+	C2pBindings   *ebpf.MapSpec `ebpf:"c2p_bindings"`
+	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
+	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
+	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
+	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
+	Verdicts      *ebpf.MapSpec `ebpf:"verdicts"`
 }
 
 // RelayVariableSpecs contains global variables before they are loaded into the kernel.
@@ -264,19 +263,17 @@ func (o *RelayObjects) Close() error {
 //
 // It can be passed to LoadRelayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayMaps struct {
-	BindingCounters *ebpf.Map `ebpf:"binding_counters"`
-	BindingStates   *ebpf.Map `ebpf:"binding_states"`
-	C2pBindings     *ebpf.Map `ebpf:"c2p_bindings"`
-	FibGen          *ebpf.Map `ebpf:"fib_gen"`
-	ListenerDsts    *ebpf.Map `ebpf:"listener_dsts"`
-	P2cBindings     *ebpf.Map `ebpf:"p2c_bindings"`
-	TxPorts         *ebpf.Map `ebpf:"tx_ports"`
-	Verdicts        *ebpf.Map `ebpf:"verdicts"`
+	BindingStates *ebpf.Map `ebpf:"binding_states"`
+	C2pBindings   *ebpf.Map `ebpf:"c2p_bindings"`
+	FibGen        *ebpf.Map `ebpf:"fib_gen"`
+	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
+	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
+	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
+	Verdicts      *ebpf.Map `ebpf:"verdicts"`
 }
 
 func (m *RelayMaps) Close() error {
 	return _RelayClose(
-		m.BindingCounters,
 		m.BindingStates,
 		m.C2pBindings,
 		m.FibGen,

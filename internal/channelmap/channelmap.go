@@ -90,9 +90,11 @@ type bindingMap interface {
 
 // Maps writes bindings into the program's maps.
 type Maps struct {
-	c2p, p2c                 bindingMap
-	counters, verdicts, dsts *ebpf.Map
-	states, fibGen           *ebpf.Map
+	c2p, p2c               bindingMap
+	verdicts, dsts, fibGen *ebpf.Map
+	// states are the per-binding slots: learned reply source, cached next
+	// hops and the binding's counters.
+	states *ebpf.Map
 
 	mu       sync.Mutex
 	bindings map[Key]entry
@@ -123,13 +125,12 @@ func New(m *bpf.RelayMaps) *Maps {
 	return &Maps{
 		c2p:          m.C2pBindings,
 		p2c:          m.P2cBindings,
-		counters:     m.BindingCounters,
 		verdicts:     m.Verdicts,
 		dsts:         m.ListenerDsts,
 		states:       m.BindingStates,
 		fibGen:       m.FibGen,
 		bindings:     make(map[Key]entry),
-		maxID:        m.BindingCounters.MaxEntries(),
+		maxID:        m.BindingStates.MaxEntries(),
 		listenerIDs:  make(map[netip.AddrPort]uint32),
 		listenerAddr: make(map[uint32]netip.AddrPort),
 		dstTable:     make(map[bpf.RelayDstKey]uint32),
@@ -461,23 +462,20 @@ func (m *Maps) drain(id uint32) {
 	if s, err := m.bindingStats(id); err == nil {
 		m.retired.add(s)
 	}
-	zero := make([]bpf.RelayBindingStats, ebpf.MustPossibleCPU())
-	_ = m.counters.Put(id, zero)
+	_ = m.states.Put(id, bpf.RelayBindingState{})
 }
 
 func (m *Maps) bindingStats(id uint32) (Stats, error) {
-	var perCPU []bpf.RelayBindingStats
-	if err := m.counters.Lookup(id, &perCPU); err != nil {
+	var st bpf.RelayBindingState
+	if err := m.states.Lookup(id, &st); err != nil {
 		return Stats{}, fmt.Errorf("read counters of binding %d: %w", id, err)
 	}
-	var s Stats
-	for _, c := range perCPU {
-		s.ClientToPeerPackets += c.C2pPackets
-		s.ClientToPeerBytes += c.C2pBytes
-		s.PeerToClientPackets += c.P2cPackets
-		s.PeerToClientBytes += c.P2cBytes
-	}
-	return s, nil
+	return statsOf(st.Stats), nil
+}
+
+func statsOf(c bpf.RelayBindingStats) Stats {
+	return Stats{ClientToPeerPackets: c.C2pPackets, ClientToPeerBytes: c.C2pBytes,
+		PeerToClientPackets: c.P2cPackets, PeerToClientBytes: c.P2cBytes}
 }
 
 // Stats returns the counters of one installed binding.
@@ -520,24 +518,17 @@ func (m *Maps) Totals() (Stats, error) {
 const batchThreshold = 1024
 
 func (m *Maps) sumAllSlots() (Stats, error) {
-	ncpu, err := ebpf.PossibleCPU()
-	if err != nil {
-		return Stats{}, err
-	}
 	const chunk = 4096
 	keys := make([]uint32, chunk)
-	vals := make([]bpf.RelayBindingStats, chunk*ncpu)
+	vals := make([]bpf.RelayBindingState, chunk)
 	var (
 		cursor ebpf.MapBatchCursor
 		s      Stats
 	)
 	for {
-		n, err := m.counters.BatchLookup(&cursor, keys, vals, nil)
-		for _, c := range vals[:n*ncpu] {
-			s.ClientToPeerPackets += c.C2pPackets
-			s.ClientToPeerBytes += c.C2pBytes
-			s.PeerToClientPackets += c.P2cPackets
-			s.PeerToClientBytes += c.P2cBytes
+		n, err := m.states.BatchLookup(&cursor, keys, vals, nil)
+		for _, v := range vals[:n] {
+			s.add(statsOf(v.Stats))
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return s, nil

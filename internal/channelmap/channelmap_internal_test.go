@@ -187,9 +187,9 @@ func TestFreedIDsRestBeforeReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A packet in flight counts into the freed slot after the delete.
-	late := make([]bpf.RelayBindingStats, ebpf.MustPossibleCPU())
-	late[0].C2pPackets, late[0].C2pBytes = 1, 100
-	if err := raw.BindingCounters.Put(id, late); err != nil {
+	var late bpf.RelayBindingState
+	late.Stats.C2pPackets, late.Stats.C2pBytes = 1, 100
+	if err := raw.BindingStates.Put(id, late); err != nil {
 		t.Fatal(err)
 	}
 	c := a

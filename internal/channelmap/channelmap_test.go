@@ -24,8 +24,7 @@ func TestTotalsBatchAndPerBinding(t *testing.T) {
 	}
 	defer prog.Close()
 	m := channelmap.New(prog.Maps())
-	counters := prog.Maps().BindingCounters
-	ncpu := len(mustPerCPU(t, counters, 0))
+	states := prog.Maps().BindingStates
 	var want channelmap.Stats
 	const n = 2000 // above the batch threshold
 	for i := 0; i < n; i++ {
@@ -39,18 +38,14 @@ func TestTotalsBatchAndPerBinding(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Every slot in use gets the same per-CPU counts (slot i belongs to binding i).
-	vals := make([]bpf.RelayBindingStats, ncpu)
-	for c := range vals {
-		vals[c] = bpf.RelayBindingStats{C2pPackets: 1, C2pBytes: 100, P2cPackets: 2, P2cBytes: 50}
-	}
+	// Every slot in use gets the same counts (slot i belongs to binding i).
 	for id := uint32(0); id < n; id++ {
-		if err := counters.Put(id, vals); err != nil {
+		st := bpf.RelayBindingState{Stats: bpf.RelayBindingStats{C2pPackets: 1, C2pBytes: 100, P2cPackets: 2, P2cBytes: 50}}
+		if err := states.Put(id, st); err != nil {
 			t.Fatal(err)
 		}
 	}
-	want = channelmap.Stats{ClientToPeerPackets: uint64(n * ncpu), ClientToPeerBytes: uint64(n * ncpu * 100),
-		PeerToClientPackets: uint64(2 * n * ncpu), PeerToClientBytes: uint64(n * ncpu * 50)}
+	want = channelmap.Stats{ClientToPeerPackets: n, ClientToPeerBytes: n * 100, PeerToClientPackets: 2 * n, PeerToClientBytes: n * 50}
 	got, err := m.Totals()
 	if err != nil || got != want {
 		t.Fatalf("batch totals %+v (%v), want %+v", got, err, want)
@@ -64,14 +59,4 @@ func TestTotalsBatchAndPerBinding(t *testing.T) {
 	if got, err = m.Totals(); err != nil || got != want {
 		t.Fatalf("per-binding totals %+v (%v), want %+v", got, err, want)
 	}
-}
-
-func mustPerCPU(t *testing.T, m interface {
-	Lookup(key, value any) error
-}, id uint32) []bpf.RelayBindingStats {
-	var v []bpf.RelayBindingStats
-	if err := m.Lookup(id, &v); err != nil {
-		t.Fatal(err)
-	}
-	return v
 }

@@ -116,20 +116,19 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	if err := spec.Variables[bpf.RelayVarCfg].Set(c); err != nil {
 		return fmt.Errorf("set program config: %w", err)
 	}
-	for _, name := range []string{bpf.RelayMapC2pBindings, bpf.RelayMapP2cBindings, bpf.RelayMapBindingCounters, bpf.RelayMapBindingStates} {
+	for _, name := range []string{bpf.RelayMapC2pBindings, bpf.RelayMapP2cBindings, bpf.RelayMapBindingStates} {
 		spec.Maps[name].MaxEntries = cfg.MaxBindings
 	}
 	var opts *ebpf.CollectionOptions
 	if reuse != nil {
 		opts = &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
-			bpf.RelayMapC2pBindings:     reuse.C2pBindings,
-			bpf.RelayMapP2cBindings:     reuse.P2cBindings,
-			bpf.RelayMapBindingCounters: reuse.BindingCounters,
-			bpf.RelayMapVerdicts:        reuse.Verdicts,
-			bpf.RelayMapTxPorts:         reuse.TxPorts,
-			bpf.RelayMapListenerDsts:    reuse.ListenerDsts,
-			bpf.RelayMapBindingStates:   reuse.BindingStates,
-			bpf.RelayMapFibGen:          reuse.FibGen,
+			bpf.RelayMapC2pBindings:   reuse.C2pBindings,
+			bpf.RelayMapP2cBindings:   reuse.P2cBindings,
+			bpf.RelayMapVerdicts:      reuse.Verdicts,
+			bpf.RelayMapTxPorts:       reuse.TxPorts,
+			bpf.RelayMapListenerDsts:  reuse.ListenerDsts,
+			bpf.RelayMapBindingStates: reuse.BindingStates,
+			bpf.RelayMapFibGen:        reuse.FibGen,
 		}}
 	}
 	if err := spec.LoadAndAssign(objs, opts); err != nil {
