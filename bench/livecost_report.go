@@ -25,6 +25,10 @@ const (
 	liveParse   = "breakdown: parse only (UDP to no listener or relay port: pass_not_ours)"
 	liveLookups = "breakdown: parse + listener and binding lookups (unbound channel: pass_no_channel)"
 	liveFIB     = "breakdown: parse + lookups + bpf_fib_lookup (peer without neighbour: pass_fib_no_neigh)"
+	// Scale: the same relay rows with 100,000 more bindings in the maps.
+	liveC2P4Many     = "client→peer, IPv4 client, full checksum, 100,000 more bindings installed"
+	liveP2C4Many     = "peer→client, IPv4 client, full checksum, 100,000 more bindings installed"
+	liveManyBindings = 100000
 )
 
 // writeLiveCost writes the live program cost section, the cost breakdown and

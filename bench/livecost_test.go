@@ -154,7 +154,7 @@ func (h *harness) stageLiveCost(t *testing.T) {
 	err := r.Server.Do(func() error {
 		var err error
 		prog, err = loader.Load(loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535,
-			MaxBindings: 1024, IPv6Clients: true}, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+			MaxBindings: liveManyBindings + 1024, IPv6Clients: true}, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 		if err != nil {
 			return err
 		}
@@ -224,56 +224,30 @@ func (h *harness) stageLiveCost(t *testing.T) {
 		results[i] = LiveCostRow{Name: row.name, Reason: row.reason, RatePPS: h.cfg.liveRate, Seconds: h.cfg.livePoint.Seconds()}
 	}
 	h.command("live program cost: %d rounds of %v per row at %.0f pps, 100 B; kernel.bpf_stats_enabled=1", h.cfg.liveRounds, h.cfg.livePoint, h.cfg.liveRate)
-	for round := 0; round < h.cfg.liveRounds; round++ {
-		for i, row := range rows {
-			if row.offloadNS != nil {
-				row.offloadNS.Run(t, "ethtool", "-K", row.offloadIf, "tx", "off")
-			}
-			row.sender.send(h.cfg.liveRate, 20*time.Millisecond) // warm up
-			v0, err := maps.Verdicts()
-			if err != nil {
-				t.Fatal(err)
-			}
-			relay0, err := statsOf(prog.XDP())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var floor0 progStats
-			if row.floorNS != nil {
-				if floor0, err = statsOf(floors[row.floorIf]); err != nil {
-					t.Fatal(err)
-				}
-			}
-			sent := row.sender.send(h.cfg.liveRate, h.cfg.livePoint)
-			relay1, err := statsOf(prog.XDP())
-			if err != nil {
-				t.Fatal(err)
-			}
-			res := &results[i]
-			res.Sent += sent
-			res.RelayNs = append(res.RelayNs, relay1.nsPerRunSince(relay0))
-			res.Runs += relay1.runs - relay0.runs
-			if row.floorNS != nil {
-				floor1, err := statsOf(floors[row.floorIf])
-				if err != nil {
-					t.Fatal(err)
-				}
-				res.FloorNs = append(res.FloorNs, floor1.nsPerRunSince(floor0))
-			}
-			v1, err := maps.Verdicts()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for r, n := range v1 {
-				if channelmap.ReasonNames[bpf.RelayReason(r)] == row.reason && r < len(v0) {
-					res.Counted += n - v0[r]
-				}
-			}
-			if row.offloadNS != nil {
-				row.offloadNS.Run(t, "ethtool", "-K", row.offloadIf, "tx", "on")
+	measure := func(rows []liveRow, results []LiveCostRow) {
+		for round := 0; round < h.cfg.liveRounds; round++ {
+			for i, row := range rows {
+				h.liveInterval(t, prog, maps, floors, row, &results[i])
 			}
 		}
 	}
+	measure(rows, results)
+	// Program cost against the number of bindings: the relay rows again with
+	// 100,000 more bindings (other clients, channels, peers) in the maps.
+	many := []liveRow{rows[4], rows[5]}
+	many[0].name, many[1].name = liveC2P4Many, liveP2C4Many
+	for i := 0; i < liveManyBindings; i++ {
+		b := channelmap.Binding{Client: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 101, byte(i >> 8), byte(i)}), uint16(1024+i>>16)),
+			Listener: listen, Channel: 0x4000, Peer: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(201 + i>>16), byte(i >> 8), byte(i)}), 5000),
+			Relay: netip.AddrPortFrom(b4.Relay.Addr(), uint16(49152+i%16000))}
+		if err := maps.Upsert(b); err != nil {
+			t.Fatalf("binding %d of %d: %v", i, liveManyBindings, err)
+		}
+	}
+	for _, row := range many {
+		results = append(results, LiveCostRow{Name: row.name, Reason: row.reason, RatePPS: h.cfg.liveRate, Seconds: h.cfg.livePoint.Seconds()})
+	}
+	measure(many, results[len(rows):])
 	for i := range results {
 		res := &results[i]
 		res.finish()
@@ -284,6 +258,55 @@ func (h *harness) stageLiveCost(t *testing.T) {
 		}
 		t.Logf("%s: relay %.0f ns/run, trivial %.0f ns/run, %.2fx (%d runs)", res.Name, res.RelayMedianNs, res.FloorMedianNs, res.Ratio, res.Runs)
 		h.rep.LiveCost = append(h.rep.LiveCost, *res)
+	}
+}
+
+// liveInterval measures one interval of one row into res.
+func (h *harness) liveInterval(t *testing.T, prog *loader.Program, maps *channelmap.Maps, floors map[string]*ebpf.Program, row liveRow, res *LiveCostRow) {
+	if row.offloadNS != nil {
+		row.offloadNS.Run(t, "ethtool", "-K", row.offloadIf, "tx", "off")
+	}
+	row.sender.send(h.cfg.liveRate, 20*time.Millisecond) // warm up
+	v0, err := maps.Verdicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay0, err := statsOf(prog.XDP())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var floor0 progStats
+	if row.floorNS != nil {
+		if floor0, err = statsOf(floors[row.floorIf]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent := row.sender.send(h.cfg.liveRate, h.cfg.livePoint)
+	relay1, err := statsOf(prog.XDP())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Sent += sent
+	res.RelayNs = append(res.RelayNs, relay1.nsPerRunSince(relay0))
+	res.Runs += relay1.runs - relay0.runs
+	if row.floorNS != nil {
+		floor1, err := statsOf(floors[row.floorIf])
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.FloorNs = append(res.FloorNs, floor1.nsPerRunSince(floor0))
+	}
+	v1, err := maps.Verdicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, n := range v1 {
+		if channelmap.ReasonNames[bpf.RelayReason(r)] == row.reason && r < len(v0) {
+			res.Counted += n - v0[r]
+		}
+	}
+	if row.offloadNS != nil {
+		row.offloadNS.Run(t, "ethtool", "-K", row.offloadIf, "tx", "on")
 	}
 }
 
