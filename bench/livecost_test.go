@@ -60,6 +60,7 @@ type liveRow struct {
 	reason    string
 	offloadNS *netns.NS // sender namespace and interface whose tx checksum offload goes off for the row
 	offloadIf string
+	noCache   bool // the next-hop cache off for the row
 }
 
 // udpSocket opens a UDP socket bound to addr in ns with a small receive buffer
@@ -197,6 +198,10 @@ func (h *harness) stageLiveCost(t *testing.T) {
 			offloadNS: r.Client, offloadIf: r.ClientIf.Name},
 		{name: liveP2C4Full, sender: p2c4, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect",
 			offloadNS: r.Peer, offloadIf: r.PeerIf.Name},
+		{name: liveC2P4NoCache, sender: c2p4, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect",
+			offloadNS: r.Client, offloadIf: r.ClientIf.Name, noCache: true},
+		{name: liveP2C4NoCache, sender: p2c4, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect",
+			offloadNS: r.Peer, offloadIf: r.PeerIf.Name, noCache: true},
 		{name: liveParse, sender: liveSender{cl4, sockaddrOf(netip.AddrPortFrom(listen.Addr(), 3479)), packet.ChannelData(b4.Channel, data, nil)},
 			reason: "pass_not_ours"},
 		{name: liveLookups, sender: liveSender{cl4, sockaddrOf(listen), packet.ChannelData(0x4ffe, data, nil)}, reason: "pass_no_channel"},
@@ -234,7 +239,7 @@ func (h *harness) stageLiveCost(t *testing.T) {
 	measure(rows, results)
 	// Program cost against the number of bindings: the relay rows again with
 	// 100,000 more bindings (other clients, channels, peers) in the maps.
-	many := []liveRow{rows[4], rows[5]}
+	many := []liveRow{rows[4], rows[5]} // the full-checksum relay rows
 	many[0].name, many[1].name = liveC2P4Many, liveP2C4Many
 	for i := 0; i < liveManyBindings; i++ {
 		b := channelmap.Binding{Client: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 101, byte(i >> 8), byte(i)}), uint16(1024+i>>16)),
@@ -265,6 +270,12 @@ func (h *harness) stageLiveCost(t *testing.T) {
 func (h *harness) liveInterval(t *testing.T, prog *loader.Program, maps *channelmap.Maps, floors map[string]*ebpf.Program, row liveRow, res *LiveCostRow) {
 	if row.offloadNS != nil {
 		row.offloadNS.Run(t, "ethtool", "-K", row.offloadIf, "tx", "off")
+	}
+	fibGen := prog.Maps().FibGen
+	if row.noCache {
+		if err := fibGen.Put(uint32(0), uint32(0)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	row.sender.send(h.cfg.liveRate, 20*time.Millisecond) // warm up
 	v0, err := maps.Verdicts()
@@ -303,6 +314,17 @@ func (h *harness) liveInterval(t *testing.T, prog *loader.Program, maps *channel
 	for r, n := range v1 {
 		if channelmap.ReasonNames[bpf.RelayReason(r)] == row.reason && r < len(v0) {
 			res.Counted += n - v0[r]
+		}
+	}
+	if row.noCache {
+		// The FIB watcher turns the cache back on at its next event: such an
+		// interval measured a mix.
+		var gen uint32
+		if err := fibGen.Lookup(uint32(0), &gen); err != nil || gen != 0 {
+			t.Errorf("%s: the next-hop cache came back on during the interval (generation %d, %v)", row.name, gen, err)
+		}
+		if err := bpf.EnableFibGen(fibGen); err != nil {
+			t.Fatal(err)
 		}
 	}
 	if row.offloadNS != nil {
