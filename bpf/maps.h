@@ -72,6 +72,7 @@ struct p2c_val {
  * changes the devmap or a binding's addresses), the ingress device and TOS of
  * the lookup, and a length the route's MTU took. */
 struct next_hop {
+	__u32 seq;        /* odd while a writer (holding the slot's lock) changes it */
 	__u32 gen;        /* fib_gen when resolved; 0: empty */
 	__u32 ifindex;    /* egress */
 	__u32 in_ifindex; /* the ingress it was resolved for */
@@ -99,8 +100,9 @@ struct binding_state {
 	 * ChannelData. Userspace never seeds it: a DNAT it cannot see may stand
 	 * in between. All zero: not known yet, the packet goes to userspace. */
 	struct addr listener_addr;
-	/* Guards the next hops: two CPUs may resolve one binding at once, and a
-	 * torn entry would pair one lookup's MAC with another's device. */
+	/* Serialises writers of the next hops: two CPUs may resolve one binding
+	 * at once, and a torn entry would pair one lookup's MAC with another's
+	 * device. Readers take it too, unless cfg.tso (then the seq counts). */
 	struct bpf_spin_lock lock;
 	__u32 _pad;
 	struct next_hop c2p_hop;
@@ -118,7 +120,10 @@ struct config {
 	__u16 listener_port_count;
 	__u16 min_relay_port; /* host order, for range comparison */
 	__u16 max_relay_port; /* host order */
-	__u16 _pad;
+	/* The CPU keeps stores and loads in program order (x86 TSO): cached next
+	 * hops are read without the lock, under their sequence count. */
+	__u8 tso;
+	__u8 _pad;
 };
 
 /* Sized by the loader from --max-bindings; max_entries here are the defaults. */

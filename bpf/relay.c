@@ -32,6 +32,11 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
+/* A compiler barrier: the BPF JITs emit loads and stores in program order,
+ * which the CPU keeps on TSO machines (cfg.tso). */
+#define barrier() asm volatile("" ::: "memory")
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+
 /* Set by the loader through spec.Variables before the program is loaded. */
 volatile const struct config cfg = {};
 
@@ -131,14 +136,28 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct rewrite *rw, stru
 	if (st && gen) {
 		int hit = 0;
 		h = c2p ? &st->c2p_hop : &st->p2c_hop;
-		bpf_spin_lock(&st->lock);
-		if (hop_valid(h, gen, in_ifindex, rw)) {
-			__builtin_memcpy(rw->dmac, h->dmac, ETH_ALEN);
-			__builtin_memcpy(rw->smac, h->smac, ETH_ALEN);
-			rw->egress_ifindex = h->ifindex;
-			hit = 1;
+		if (cfg.tso) {
+			/* A seqcount read: the entry is used only if no writer was in
+			 * it (seq even) and none came between the two reads of seq. */
+			__u32 seq = READ_ONCE(h->seq);
+			barrier();
+			if (!(seq & 1) && hop_valid(h, gen, in_ifindex, rw)) {
+				__builtin_memcpy(rw->dmac, h->dmac, ETH_ALEN);
+				__builtin_memcpy(rw->smac, h->smac, ETH_ALEN);
+				rw->egress_ifindex = h->ifindex;
+				barrier();
+				hit = READ_ONCE(h->seq) == seq;
+			}
+		} else {
+			bpf_spin_lock(&st->lock);
+			if (hop_valid(h, gen, in_ifindex, rw)) {
+				__builtin_memcpy(rw->dmac, h->dmac, ETH_ALEN);
+				__builtin_memcpy(rw->smac, h->smac, ETH_ALEN);
+				rw->egress_ifindex = h->ifindex;
+				hit = 1;
+			}
+			bpf_spin_unlock(&st->lock);
 		}
-		bpf_spin_unlock(&st->lock);
 		if (hit)
 			return -1;
 	}
@@ -188,6 +207,8 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct rewrite *rw, stru
 	}
 	if (h) {
 		bpf_spin_lock(&st->lock);
+		h->seq++;
+		barrier();
 		/* A longer packet that fit widens the entry; anything else starts it
 		 * afresh. */
 		if (h->gen != gen || h->in_ifindex != in_ifindex || h->tos != rw->tos || h->ifindex != rw->egress_ifindex)
@@ -200,6 +221,8 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct rewrite *rw, stru
 			h->max_len = rw->len;
 		__builtin_memcpy(h->dmac, rw->dmac, ETH_ALEN);
 		__builtin_memcpy(h->smac, rw->smac, ETH_ALEN);
+		barrier();
+		h->seq++;
 		bpf_spin_unlock(&st->lock);
 	}
 	return -1;
@@ -435,7 +458,11 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	if (st && !addr_eq(&st->listener_addr, &in->daddr)) {
 		st->listener_addr = in->daddr;
 		bpf_spin_lock(&st->lock);
+		st->p2c_hop.seq++;
+		barrier();
 		st->p2c_hop.gen = 0;
+		barrier();
+		st->p2c_hop.seq++;
 		bpf_spin_unlock(&st->lock);
 	}
 

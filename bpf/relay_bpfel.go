@@ -69,7 +69,8 @@ type RelayConfig struct {
 	ListenerPortCount uint16
 	MinRelayPort      uint16
 	MaxRelayPort      uint16
-	Pad               uint16
+	Tso               uint8
+	Pad               uint8
 }
 
 type RelayDstKey struct {
@@ -89,6 +90,7 @@ type RelayDstVal struct {
 
 type RelayNextHop struct {
 	_         structs.HostLayout
+	Seq       uint32
 	Gen       uint32
 	Ifindex   uint32
 	InIfindex uint32

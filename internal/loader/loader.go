@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 
@@ -113,6 +114,12 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	c.ListenerPortCount = uint16(len(cfg.ListenerPorts))
 	c.MinRelayPort = cfg.MinRelayPort
 	c.MaxRelayPort = cfg.MaxRelayPort
+	// x86 keeps loads and stores in order (TSO): the program reads cached
+	// next hops under their sequence count, without the lock. Weaker orders
+	// (arm64) take the lock: BPF has no read barrier.
+	if runtime.GOARCH == "amd64" || runtime.GOARCH == "386" {
+		c.Tso = 1
+	}
 	if err := spec.Variables[bpf.RelayVarCfg].Set(c); err != nil {
 		return fmt.Errorf("set program config: %w", err)
 	}
