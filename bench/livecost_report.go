@@ -78,6 +78,17 @@ func (r *Report) writeLiveCost(b *strings.Builder) {
 			b.WriteString(bt.String())
 		}
 	}
+	if len(r.MapOps) > 0 {
+		b.WriteString("\n### Binding writes at scale\n\n")
+		ot := table{head: []string{"operation", "bindings", "per second", "p50 µs", "p99 µs", "max µs"}}
+		for _, o := range r.MapOps {
+			ot.add(o.Op, f(float64(o.Bindings), 0), f(o.PerSecond, 0), f(o.P50Us, 1), f(o.P99Us, 1), f(o.MaxUs, 0))
+		}
+		b.WriteString(ot.String())
+		b.WriteString("\nEach operation is one internal/channelmap call (Upsert: state slot, peer→client and client→peer " +
+			"entries; Delete: both entries and the counters folded into the totals), timed one by one from one goroutine " +
+			"while the maps fill from empty to the row's size and empty again.\n")
+	}
 	if len(r.Memory) > 0 {
 		b.WriteString("\n### Map memory\n\n")
 		rows := append([]MemoryRow(nil), r.Memory...)

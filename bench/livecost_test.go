@@ -394,3 +394,47 @@ func (h *harness) stageMemory(t *testing.T) {
 		h.rep.Memory = append(h.rep.Memory, measured, computed)
 	}
 }
+
+// stageMapOps times every binding write while the maps fill to 100,000
+// bindings and empty again: the control plane's rate and tail at scale.
+func (h *harness) stageMapOps(t *testing.T) {
+	const n = liveManyBindings
+	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535,
+		MaxBindings: 131072}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	maps := channelmap.New(prog.Maps())
+	listen := netip.AddrPortFrom(netip.MustParseAddr("10.100.0.1"), uint16(listenPort))
+	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{listen: listen}); err != nil {
+		t.Fatal(err)
+	}
+	bs := make([]channelmap.Binding, n)
+	for i := range bs {
+		bs[i] = channelmap.Binding{Client: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(101 + i>>16), byte(i >> 8), byte(i)}), 40000),
+			Listener: listen, Channel: 0x4000, Peer: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(201 + i>>16), byte(i >> 8), byte(i)}), 5000),
+			Relay: netip.AddrPortFrom(netip.MustParseAddr("10.200.0.1"), uint16(49152+i%16000))}
+	}
+	row := func(op string, f func(channelmap.Binding) error) MapOpsRow {
+		lat := make([]float64, 0, n)
+		start := time.Now()
+		for _, b := range bs {
+			t0 := time.Now()
+			if err := f(b); err != nil {
+				t.Fatalf("%s %v: %v", op, b, err)
+			}
+			lat = append(lat, float64(time.Since(t0).Nanoseconds())/1000)
+		}
+		el := time.Since(start)
+		sort.Float64s(lat)
+		r := MapOpsRow{Op: op, Bindings: n, PerSecond: float64(n) / el.Seconds(), P50Us: quantile(lat, 0.5), P99Us: quantile(lat, 0.99), MaxUs: lat[len(lat)-1]}
+		t.Logf("%s: %.0f/s, p50 %.1f µs, p99 %.1f µs, max %.0f µs", op, r.PerSecond, r.P50Us, r.P99Us, r.MaxUs)
+		return r
+	}
+	h.rep.MapOps = append(h.rep.MapOps, row("install (Upsert), filling 0 → 100,000", maps.Upsert),
+		row("remove (Delete), emptying 100,000 → 0", func(b channelmap.Binding) error { return maps.Delete(b.Key()) }))
+	if maps.Len() != 0 {
+		t.Errorf("%d bindings left", maps.Len())
+	}
+}
