@@ -114,6 +114,7 @@ func TestBench(t *testing.T) {
 	h.rep.Expected = ExpectedRows{
 		ProgRun:        progRunNames,
 		LiveCost:       liveCostNames,
+		Memory:         true,
 		RelayServers:   []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerXDPOffSteered, ServerStunnerd, ServerCoturn, ServerKernelFwd, ServerDeliveryFloor},
 		RelayPoints:    len(cfg.ladder100) + len(cfg.ladder1200),
 		LatencyServers: []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerXDPOffSteered, ServerStunnerd, ServerCoturn, ServerKernelFwd},
@@ -147,6 +148,8 @@ func TestBench(t *testing.T) {
 	}
 	stage("progrun", h.stageProgRun)
 	stage("livecost", h.stageLiveCost)
+	stage("memory", h.stageMemory)
+	stage("mapops", h.stageMapOps)
 	stage("control", h.stageControl)
 	stage("scaling", h.stageScaling)
 	stage("relay", h.stageRelay)

@@ -140,13 +140,12 @@ func (h *harness) stageControl(t *testing.T) {
 		BindingsPerSecond: float64(n) / elapsed.Seconds(), Installed: maps.Len(), MaxEntries: maxBindings, PossibleCPUs: possible,
 		HeapBytesPerBinding: (float64(m1.HeapAlloc) - float64(m0.HeapAlloc)) / float64(n),
 		MapMemlock:          map[string]int64{}}
-	for name, m := range map[string]*ebpf.Map{"c2p_bindings": pm.C2pBindings, "p2c_bindings": pm.P2cBindings,
-		"binding_counters": pm.BindingCounters, "verdicts": pm.Verdicts, "tx_ports": pm.TxPorts} {
+	for name, m := range relayMaps(pm) {
 		c.MapMemlock[name] = memlock(m)
 	}
-	c.MapBytesPerSlot = float64(c.MapMemlock["c2p_bindings"]+c.MapMemlock["p2c_bindings"]+c.MapMemlock["binding_counters"]) / maxBindings
-	c.MapBytesPerSlotComputed = float64(pm.C2pBindings.KeySize()+pm.C2pBindings.ValueSize()+pm.P2cBindings.KeySize()+pm.P2cBindings.ValueSize()) +
-		float64(pm.BindingCounters.ValueSize())*float64(possible)
+	c.MapBytesPerSlot = float64(c.MapMemlock["c2p_bindings"]+c.MapMemlock["p2c_bindings"]+c.MapMemlock["binding_states"]) / maxBindings
+	c.MapBytesPerSlotComputed = float64(pm.C2pBindings.KeySize() + pm.C2pBindings.ValueSize() + pm.P2cBindings.KeySize() + pm.P2cBindings.ValueSize() +
+		pm.BindingStates.ValueSize())
 
 	start = time.Now()
 	for _, a := range allocs {

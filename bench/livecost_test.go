@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -59,6 +60,7 @@ type liveRow struct {
 	reason    string
 	offloadNS *netns.NS // sender namespace and interface whose tx checksum offload goes off for the row
 	offloadIf string
+	noCache   bool // the next-hop cache off for the row
 }
 
 // udpSocket opens a UDP socket bound to addr in ns with a small receive buffer
@@ -153,7 +155,7 @@ func (h *harness) stageLiveCost(t *testing.T) {
 	err := r.Server.Do(func() error {
 		var err error
 		prog, err = loader.Load(loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535,
-			MaxBindings: 1024, IPv6Clients: true}, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+			MaxBindings: liveManyBindings + 1024, IPv6Clients: true}, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 		if err != nil {
 			return err
 		}
@@ -196,6 +198,10 @@ func (h *harness) stageLiveCost(t *testing.T) {
 			offloadNS: r.Client, offloadIf: r.ClientIf.Name},
 		{name: liveP2C4Full, sender: p2c4, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect",
 			offloadNS: r.Peer, offloadIf: r.PeerIf.Name},
+		{name: liveC2P4NoCache, sender: c2p4, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect",
+			offloadNS: r.Client, offloadIf: r.ClientIf.Name, noCache: true},
+		{name: liveP2C4NoCache, sender: p2c4, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect",
+			offloadNS: r.Peer, offloadIf: r.PeerIf.Name, noCache: true},
 		{name: liveParse, sender: liveSender{cl4, sockaddrOf(netip.AddrPortFrom(listen.Addr(), 3479)), packet.ChannelData(b4.Channel, data, nil)},
 			reason: "pass_not_ours"},
 		{name: liveLookups, sender: liveSender{cl4, sockaddrOf(listen), packet.ChannelData(0x4ffe, data, nil)}, reason: "pass_no_channel"},
@@ -223,56 +229,30 @@ func (h *harness) stageLiveCost(t *testing.T) {
 		results[i] = LiveCostRow{Name: row.name, Reason: row.reason, RatePPS: h.cfg.liveRate, Seconds: h.cfg.livePoint.Seconds()}
 	}
 	h.command("live program cost: %d rounds of %v per row at %.0f pps, 100 B; kernel.bpf_stats_enabled=1", h.cfg.liveRounds, h.cfg.livePoint, h.cfg.liveRate)
-	for round := 0; round < h.cfg.liveRounds; round++ {
-		for i, row := range rows {
-			if row.offloadNS != nil {
-				row.offloadNS.Run(t, "ethtool", "-K", row.offloadIf, "tx", "off")
-			}
-			row.sender.send(h.cfg.liveRate, 20*time.Millisecond) // warm up
-			v0, err := maps.Verdicts()
-			if err != nil {
-				t.Fatal(err)
-			}
-			relay0, err := statsOf(prog.XDP())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var floor0 progStats
-			if row.floorNS != nil {
-				if floor0, err = statsOf(floors[row.floorIf]); err != nil {
-					t.Fatal(err)
-				}
-			}
-			sent := row.sender.send(h.cfg.liveRate, h.cfg.livePoint)
-			relay1, err := statsOf(prog.XDP())
-			if err != nil {
-				t.Fatal(err)
-			}
-			res := &results[i]
-			res.Sent += sent
-			res.RelayNs = append(res.RelayNs, relay1.nsPerRunSince(relay0))
-			res.Runs += relay1.runs - relay0.runs
-			if row.floorNS != nil {
-				floor1, err := statsOf(floors[row.floorIf])
-				if err != nil {
-					t.Fatal(err)
-				}
-				res.FloorNs = append(res.FloorNs, floor1.nsPerRunSince(floor0))
-			}
-			v1, err := maps.Verdicts()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for r, n := range v1 {
-				if channelmap.ReasonNames[bpf.RelayReason(r)] == row.reason && r < len(v0) {
-					res.Counted += n - v0[r]
-				}
-			}
-			if row.offloadNS != nil {
-				row.offloadNS.Run(t, "ethtool", "-K", row.offloadIf, "tx", "on")
+	measure := func(rows []liveRow, results []LiveCostRow) {
+		for round := 0; round < h.cfg.liveRounds; round++ {
+			for i, row := range rows {
+				h.liveInterval(t, prog, maps, floors, row, &results[i])
 			}
 		}
 	}
+	measure(rows, results)
+	// Program cost against the number of bindings: the relay rows again with
+	// 100,000 more bindings (other clients, channels, peers) in the maps.
+	many := []liveRow{rows[4], rows[5]} // the full-checksum relay rows
+	many[0].name, many[1].name = liveC2P4Many, liveP2C4Many
+	for i := 0; i < liveManyBindings; i++ {
+		b := channelmap.Binding{Client: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 101, byte(i >> 8), byte(i)}), uint16(1024+i>>16)),
+			Listener: listen, Channel: 0x4000, Peer: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(201 + i>>16), byte(i >> 8), byte(i)}), 5000),
+			Relay: netip.AddrPortFrom(b4.Relay.Addr(), uint16(49152+i%16000))}
+		if err := maps.Upsert(b); err != nil {
+			t.Fatalf("binding %d of %d: %v", i, liveManyBindings, err)
+		}
+	}
+	for _, row := range many {
+		results = append(results, LiveCostRow{Name: row.name, Reason: row.reason, RatePPS: h.cfg.liveRate, Seconds: h.cfg.livePoint.Seconds()})
+	}
+	measure(many, results[len(rows):])
 	for i := range results {
 		res := &results[i]
 		res.finish()
@@ -283,6 +263,72 @@ func (h *harness) stageLiveCost(t *testing.T) {
 		}
 		t.Logf("%s: relay %.0f ns/run, trivial %.0f ns/run, %.2fx (%d runs)", res.Name, res.RelayMedianNs, res.FloorMedianNs, res.Ratio, res.Runs)
 		h.rep.LiveCost = append(h.rep.LiveCost, *res)
+	}
+}
+
+// liveInterval measures one interval of one row into res.
+func (h *harness) liveInterval(t *testing.T, prog *loader.Program, maps *channelmap.Maps, floors map[string]*ebpf.Program, row liveRow, res *LiveCostRow) {
+	if row.offloadNS != nil {
+		row.offloadNS.Run(t, "ethtool", "-K", row.offloadIf, "tx", "off")
+	}
+	fibGen := prog.Maps().FibGen
+	if row.noCache {
+		if err := fibGen.Put(uint32(0), uint32(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	row.sender.send(h.cfg.liveRate, 20*time.Millisecond) // warm up
+	v0, err := maps.Verdicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay0, err := statsOf(prog.XDP())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var floor0 progStats
+	if row.floorNS != nil {
+		if floor0, err = statsOf(floors[row.floorIf]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent := row.sender.send(h.cfg.liveRate, h.cfg.livePoint)
+	relay1, err := statsOf(prog.XDP())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Sent += sent
+	res.RelayNs = append(res.RelayNs, relay1.nsPerRunSince(relay0))
+	res.Runs += relay1.runs - relay0.runs
+	if row.floorNS != nil {
+		floor1, err := statsOf(floors[row.floorIf])
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.FloorNs = append(res.FloorNs, floor1.nsPerRunSince(floor0))
+	}
+	v1, err := maps.Verdicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, n := range v1 {
+		if channelmap.ReasonNames[bpf.RelayReason(r)] == row.reason && r < len(v0) {
+			res.Counted += n - v0[r]
+		}
+	}
+	if row.noCache {
+		// The FIB watcher turns the cache back on at its next event: such an
+		// interval measured a mix.
+		var gen uint32
+		if err := fibGen.Lookup(uint32(0), &gen); err != nil || gen != 0 {
+			t.Errorf("%s: the next-hop cache came back on during the interval (generation %d, %v)", row.name, gen, err)
+		}
+		if err := bpf.EnableFibGen(fibGen); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if row.offloadNS != nil {
+		row.offloadNS.Run(t, "ethtool", "-K", row.offloadIf, "tx", "on")
 	}
 }
 
@@ -306,4 +352,89 @@ func (r *LiveCostRow) finish() {
 		}
 	}
 	r.Ratio = med(ratios)
+}
+
+// relayMaps names every map of the relay program.
+func relayMaps(pm *bpf.RelayMaps) map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{bpf.RelayMapBindingStates: pm.BindingStates,
+		bpf.RelayMapC2pBindings: pm.C2pBindings, bpf.RelayMapP2cBindings: pm.P2cBindings, bpf.RelayMapListenerDsts: pm.ListenerDsts,
+		bpf.RelayMapFibGen: pm.FibGen, bpf.RelayMapTxPorts: pm.TxPorts, bpf.RelayMapVerdicts: pm.Verdicts}
+}
+
+// stageMemory loads the program with the maps sized for 100k, the default
+// 131,072 and 1M bindings and reads what the kernel charges for each map on
+// this machine; for 64 CPUs the per-CPU maps' share is scaled (computed).
+func (h *harness) stageMemory(t *testing.T) {
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []uint32{100000, 131072, 1000000} {
+		prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535,
+			MaxBindings: n}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		measured := MemoryRow{Bindings: n, CPUs: ncpu, Maps: map[string]uint64{}, Measured: true}
+		computed := MemoryRow{Bindings: n, CPUs: 64, Maps: map[string]uint64{}}
+		for name, m := range relayMaps(prog.Maps()) {
+			b := uint64(memlock(m))
+			if memlock(m) < 0 {
+				t.Fatalf("%s: no memlock figure", name)
+			}
+			measured.Maps[name], measured.Total = b, measured.Total+b
+			if m.Type() == ebpf.PerCPUArray || m.Type() == ebpf.PerCPUHash {
+				// The per-CPU share: entries × value size (rounded to 8) per CPU.
+				b += uint64(64-ncpu) * uint64(m.MaxEntries()) * uint64((m.ValueSize()+7)&^7)
+			}
+			computed.Maps[name], computed.Total = b, computed.Total+b
+		}
+		prog.Close()
+		t.Logf("%d bindings: %.1f MiB on %d CPUs, %.1f MiB on 64 CPUs", n, float64(measured.Total)/(1<<20), ncpu, float64(computed.Total)/(1<<20))
+		h.rep.Memory = append(h.rep.Memory, measured, computed)
+	}
+}
+
+// stageMapOps times every binding write while the maps fill to 100,000
+// bindings and empty again: the control plane's rate and tail at scale.
+func (h *harness) stageMapOps(t *testing.T) {
+	const n = liveManyBindings
+	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535,
+		MaxBindings: 131072}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	maps := channelmap.New(prog.Maps())
+	listen := netip.AddrPortFrom(netip.MustParseAddr("10.100.0.1"), uint16(listenPort))
+	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{listen: listen}); err != nil {
+		t.Fatal(err)
+	}
+	bs := make([]channelmap.Binding, n)
+	for i := range bs {
+		bs[i] = channelmap.Binding{Client: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(101 + i>>16), byte(i >> 8), byte(i)}), 40000),
+			Listener: listen, Channel: 0x4000, Peer: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(201 + i>>16), byte(i >> 8), byte(i)}), 5000),
+			Relay: netip.AddrPortFrom(netip.MustParseAddr("10.200.0.1"), uint16(49152+i%16000))}
+	}
+	row := func(op string, f func(channelmap.Binding) error) MapOpsRow {
+		lat := make([]float64, 0, n)
+		start := time.Now()
+		for _, b := range bs {
+			t0 := time.Now()
+			if err := f(b); err != nil {
+				t.Fatalf("%s %v: %v", op, b, err)
+			}
+			lat = append(lat, float64(time.Since(t0).Nanoseconds())/1000)
+		}
+		el := time.Since(start)
+		sort.Float64s(lat)
+		r := MapOpsRow{Op: op, Bindings: n, PerSecond: float64(n) / el.Seconds(), P50Us: quantile(lat, 0.5), P99Us: quantile(lat, 0.99), MaxUs: lat[len(lat)-1]}
+		t.Logf("%s: %.0f/s, p50 %.1f µs, p99 %.1f µs, max %.0f µs", op, r.PerSecond, r.P50Us, r.P99Us, r.MaxUs)
+		return r
+	}
+	h.rep.MapOps = append(h.rep.MapOps, row("install (Upsert), filling 0 → 100,000", maps.Upsert),
+		row("remove (Delete), emptying 100,000 → 0", func(b channelmap.Binding) error { return maps.Delete(b.Key()) }))
+	if maps.Len() != 0 {
+		t.Errorf("%d bindings left", maps.Len())
+	}
 }

@@ -24,6 +24,7 @@ type Report struct {
 	ProgRun  []ProgRunRow  `json:"prog_run"`
 	LiveCost []LiveCostRow `json:"live_cost"`
 	Memory   []MemoryRow   `json:"map_memory"`
+	MapOps   []MapOpsRow   `json:"map_ops"`
 	Relay    []RelayPoint  `json:"relay"`
 	// Userspace compares the userspace relays over several allocations.
 	Userspace []RelayPoint    `json:"userspace"`
@@ -112,6 +113,17 @@ type MemoryRow struct {
 	Maps     map[string]uint64 `json:"bytes_per_map"`
 	Total    uint64            `json:"total_bytes"`
 	Measured bool              `json:"measured"` // false: computed
+}
+
+// MapOpsRow is the latency of one kind of binding write (internal/channelmap,
+// both directions and the state slot) while the maps fill to or empty from N.
+type MapOpsRow struct {
+	Op        string  `json:"op"`
+	Bindings  int     `json:"bindings"`
+	PerSecond float64 `json:"per_second"`
+	P50Us     float64 `json:"p50_us"`
+	P99Us     float64 `json:"p99_us"`
+	MaxUs     float64 `json:"max_us"`
 }
 
 // RelayPoint is one rung of the offered-load ladder for one server.
@@ -222,6 +234,7 @@ type TargetResult struct {
 type ExpectedRows struct {
 	ProgRun        []string `json:"prog_run"`
 	LiveCost       []string `json:"live_cost"`
+	Memory         bool     `json:"map_memory"` // the memory table and the binding-write rows
 	RelayServers   []string `json:"relay_servers"`
 	RelayPoints    int      `json:"relay_points_per_server"`
 	LatencyServers []string `json:"latency_servers"`
@@ -262,6 +275,19 @@ func (r *Report) Validate() error {
 	for _, n := range r.Expected.LiveCost {
 		if !seen[n] {
 			errs = append(errs, fmt.Errorf("live_cost: row %q missing", n))
+		}
+	}
+	if r.Expected.Memory {
+		if len(r.Memory) == 0 {
+			errs = append(errs, errors.New("map_memory: missing"))
+		}
+		if len(r.MapOps) == 0 {
+			errs = append(errs, errors.New("map_ops: missing"))
+		}
+	}
+	for _, o := range r.MapOps {
+		if !(o.PerSecond > 0) || bad(o.P99Us) {
+			errs = append(errs, fmt.Errorf("map_ops %q: no numbers: %+v", o.Op, o))
 		}
 	}
 	perServer := map[string]int{}
@@ -605,7 +631,7 @@ func (r *Report) WriteMarkdown(dir string, lo, hi float64, plots []string) error
 			ct.add("memlock of map "+k, f(float64(c.MapMemlock[k]), 0)+" B")
 		}
 		ct.add("kernel memory per binding slot (memlock of the three per-binding maps / slots)", f(c.MapBytesPerSlot, 1)+" B")
-		ct.add(fmt.Sprintf("computed: key+value of c2p and p2c + counters × %d possible CPUs", c.PossibleCPUs), f(c.MapBytesPerSlotComputed, 1)+" B")
+		ct.add(fmt.Sprintf("computed: key+value of c2p and p2c + state slot with the counters (the same on %d possible CPUs as on any number)", c.PossibleCPUs), f(c.MapBytesPerSlotComputed, 1)+" B")
 		ct.add("Go heap per binding (mirror + channelmap, after GC)", f(c.HeapBytesPerBinding, 1)+" B")
 		b.WriteString(ct.String())
 		b.WriteString("\nThe maps are preallocated: their memory is paid for all --max-bindings slots at load, whatever is bound. " +

@@ -13,7 +13,11 @@ import (
 func TestReportValidate(t *testing.T) {
 	complete := func() *Report {
 		r := &Report{Expected: ExpectedRows{ProgRun: []string{rowFloor}, RelayServers: []string{ServerXDPNative},
-			RelayPoints: 1, LatencyServers: []string{ServerXDPNative}, IperfServers: []string{ServerXDPNative}, ScalingPoints: 1}}
+			RelayPoints: 1, LatencyServers: []string{ServerXDPNative}, IperfServers: []string{ServerXDPNative}, ScalingPoints: 1,
+			LiveCost: []string{liveC2P4}, Memory: true}}
+		r.LiveCost = []LiveCostRow{{Name: liveC2P4, Runs: 1, RelayNs: []float64{300}, FloorNs: []float64{60}, RelayMedianNs: 300, FloorMedianNs: 60, Ratio: 5}}
+		r.Memory = []MemoryRow{{Bindings: 1, CPUs: 2, Maps: map[string]uint64{"c2p_bindings": 100}, Total: 100, Measured: true}}
+		r.MapOps = []MapOpsRow{{Op: "install", Bindings: 1, PerSecond: 1, P99Us: 1}}
 		r.ProgRun = []ProgRunRow{{Name: rowFloor, Runs: 1, MeanNs: 1, MedianNs: 1, FloorX: 1, Valid: true}}
 		r.Relay = []RelayPoint{{Server: ServerXDPNative, Payload: 100, TargetPPS: 20000, Sent: 1, OfferedPPS: 1, DeliveredPPS: 1, XDPShare: 1, ProgNsPerRun: 300}}
 		r.Latency = []LatencyRow{{Server: ServerXDPNative, Received: 1, P50Us: 1, P99Us: 1, P999Us: 1}}
@@ -39,6 +43,10 @@ func TestReportValidate(t *testing.T) {
 		"no scaling at all":  func(r *Report) { r.Scaling = nil },
 		"nothing sent relay": func(r *Report) { r.Relay[0].Sent = 0 },
 		"no program cost":    func(r *Report) { r.Relay[0].ProgNsPerRun = 0 },
+		"missing live cost":  func(r *Report) { r.LiveCost = nil },
+		"live cost no ratio": func(r *Report) { r.LiveCost[0].Ratio = 0 },
+		"missing memory":     func(r *Report) { r.Memory = nil },
+		"missing map ops":    func(r *Report) { r.MapOps = nil },
 	} {
 		r := complete()
 		spoil(r)
@@ -60,6 +68,11 @@ func TestReportValidate(t *testing.T) {
 	}
 	if !strings.Contains(string(md), "| "+ServerXDPNative+" |") {
 		t.Errorf("report.md has no row for %s:\n%s", ServerXDPNative, md)
+	}
+	for _, want := range []string{"| " + liveC2P4 + " |", "### Map memory", "### Binding writes at scale"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report.md has no %q", want)
+		}
 	}
 }
 

@@ -154,7 +154,32 @@ func newEnv(t testing.TB) *env {
 	if err := e.ns.Do(func() error { return e.setup() }); err != nil {
 		t.Fatal(err)
 	}
+	// The next-hop cache on, kept valid as the daemon keeps it: every change
+	// of the namespace's tables moves the FIB generation.
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	fibGen := prog.Maps().FibGen
+	err = e.ns.Do(func() error {
+		return loader.WatchFIB(stop, func() {
+			if err := bpf.EnableFibGen(fibGen); err != nil {
+				t.Errorf("FIB generation: %v", err)
+			}
+		}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return e
+}
+
+// fibGen reads the program's FIB generation.
+func (e *env) fibGen(t testing.TB) uint32 {
+	t.Helper()
+	var gen uint32
+	if err := e.prog.Maps().FibGen.Lookup(uint32(0), &gen); err != nil {
+		t.Fatal(err)
+	}
+	return gen
 }
 
 func (e *env) setup() error {
@@ -464,23 +489,33 @@ func (e *env) restore(t testing.TB, bs []channelmap.Binding) {
 	}
 }
 
-// teach writes b.ReplySource into b's peer->client entry (zero when invalid),
-// as if the program had learned it from a client packet: Upsert never seeds it.
-func (e *env) teach(t testing.TB, b channelmap.Binding) {
+// slot returns b's binding id and state slot.
+func (e *env) slot(t testing.TB, b channelmap.Binding) (uint32, bpf.RelayBindingState) {
 	t.Helper()
 	var k bpf.RelayP2cKey
 	k.PeerAddr.B, k.RelayAddr.B = b.Peer.Addr().As16(), b.Relay.Addr().As16()
 	k.PeerPort, k.RelayPort = htons(b.Peer.Port()), htons(b.Relay.Port())
 	var v bpf.RelayP2cVal
-	p2c := e.prog.Maps().P2cBindings
-	if err := p2c.Lookup(k, &v); err != nil {
-		t.Fatalf("teach %v: %v", b, err)
+	var st bpf.RelayBindingState
+	if err := e.prog.Maps().P2cBindings.Lookup(k, &v); err != nil {
+		t.Fatalf("binding %v: %v", b, err)
 	}
-	v.ListenerAddr.B = [16]byte{}
+	if err := e.prog.Maps().BindingStates.Lookup(v.BindingId, &st); err != nil {
+		t.Fatalf("binding %v: state: %v", b, err)
+	}
+	return v.BindingId, st
+}
+
+// teach writes b.ReplySource into b's state slot (zero when invalid), as if
+// the program had learned it from a client packet: Upsert never seeds it.
+func (e *env) teach(t testing.TB, b channelmap.Binding) {
+	t.Helper()
+	id, st := e.slot(t, b)
+	st.ListenerAddr.B = [16]byte{}
 	if a := b.ReplySource; a.IsValid() && !a.IsUnspecified() {
-		v.ListenerAddr.B = a.As16()
+		st.ListenerAddr.B = a.As16()
 	}
-	if err := p2c.Put(k, v); err != nil {
+	if err := e.prog.Maps().BindingStates.Put(id, st); err != nil {
 		t.Fatalf("teach %v: %v", b, err)
 	}
 }

@@ -45,7 +45,7 @@ struct c2p_val {
 	struct addr relay_addr;
 	__be16 peer_port;
 	__be16 relay_port;
-	__u32 binding_id; /* index into binding_counters */
+	__u32 binding_id; /* index into binding_states */
 };
 
 /* A peer's datagram to a relayed transport address. The relay address is part of
@@ -59,17 +59,28 @@ struct p2c_key {
 
 struct p2c_val {
 	struct addr client_addr;
-	/* Source for packets to the client: the address the client's packets
-	 * arrived at on the wire (a VIP in front of the node, the local address a
-	 * wildcard listener was reached at), learned from the client's accepted
-	 * ChannelData. Userspace never seeds it: a DNAT it cannot see may stand
-	 * in between. All zero: not known yet, the packet goes to userspace. */
-	struct addr listener_addr;
 	__be16 client_port;
 	__be16 listener_port;
 	__be16 channel;
 	__u16 _pad;
 	__u32 binding_id;
+};
+
+/* A binding's next hop in one direction as bpf_fib_lookup resolved it, reused
+ * while nothing the lookup depends on changed: the FIB generation (userspace
+ * bumps it on every neighbour, route, rule, address or link change and when it
+ * changes the devmap or a binding's addresses), the ingress device and TOS of
+ * the lookup, and a length the route's MTU took. */
+struct next_hop {
+	__u32 seq;        /* odd while a writer (holding the slot's lock) changes it */
+	__u32 gen;        /* fib_gen when resolved; 0: empty */
+	__u32 ifindex;    /* egress */
+	__u32 in_ifindex; /* the ingress it was resolved for */
+	__u16 max_len;    /* the longest packet the route took (from the IP header on) */
+	__u8 tos;         /* TOS or traffic class it was resolved for */
+	__u8 _pad;
+	unsigned char dmac[ETH_ALEN];
+	unsigned char smac[ETH_ALEN];
 };
 
 /* Per binding and direction: packets and application-data bytes relayed. */
@@ -80,6 +91,28 @@ struct binding_stats {
 	__u64 p2c_bytes;
 };
 
+/* Per binding, indexed by binding id: what the program learns and caches. One
+ * array slot instead of a second hash lookup per packet. */
+struct binding_state {
+	/* Source for packets to the client: the address the client's packets
+	 * arrived at on the wire (a VIP in front of the node, the local address a
+	 * wildcard listener was reached at), learned from the client's accepted
+	 * ChannelData. Userspace never seeds it: a DNAT it cannot see may stand
+	 * in between. All zero: not known yet, the packet goes to userspace. */
+	struct addr listener_addr;
+	/* Serialises writers of the next hops: two CPUs may resolve one binding
+	 * at once, and a torn entry would pair one lookup's MAC with another's
+	 * device. Readers take it too, unless cfg.tso (then the seq counts). */
+	struct bpf_spin_lock lock;
+	__u32 _pad;
+	struct next_hop c2p_hop;
+	struct next_hop p2c_hop;
+	/* Added atomically: one copy per binding whatever the number of CPUs (a
+	 * per-CPU array costs bindings x CPUs x 32 B: 2 GiB at 1M and 64). */
+	struct binding_stats stats;
+};
+
+
 /* Load-time configuration (rewritten by the loader before load, so the verifier
  * sees constants). Ports in network byte order; relay range inclusive. */
 struct config {
@@ -87,7 +120,10 @@ struct config {
 	__u16 listener_port_count;
 	__u16 min_relay_port; /* host order, for range comparison */
 	__u16 max_relay_port; /* host order */
-	__u16 _pad;
+	/* The CPU keeps stores and loads in program order (x86 TSO): cached next
+	 * hops are read without the lock, under their sequence count. */
+	__u8 tso;
+	__u8 _pad;
 };
 
 /* Sized by the loader from --max-bindings; max_entries here are the defaults. */
@@ -113,11 +149,20 @@ struct {
 } p2c_bindings SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
-	__type(value, struct binding_stats);
+	__type(value, struct binding_state);
 	__uint(max_entries, 131072);
-} binding_counters SEC(".maps");
+} binding_states SEC(".maps");
+
+/* The FIB generation: cached next hops resolved in another one are stale.
+ * Zero (as created) turns the cache off until userspace sets it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} fib_gen SEC(".maps");
 
 /* One counter per enum reason, per CPU: no atomics on the packet path. */
 struct {

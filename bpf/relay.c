@@ -32,6 +32,11 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
+/* A compiler barrier: the BPF JITs emit loads and stores in program order,
+ * which the CPU keeps on TSO machines (cfg.tso). */
+#define barrier() asm volatile("" ::: "memory")
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+
 /* Set by the loader through spec.Variables before the program is loaded. */
 volatile const struct config cfg = {};
 
@@ -103,10 +108,60 @@ struct rewrite {
 	__u8 ttl;       /* TTL or hop limit of the output */
 };
 
-/* next_hop resolves the rewritten packet's next hop and fills in the MACs. It
- * returns -1 when it can be forwarded, else the PASS reason. */
-static __always_inline int next_hop(struct xdp_md *ctx, struct rewrite *rw)
+/* fib_generation reads the FIB generation; read it before the binding, so
+ * that a next hop resolved for an address userspace has since replaced is
+ * stored as stale. */
+static __always_inline __u32 fib_generation(void)
 {
+	__u32 zero = 0;
+	__u32 *g = bpf_map_lookup_elem(&fib_gen, &zero);
+	return g ? *g : 0;
+}
+
+/* hop_valid tells whether a cached next hop answers this lookup as
+ * bpf_fib_lookup would now. */
+static __always_inline int hop_valid(const struct next_hop *h, __u32 gen, __u32 in_ifindex, const struct rewrite *rw)
+{
+	return h->gen == gen && h->in_ifindex == in_ifindex && h->tos == rw->tos && rw->len <= h->max_len;
+}
+
+/* next_hop resolves the rewritten packet's next hop and fills in the MACs,
+ * from the binding's cached one when it is still valid (gen 0: no cache). It
+ * returns -1 when the packet can be forwarded, else the PASS reason. */
+static __always_inline int next_hop(struct xdp_md *ctx, struct rewrite *rw, struct binding_state *st,
+				    int c2p, __u32 gen)
+{
+	__u32 in_ifindex = ctx->ingress_ifindex;
+	struct next_hop *h = 0;
+	if (st && gen) {
+		int hit = 0;
+		h = c2p ? &st->c2p_hop : &st->p2c_hop;
+		if (cfg.tso) {
+			/* A seqcount read: the entry is used only if no writer was in
+			 * it (seq even) and none came between the two reads of seq. */
+			__u32 seq = READ_ONCE(h->seq);
+			barrier();
+			if (!(seq & 1) && hop_valid(h, gen, in_ifindex, rw)) {
+				__builtin_memcpy(rw->dmac, h->dmac, ETH_ALEN);
+				__builtin_memcpy(rw->smac, h->smac, ETH_ALEN);
+				rw->egress_ifindex = h->ifindex;
+				barrier();
+				hit = READ_ONCE(h->seq) == seq;
+			}
+		} else {
+			bpf_spin_lock(&st->lock);
+			if (hop_valid(h, gen, in_ifindex, rw)) {
+				__builtin_memcpy(rw->dmac, h->dmac, ETH_ALEN);
+				__builtin_memcpy(rw->smac, h->smac, ETH_ALEN);
+				rw->egress_ifindex = h->ifindex;
+				hit = 1;
+			}
+			bpf_spin_unlock(&st->lock);
+		}
+		if (hit)
+			return -1;
+	}
+
 	struct bpf_fib_lookup fib = {};
 	fib.family = rw->family;
 	fib.l4_protocol = IPPROTO_UDP;
@@ -149,6 +204,26 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct rewrite *rw)
 		__u32 ifindex = fib.ifindex;
 		if (!bpf_map_lookup_elem(&tx_ports, &ifindex))
 			return REASON_EGRESS_NOT_ATTACHED;
+	}
+	if (h) {
+		bpf_spin_lock(&st->lock);
+		h->seq++;
+		barrier();
+		/* A longer packet that fit widens the entry; anything else starts it
+		 * afresh. */
+		if (h->gen != gen || h->in_ifindex != in_ifindex || h->tos != rw->tos || h->ifindex != rw->egress_ifindex)
+			h->max_len = 0;
+		h->gen = gen;
+		h->in_ifindex = in_ifindex;
+		h->tos = rw->tos;
+		h->ifindex = rw->egress_ifindex;
+		if (rw->len > h->max_len)
+			h->max_len = rw->len;
+		__builtin_memcpy(h->dmac, rw->dmac, ETH_ALEN);
+		__builtin_memcpy(h->smac, rw->smac, ETH_ALEN);
+		barrier();
+		h->seq++;
+		bpf_spin_unlock(&st->lock);
 	}
 	return -1;
 }
@@ -234,17 +309,14 @@ static __always_inline int emit(struct xdp_md *ctx, struct iphdr *ip4, struct re
 	return action;
 }
 
-static __always_inline void count_binding(__u32 id, int c2p, __u16 data_len)
+static __always_inline void count_binding(struct binding_state *st, int c2p, __u16 data_len)
 {
-	struct binding_stats *st = bpf_map_lookup_elem(&binding_counters, &id);
-	if (!st)
-		return;
 	if (c2p) {
-		st->c2p_packets++;
-		st->c2p_bytes += data_len;
+		__sync_fetch_and_add(&st->stats.c2p_packets, 1);
+		__sync_fetch_and_add(&st->stats.c2p_bytes, data_len);
 	} else {
-		st->p2c_packets++;
-		st->p2c_bytes += data_len;
+		__sync_fetch_and_add(&st->stats.p2c_packets, 1);
+		__sync_fetch_and_add(&st->stats.p2c_bytes, data_len);
 	}
 }
 
@@ -346,6 +418,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		*reason = REASON_NOT_LISTENER_ADDR;
 		return XDP_PASS;
 	}
+	__u32 gen = fib_generation();
 	struct c2p_key key = {};
 	key.client_addr = in->saddr;
 	key.client_port = udp->source;
@@ -378,15 +451,20 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	}
 
 	/* Learn the address the client's packets arrive at on the wire: replies must
-	 * come from it (behind a DNAT it is a VIP that userspace never sees). */
-	struct p2c_key back = {};
-	back.peer_addr = b->peer_addr;
-	back.relay_addr = b->relay_addr;
-	back.peer_port = b->peer_port;
-	back.relay_port = b->relay_port;
-	struct p2c_val *bv = bpf_map_lookup_elem(&p2c_bindings, &back);
-	if (bv && !addr_eq(&bv->listener_addr, &in->daddr))
-		bv->listener_addr = in->daddr;
+	 * come from it (behind a DNAT it is a VIP that userspace never sees). The
+	 * reply direction's next hop was resolved from the old one. */
+	__u32 binding_id = b->binding_id;
+	struct binding_state *st = bpf_map_lookup_elem(&binding_states, &binding_id);
+	if (st && !addr_eq(&st->listener_addr, &in->daddr)) {
+		st->listener_addr = in->daddr;
+		bpf_spin_lock(&st->lock);
+		st->p2c_hop.seq++;
+		barrier();
+		st->p2c_hop.gen = 0;
+		barrier();
+		st->p2c_hop.seq++;
+		bpf_spin_unlock(&st->lock);
+	}
 
 	struct rewrite rw = {};
 	rw.family = AF_INET; /* relays and peers are IPv4 */
@@ -397,7 +475,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	rw.sport = b->relay_port;
 	rw.dport = b->peer_port;
 	rw.len = sizeof(struct iphdr) + sizeof(struct udphdr) + data_len;
-	r = next_hop(ctx, &rw);
+	r = next_hop(ctx, &rw, st, 1, gen);
 	if (r >= 0) {
 		*reason = r;
 		return XDP_PASS;
@@ -469,7 +547,6 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	ip4.saddr = to[0];
 	ip4.daddr = to[1];
 
-	__u32 binding_id = b->binding_id;
 	/* Tail: Ethernet trailer and padding. Head: the ChannelData header and,
 	 * from IPv6, the 20 bytes IPv4's header is shorter. */
 	void *l3 = (void *)udp - in->l3_len;
@@ -480,8 +557,8 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		return XDP_PASS;
 	}
 	int action = emit(ctx, &ip4, &rw, channel, data_len, 1, reason);
-	if (action != XDP_DROP)
-		count_binding(binding_id, 1, data_len);
+	if (action != XDP_DROP && st)
+		count_binding(st, 1, data_len);
 	return action;
 }
 
@@ -493,6 +570,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		*reason = REASON_NO_PEER_BINDING;
 		return XDP_PASS;
 	}
+	__u32 gen = fib_generation();
 	struct p2c_key key = {};
 	key.peer_addr = in->saddr;
 	key.relay_addr = in->daddr;
@@ -503,8 +581,10 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		*reason = REASON_NO_PEER_BINDING;
 		return XDP_PASS;
 	}
+	__u32 binding_id = b->binding_id;
+	struct binding_state *st = bpf_map_lookup_elem(&binding_states, &binding_id);
 	int to_v4 = addr_is_v4(&b->client_addr);
-	if (to_v4 ? addr_v4(&b->listener_addr) == 0 : addr_is_zero(&b->listener_addr)) {
+	if (!st || (to_v4 ? addr_v4(&st->listener_addr) == 0 : addr_is_zero(&st->listener_addr))) {
 		*reason = REASON_CLIENT_ADDR_UNKNOWN;
 		return XDP_PASS;
 	}
@@ -535,13 +615,13 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	rw.family = to_v4 ? AF_INET : AF_INET6;
 	rw.tos = in->tos;
 	rw.ttl = in->ttl - 1;
-	rw.saddr = b->listener_addr;
+	rw.saddr = st->listener_addr;
 	rw.daddr = b->client_addr;
 	rw.sport = b->listener_port;
 	rw.dport = b->client_port;
 	__u32 out_l3 = to_v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
 	rw.len = out_l3 + sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len;
-	int r = next_hop(ctx, &rw);
+	int r = next_hop(ctx, &rw, st, 0, gen);
 	if (r >= 0) {
 		*reason = r;
 		return XDP_PASS;
@@ -581,7 +661,6 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	ip4.saddr = addr_v4(&rw.saddr);
 	ip4.daddr = addr_v4(&rw.daddr);
 
-	__u32 binding_id = b->binding_id;
 	__u32 tail = (__u32)((void *)c->end - (void *)old) - in->l3_total;
 	int head = -(int)CHANNEL_DATA_HDR_LEN - ((int)out_l3 - (int)sizeof(struct iphdr));
 	if (resize(ctx, tail, head)) {
@@ -590,7 +669,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	}
 	int action = emit(ctx, &ip4, &rw, channel, data_len, 0, reason);
 	if (action != XDP_DROP)
-		count_binding(binding_id, 0, data_len);
+		count_binding(st, 0, data_len);
 	return action;
 }
 

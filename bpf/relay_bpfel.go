@@ -13,6 +13,22 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type RelayBindingState struct {
+	_            structs.HostLayout
+	ListenerAddr struct {
+		_ structs.HostLayout
+		B [16]uint8
+	}
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Pad    uint32
+	C2pHop RelayNextHop
+	P2cHop RelayNextHop
+	Stats  RelayBindingStats
+}
+
 type RelayBindingStats struct {
 	_          structs.HostLayout
 	C2pPackets uint64
@@ -53,7 +69,8 @@ type RelayConfig struct {
 	ListenerPortCount uint16
 	MinRelayPort      uint16
 	MaxRelayPort      uint16
-	Pad               uint16
+	Tso               uint8
+	Pad               uint8
 }
 
 type RelayDstKey struct {
@@ -69,6 +86,19 @@ type RelayDstKey struct {
 type RelayDstVal struct {
 	_          structs.HostLayout
 	ListenerId uint32
+}
+
+type RelayNextHop struct {
+	_         structs.HostLayout
+	Seq       uint32
+	Gen       uint32
+	Ifindex   uint32
+	InIfindex uint32
+	MaxLen    uint16
+	Tos       uint8
+	Pad       uint8
+	Dmac      [6]uint8
+	Smac      [6]uint8
 }
 
 type RelayP2cKey struct {
@@ -88,10 +118,6 @@ type RelayP2cKey struct {
 type RelayP2cVal struct {
 	_          structs.HostLayout
 	ClientAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	ListenerAddr struct {
 		_ structs.HostLayout
 		B [16]uint8
 	}
@@ -141,15 +167,16 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	RelayMapBindingCounters = "binding_counters"
-	RelayMapC2pBindings     = "c2p_bindings"
-	RelayMapListenerDsts    = "listener_dsts"
-	RelayMapP2cBindings     = "p2c_bindings"
-	RelayMapTxPorts         = "tx_ports"
-	RelayMapVerdicts        = "verdicts"
-	RelayProgXdpTurnRelay   = "xdp_turn_relay"
-	RelayVarUnusedReason    = "_unused_reason"
-	RelayVarCfg             = "cfg"
+	RelayMapBindingStates = "binding_states"
+	RelayMapC2pBindings   = "c2p_bindings"
+	RelayMapFibGen        = "fib_gen"
+	RelayMapListenerDsts  = "listener_dsts"
+	RelayMapP2cBindings   = "p2c_bindings"
+	RelayMapTxPorts       = "tx_ports"
+	RelayMapVerdicts      = "verdicts"
+	RelayProgXdpTurnRelay = "xdp_turn_relay"
+	RelayVarUnusedReason  = "_unused_reason"
+	RelayVarCfg           = "cfg"
 )
 
 // LoadRelay returns the embedded CollectionSpec for Relay.
@@ -201,12 +228,13 @@ type RelayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayMapSpecs struct {
-	BindingCounters *ebpf.MapSpec `ebpf:"binding_counters"`
-	C2pBindings     *ebpf.MapSpec `ebpf:"c2p_bindings"`
-	ListenerDsts    *ebpf.MapSpec `ebpf:"listener_dsts"`
-	P2cBindings     *ebpf.MapSpec `ebpf:"p2c_bindings"`
-	TxPorts         *ebpf.MapSpec `ebpf:"tx_ports"`
-	Verdicts        *ebpf.MapSpec `ebpf:"verdicts"`
+	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
+	C2pBindings   *ebpf.MapSpec `ebpf:"c2p_bindings"`
+	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
+	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
+	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
+	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
+	Verdicts      *ebpf.MapSpec `ebpf:"verdicts"`
 }
 
 // RelayVariableSpecs contains global variables before they are loaded into the kernel.
@@ -237,18 +265,20 @@ func (o *RelayObjects) Close() error {
 //
 // It can be passed to LoadRelayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayMaps struct {
-	BindingCounters *ebpf.Map `ebpf:"binding_counters"`
-	C2pBindings     *ebpf.Map `ebpf:"c2p_bindings"`
-	ListenerDsts    *ebpf.Map `ebpf:"listener_dsts"`
-	P2cBindings     *ebpf.Map `ebpf:"p2c_bindings"`
-	TxPorts         *ebpf.Map `ebpf:"tx_ports"`
-	Verdicts        *ebpf.Map `ebpf:"verdicts"`
+	BindingStates *ebpf.Map `ebpf:"binding_states"`
+	C2pBindings   *ebpf.Map `ebpf:"c2p_bindings"`
+	FibGen        *ebpf.Map `ebpf:"fib_gen"`
+	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
+	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
+	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
+	Verdicts      *ebpf.Map `ebpf:"verdicts"`
 }
 
 func (m *RelayMaps) Close() error {
 	return _RelayClose(
-		m.BindingCounters,
+		m.BindingStates,
 		m.C2pBindings,
+		m.FibGen,
 		m.ListenerDsts,
 		m.P2cBindings,
 		m.TxPorts,

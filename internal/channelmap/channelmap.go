@@ -90,8 +90,11 @@ type bindingMap interface {
 
 // Maps writes bindings into the program's maps.
 type Maps struct {
-	c2p, p2c                 bindingMap
-	counters, verdicts, dsts *ebpf.Map
+	c2p, p2c               bindingMap
+	verdicts, dsts, fibGen *ebpf.Map
+	// states are the per-binding slots: learned reply source, cached next
+	// hops and the binding's counters.
+	states *ebpf.Map
 
 	mu       sync.Mutex
 	bindings map[Key]entry
@@ -132,11 +135,12 @@ func New(m *bpf.RelayMaps) *Maps {
 	return &Maps{
 		c2p:          m.C2pBindings,
 		p2c:          m.P2cBindings,
-		counters:     m.BindingCounters,
 		verdicts:     m.Verdicts,
 		dsts:         m.ListenerDsts,
+		states:       m.BindingStates,
+		fibGen:       m.FibGen,
 		bindings:     make(map[Key]entry),
-		maxID:        m.BindingCounters.MaxEntries(),
+		maxID:        m.BindingStates.MaxEntries(),
 		listenerIDs:  make(map[netip.AddrPort]uint32),
 		listenerAddr: make(map[uint32]netip.AddrPort),
 		dstTable:     make(map[bpf.RelayDstKey]uint32),
@@ -301,16 +305,14 @@ func (m *Maps) Upsert(b Binding) error {
 		}
 	}
 	pk := p2cKey(b)
-	// What the program learned lives in the peer->client entry: the one this
-	// binding has, or had before its channel moved to another peer or relay.
-	learnedFrom := pk
-	if exists {
-		learnedFrom = p2cKey(old.binding)
-	}
-	var reply [16]uint8
-	var cur bpf.RelayP2cVal
-	if err := m.p2c.Lookup(learnedFrom, &cur); err == nil && cur.BindingId == id {
-		reply = cur.ListenerAddr.B
+	if !exists {
+		// A fresh slot: nothing learned, no next hop cached (the id may have
+		// served a removed binding). The program reads it only once the
+		// entries below point at it.
+		if err := m.states.Put(id, bpf.RelayBindingState{}); err != nil {
+			m.free(id)
+			return fmt.Errorf("clear the state slot of %v: %w", b, err)
+		}
 	}
 
 	var cv bpf.RelayC2pVal
@@ -322,21 +324,21 @@ func (m *Maps) Upsert(b Binding) error {
 
 	var pv bpf.RelayP2cVal
 	pv.ClientAddr.B = addr16(b.Client.Addr())
-	pv.ListenerAddr.B = reply
 	pv.ClientPort = byteorder.Htons(b.Client.Port())
 	pv.ListenerPort = byteorder.Htons(b.Listener.Port())
 	pv.Channel = byteorder.Htons(b.Channel)
 	pv.BindingId = id
 
-	if exists && learnedFrom != pk {
+	moved := exists && p2cKey(old.binding) != pk
+	if moved {
 		// The channel moved to another peer or relay: the old peer->client
 		// entry must not survive it.
-		if err := m.p2c.Delete(learnedFrom); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := m.p2c.Delete(p2cKey(old.binding)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete stale peer->client entry of %v: %w", old.binding, err)
 		}
 	}
-	// peer->client first: a client->peer packet learns the reply source into
-	// the peer->client entry, so that one must exist when traffic starts.
+	// peer->client first: the two directions are one binding, and the kernel
+	// must never see a client->peer entry without its twin.
 	if err := m.p2c.Put(pk, pv); err != nil {
 		m.fail(k, exists, id)
 		return fmt.Errorf("install peer->client entry of %v: %w", b, mapErr(err))
@@ -359,8 +361,20 @@ func (m *Maps) Upsert(b Binding) error {
 		e.gen = m.gen
 	}
 	m.bindings[k] = e
+	if moved {
+		// The next hop the program cached for the old peer is not the new
+		// one's: resolve again (the program reads the generation before the
+		// binding, so a lookup racing this update is stored as stale).
+		if err := bpf.BumpFibGen(m.fibGen); err != nil {
+			return fmt.Errorf("binding %v moved: %w", b, err)
+		}
+	}
 	return nil
 }
+
+// InvalidateNextHops makes the program resolve every cached next hop again
+// (after a change of routes, neighbours or links).
+func (m *Maps) InvalidateNextHops() error { return bpf.BumpFibGen(m.fibGen) }
 
 func (m *Maps) accountOf(b Binding) string {
 	if m.account == nil {
@@ -461,26 +475,32 @@ func (m *Maps) free(id uint32) {
 }
 
 // retire folds a removed binding's counters into the totals, zeroes its slot
-// and puts the id in quarantine. Called with mu held, after both map entries
-// are gone.
+// (what the program learned belongs to the binding) and puts the id in
+// quarantine. Called with mu held, after both map entries are gone.
 func (m *Maps) retire(e entry) {
 	m.drain(e.id, e.account)
+	_ = m.states.Put(e.id, bpf.RelayBindingState{})
 	m.freed = append(m.freed, freedID{id: e.id, at: m.now(), account: e.account})
 }
 
 // drain moves a slot's counters into the retired totals (overall and the
-// account's) and zeroes it.
+// account's) and zeroes them; the rest of the slot (the learned reply source,
+// the cached next hops) stays. A packet the program counts between the read
+// and the write is lost to the totals.
 func (m *Maps) drain(id uint32, account string) {
-	if s, err := m.bindingStats(id); err == nil {
-		m.retired.add(s)
-		if m.byAccount != nil {
-			a := m.byAccount[account]
-			a.add(s)
-			m.byAccount[account] = a
-		}
+	var st bpf.RelayBindingState
+	if err := m.states.Lookup(id, &st); err != nil {
+		return
 	}
-	zero := make([]bpf.RelayBindingStats, ebpf.MustPossibleCPU())
-	_ = m.counters.Put(id, zero)
+	s := statsOf(st.Stats)
+	m.retired.add(s)
+	if m.byAccount != nil {
+		a := m.byAccount[account]
+		a.add(s)
+		m.byAccount[account] = a
+	}
+	st.Stats = bpf.RelayBindingStats{}
+	_ = m.states.Put(id, st)
 }
 
 // SetAccount has the maps keep their counters by account: account(b) names
@@ -566,18 +586,16 @@ func (m *Maps) eachLive(retired func(), f func(entry, Stats)) error {
 }
 
 func (m *Maps) bindingStats(id uint32) (Stats, error) {
-	var perCPU []bpf.RelayBindingStats
-	if err := m.counters.Lookup(id, &perCPU); err != nil {
+	var st bpf.RelayBindingState
+	if err := m.states.Lookup(id, &st); err != nil {
 		return Stats{}, fmt.Errorf("read counters of binding %d: %w", id, err)
 	}
-	var s Stats
-	for _, c := range perCPU {
-		s.ClientToPeerPackets += c.C2pPackets
-		s.ClientToPeerBytes += c.C2pBytes
-		s.PeerToClientPackets += c.P2cPackets
-		s.PeerToClientBytes += c.P2cBytes
-	}
-	return s, nil
+	return statsOf(st.Stats), nil
+}
+
+func statsOf(c bpf.RelayBindingStats) Stats {
+	return Stats{ClientToPeerPackets: c.C2pPackets, ClientToPeerBytes: c.C2pBytes,
+		PeerToClientPackets: c.P2cPackets, PeerToClientBytes: c.P2cBytes}
 }
 
 // Stats returns the counters of one installed binding.
@@ -629,6 +647,7 @@ func (m *Maps) Dump() (map[Key]Binding, error) {
 		k  bpf.RelayC2pKey
 		v  bpf.RelayC2pVal
 		pv bpf.RelayP2cVal
+		st bpf.RelayBindingState
 	)
 	it := m.c2p.Iterate()
 	for it.Next(&k, &v) {
@@ -647,8 +666,8 @@ func (m *Maps) Dump() (map[Key]Binding, error) {
 			pv.ClientAddr.B != k.ClientAddr.B || pv.ClientPort != k.ClientPort || pv.Channel != k.Channel {
 			continue
 		}
-		if pv.ListenerAddr.B != [16]uint8{} {
-			b.ReplySource = fromAddr16(pv.ListenerAddr.B)
+		if err := m.states.Lookup(v.BindingId, &st); err == nil && st.ListenerAddr.B != [16]uint8{} {
+			b.ReplySource = fromAddr16(st.ListenerAddr.B)
 		}
 		out[b.Key()] = b
 	}

@@ -50,16 +50,20 @@ var testBinding = Binding{
 	Relay:    netip.MustParseAddrPort("10.200.0.1:50000"),
 }
 
-// learn writes a reply source into b's peer->client entry, as the program does
-// from a client packet.
+// learn writes a reply source into b's state slot, as the program does from a
+// client packet.
 func learn(t *testing.T, raw *bpf.RelayMaps, b Binding, a netip.Addr) {
 	t.Helper()
 	var v bpf.RelayP2cVal
+	var st bpf.RelayBindingState
 	if err := raw.P2cBindings.Lookup(p2cKey(b), &v); err != nil {
 		t.Fatal(err)
 	}
-	v.ListenerAddr.B = a.As16()
-	if err := raw.P2cBindings.Put(p2cKey(b), v); err != nil {
+	if err := raw.BindingStates.Lookup(v.BindingId, &st); err != nil {
+		t.Fatal(err)
+	}
+	st.ListenerAddr.B = a.As16()
+	if err := raw.BindingStates.Put(v.BindingId, st); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -183,9 +187,9 @@ func TestFreedIDsRestBeforeReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A packet in flight counts into the freed slot after the delete.
-	late := make([]bpf.RelayBindingStats, ebpf.MustPossibleCPU())
-	late[0].C2pPackets, late[0].C2pBytes = 1, 100
-	if err := raw.BindingCounters.Put(id, late); err != nil {
+	var late bpf.RelayBindingState
+	late.Stats.C2pPackets, late.Stats.C2pBytes = 1, 100
+	if err := raw.BindingStates.Put(id, late); err != nil {
 		t.Fatal(err)
 	}
 	c := a
@@ -266,10 +270,9 @@ func TestAccountTotalsMonotonicUnderChurn(t *testing.T) {
 		b.Peer = peers[peer]
 		return b
 	}
-	ncpu := ebpf.MustPossibleCPU()
-	// bump counts one packet each way on every CPU in the binding's slot, as
-	// the program would (it may land after the binding's removal: a late
-	// packet, folded in when the slot is reused).
+	// bump counts one packet each way in the binding's slot, as the program
+	// would (it may land after the binding's removal: a late packet, folded
+	// in when the slot is reused).
 	bump := func(k Key) {
 		m.mu.Lock()
 		e, ok := m.bindings[k]
@@ -277,16 +280,14 @@ func TestAccountTotalsMonotonicUnderChurn(t *testing.T) {
 		if !ok {
 			return
 		}
-		var v []bpf.RelayBindingStats
-		if err := raw.BindingCounters.Lookup(e.id, &v); err != nil {
+		var st bpf.RelayBindingState
+		if err := raw.BindingStates.Lookup(e.id, &st); err != nil {
 			t.Error(err)
 			return
 		}
-		for c := range v[:ncpu] {
-			v[c].C2pPackets++
-			v[c].P2cPackets++
-		}
-		if err := raw.BindingCounters.Put(e.id, v); err != nil {
+		st.Stats.C2pPackets++
+		st.Stats.P2cPackets++
+		if err := raw.BindingStates.Put(e.id, st); err != nil {
 			t.Error(err)
 		}
 	}

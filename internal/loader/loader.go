@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 
@@ -63,6 +64,10 @@ type Program struct {
 	// links are keyed by ifindex: a bpf_link holds a device, not a name. A
 	// renamed interface keeps its attachment; a deleted one loses it.
 	links map[int]attachment
+	// fibStop ends the FIB watcher (started with the first attachment) that
+	// keeps the program's next-hop cache valid.
+	fibStop  chan struct{}
+	watching bool
 }
 
 type attachment struct {
@@ -80,7 +85,7 @@ func Load(cfg Config, log *slog.Logger) (*Program, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("remove memlock limit: %w", err)
 	}
-	p := &Program{log: log, links: make(map[int]attachment), ipv6Clients: cfg.IPv6Clients}
+	p := &Program{log: log, links: make(map[int]attachment), ipv6Clients: cfg.IPv6Clients, fibStop: make(chan struct{})}
 	if err := load(cfg, &p.objs, nil); err != nil {
 		return nil, err
 	}
@@ -110,21 +115,28 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	c.ListenerPortCount = uint16(len(cfg.ListenerPorts))
 	c.MinRelayPort = cfg.MinRelayPort
 	c.MaxRelayPort = cfg.MaxRelayPort
+	// x86 keeps loads and stores in order (TSO): the program reads cached
+	// next hops under their sequence count, without the lock. Weaker orders
+	// (arm64) take the lock: BPF has no read barrier.
+	if runtime.GOARCH == "amd64" || runtime.GOARCH == "386" {
+		c.Tso = 1
+	}
 	if err := spec.Variables[bpf.RelayVarCfg].Set(c); err != nil {
 		return fmt.Errorf("set program config: %w", err)
 	}
-	for _, name := range []string{bpf.RelayMapC2pBindings, bpf.RelayMapP2cBindings, bpf.RelayMapBindingCounters} {
+	for _, name := range []string{bpf.RelayMapC2pBindings, bpf.RelayMapP2cBindings, bpf.RelayMapBindingStates} {
 		spec.Maps[name].MaxEntries = cfg.MaxBindings
 	}
 	var opts *ebpf.CollectionOptions
 	if reuse != nil {
 		opts = &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
-			bpf.RelayMapC2pBindings:     reuse.C2pBindings,
-			bpf.RelayMapP2cBindings:     reuse.P2cBindings,
-			bpf.RelayMapBindingCounters: reuse.BindingCounters,
-			bpf.RelayMapVerdicts:        reuse.Verdicts,
-			bpf.RelayMapTxPorts:         reuse.TxPorts,
-			bpf.RelayMapListenerDsts:    reuse.ListenerDsts,
+			bpf.RelayMapC2pBindings:   reuse.C2pBindings,
+			bpf.RelayMapP2cBindings:   reuse.P2cBindings,
+			bpf.RelayMapVerdicts:      reuse.Verdicts,
+			bpf.RelayMapTxPorts:       reuse.TxPorts,
+			bpf.RelayMapListenerDsts:  reuse.ListenerDsts,
+			bpf.RelayMapBindingStates: reuse.BindingStates,
+			bpf.RelayMapFibGen:        reuse.FibGen,
 		}}
 	}
 	if err := spec.LoadAndAssign(objs, opts); err != nil {
@@ -228,6 +240,7 @@ func (p *Program) Attach(iface string, mode Mode) (Mode, error) {
 			return ModeOff, fmt.Errorf("add %s to the redirect map: %w", iface, err)
 		}
 		p.links[ifc.Index] = attachment{link: l, mode: m, name: iface, rtnl: rtnl}
+		p.fibChangedLocked()
 		if !forwardingOn("ipv4", iface) {
 			p.log.Warn("IPv4 forwarding is off on the interface: bpf_fib_lookup answers FWD_DISABLED and every packet goes to userspace; set net.ipv4.conf."+iface+".forwarding=1",
 				"iface", iface)
@@ -266,6 +279,10 @@ func (p *Program) detachLocked(ifindex int) error {
 	if err := p.objs.TxPorts.Delete(uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = append(errs, fmt.Errorf("remove %s from the redirect map: %w", a.name, err))
 	}
+	// A next hop cached through it must be looked up again (and passed).
+	if err := bpf.BumpFibGen(p.objs.FibGen); err != nil {
+		errs = append(errs, err)
+	}
 	if err := a.link.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("detach XDP from %s: %w", a.name, err))
 	}
@@ -299,6 +316,33 @@ func (p *Program) refreshLocked() {
 	}
 }
 
+// fibChangedLocked is called when the devmap gained an interface: cached next
+// hops are resolved again. The first attachment starts following the FIB's
+// changes from the interfaces' namespace (the caller's), which turns the
+// program's next-hop cache on; without that the cache stays off and every
+// packet takes bpf_fib_lookup.
+func (p *Program) fibChangedLocked() {
+	if p.watching {
+		if err := bpf.BumpFibGen(p.objs.FibGen); err != nil {
+			p.log.Warn("cannot invalidate the next-hop cache; turning it off", "error", err)
+			_ = p.objs.FibGen.Put(uint32(0), uint32(0))
+		}
+		return
+	}
+	fibGen := p.objs.FibGen
+	err := WatchFIB(p.fibStop, func() {
+		if err := bpf.EnableFibGen(fibGen); err != nil {
+			p.log.Warn("cannot invalidate the next-hop cache; turning it off", "error", err)
+			_ = fibGen.Put(uint32(0), uint32(0))
+		}
+	}, p.log)
+	if err != nil {
+		p.log.Warn("no rtnetlink events: the next-hop cache stays off (every packet takes bpf_fib_lookup)", "error", err)
+		return
+	}
+	p.watching = true
+}
+
 // Attached returns the mode of every interface the program is attached to
 // now, under the interfaces' current names.
 func (p *Program) Attached() map[string]Mode {
@@ -319,6 +363,10 @@ func (p *Program) Close() error {
 	var errs []error
 	for ifindex := range p.links {
 		errs = append(errs, p.detachLocked(ifindex))
+	}
+	if p.watching {
+		close(p.fibStop)
+		p.watching = false
 	}
 	errs = append(errs, p.objs.Close())
 	return errors.Join(errs...)

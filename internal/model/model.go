@@ -116,6 +116,16 @@ type Interface struct {
 	// Neighbours are the resolved (valid) neighbour entries of the interface,
 	// IPv4 and IPv6.
 	Neighbours map[netip.Addr][6]byte
+	// Down: the interface is administratively down. The kernel drops its
+	// routes (connected ones and those through it) and its neighbours.
+	Down bool
+}
+
+// Route is an IPv4 route through a gateway: Dst via Via, whose connected
+// interface is the egress.
+type Route struct {
+	Dst netip.Prefix
+	Via netip.Addr
 }
 
 // Env is everything outside the packet that decides its fate: the program's
@@ -127,6 +137,9 @@ type Env struct {
 	// Unreachable are routes of type unreachable (or blackhole, prohibit), IPv4
 	// or IPv6: the FIB refuses to forward to them.
 	Unreachable []netip.Prefix
+	// Routes are IPv4 gateway routes; the longest prefix wins against them and
+	// the connected routes.
+	Routes []Route
 	// Destinations are the destinations the listeners accept: the address and
 	// port on the wire -> the listener socket the kernel delivers it to.
 	Destinations map[netip.AddrPort]netip.AddrPort
@@ -203,6 +216,11 @@ func New(env Env, bindings []channelmap.Binding) (*Model, error) {
 	}
 	return m, nil
 }
+
+// SetEnv replaces the host's tables (interfaces, neighbours, routes) as the
+// kernel changed them. The program sees the change once the FIB generation
+// moved (loader.WatchFIB): until then its cached next hops are the old ones.
+func (m *Model) SetEnv(env Env) { m.env = env }
 
 // Bindings returns the bindings in the order given to New, with their current
 // reply sources (unspecified: not known).
@@ -475,7 +493,7 @@ func (m *Model) fib(ingress int, dst netip.Addr, totLen int) (*nextHop, bpf.Rela
 	var egress *Interface
 	for i := range m.env.Interfaces {
 		ifc := &m.env.Interfaces[i]
-		if !ifc.Addr.IsValid() {
+		if !ifc.Addr.IsValid() || ifc.Down {
 			continue
 		}
 		p := ifc.Addr.Masked()
@@ -491,7 +509,24 @@ func (m *Model) fib(ingress int, dst netip.Addr, totLen int) (*nextHop, bpf.Rela
 	if egress != nil {
 		bits = egress.Addr.Bits()
 	}
-	return m.finish(ingress, dst, totLen, egress, bits)
+	hop := dst
+	for _, r := range m.env.Routes {
+		if !r.Dst.Contains(dst) || (egress != nil && r.Dst.Bits() <= bits) {
+			continue
+		}
+		// The gateway's connected interface (a dead route when none is up).
+		var via *Interface
+		for i := range m.env.Interfaces {
+			ifc := &m.env.Interfaces[i]
+			if ifc.Addr.IsValid() && !ifc.Down && ifc.Addr.Masked().Contains(r.Via) {
+				via = ifc
+			}
+		}
+		if via != nil {
+			egress, bits, hop = via, r.Dst.Bits(), r.Via
+		}
+	}
+	return m.finish(ingress, dst, hop, totLen, egress, bits)
 }
 
 // fib6 is fib for an IPv6 destination (AF_INET6): IPv6 forwarding on the
@@ -511,7 +546,7 @@ func (m *Model) fib6(ingress int, src, dst netip.Addr, totLen int) (*nextHop, bp
 	bits := -1
 	for i := range m.env.Interfaces {
 		ifc := &m.env.Interfaces[i]
-		if !ifc.Addr6.IsValid() {
+		if !ifc.Addr6.IsValid() || ifc.Down {
 			continue
 		}
 		if dst == ifc.Addr6.Addr() {
@@ -521,7 +556,7 @@ func (m *Model) fib6(ingress int, src, dst netip.Addr, totLen int) (*nextHop, bp
 			egress, bits = ifc, ifc.Addr6.Bits()
 		}
 	}
-	return m.finish(ingress, dst, totLen, egress, bits)
+	return m.finish(ingress, dst, dst, totLen, egress, bits)
 }
 
 // strict6 is the kernel's rt6_need_strict: multicast (ff00::/8), link-local
@@ -534,9 +569,10 @@ func strict6(a netip.Addr) bool {
 	return b[0] == 0xff || (b[0] == 0xfe && b[1]&0xc0 == 0x80) || a == netip.IPv6Loopback()
 }
 
-// finish is the common tail of a lookup that found the connected route of
-// bits bits through egress (nil: no route).
-func (m *Model) finish(ingress int, dst netip.Addr, totLen int, egress *Interface, bits int) (*nextHop, bpf.RelayReason) {
+// finish is the common tail of a lookup for dst that found a route of bits
+// bits through egress (nil: no route) to the next hop hop (dst itself on a
+// connected route, else the gateway).
+func (m *Model) finish(ingress int, dst, hop netip.Addr, totLen int, egress *Interface, bits int) (*nextHop, bpf.RelayReason) {
 	for _, u := range m.env.Unreachable {
 		if u.Contains(dst) && (egress == nil || u.Bits() > bits) {
 			return nil, bpf.RelayReasonREASON_FIB_NOT_FORWARDED
@@ -548,7 +584,7 @@ func (m *Model) finish(ingress int, dst netip.Addr, totLen int, egress *Interfac
 	if totLen > egress.MTU {
 		return nil, bpf.RelayReasonREASON_FIB_FRAG_NEEDED
 	}
-	mac, ok := egress.Neighbours[dst]
+	mac, ok := egress.Neighbours[hop]
 	if !ok {
 		return nil, bpf.RelayReasonREASON_FIB_NO_NEIGH
 	}

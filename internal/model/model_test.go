@@ -497,3 +497,28 @@ func TestPartialChecksum(t *testing.T) {
 		}
 	}
 }
+
+// TestGatewayRouteAndInterfaceDown: a more specific route through a gateway
+// sends to the gateway's MAC on its interface; an interface that is down has
+// no routes, so nothing leaves through it.
+func TestGatewayRouteAndInterfaceDown(t *testing.T) {
+	gwMAC := [6]byte{2, 0, 0, 0, 0x10, 3}
+	env := testEnv()
+	env.Interfaces[0].Neighbours[netip.MustParseAddr("10.100.0.3")] = gwMAC
+	env.Routes = []model.Route{{Dst: netip.MustParsePrefix("10.200.0.2/32"), Via: netip.MustParseAddr("10.100.0.3")}}
+	m, err := model.New(env, []channelmap.Binding{binding})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := clientFrame("10.100.0.1", packet.ChannelData(0x4000, []byte("hi"), nil)).Marshal()
+	res := m.Process(2, in)
+	if res.Verdict != model.TX || len(res.Frame) < 12 || [6]byte(res.Frame[:6]) != gwMAC || [6]byte(res.Frame[6:12]) != aMAC {
+		t.Fatalf("through the gateway: %v %v, frame %x", res.Verdict, res.Reason, res.Frame)
+	}
+	env.Routes = nil
+	env.Interfaces[1].Down = true
+	m.SetEnv(env)
+	if res := m.Process(2, in); res.Verdict != model.Pass || res.Reason != bpf.RelayReasonREASON_FIB_NOT_FORWARDED {
+		t.Fatalf("egress down: %v %v, want PASS pass_fib_not_forwarded", res.Verdict, res.Reason)
+	}
+}
