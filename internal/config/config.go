@@ -201,18 +201,6 @@ func (l ResolvedListener) Equal(o ResolvedListener) bool {
 	return slices.Equal(l.AllowPeers, o.AllowPeers) && slices.Equal(l.PeerPorts, o.PeerPorts) && slices.Equal(l.DNSNames, o.DNSNames)
 }
 
-func ReadFile(path string) (*Resolved, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read config: %w", err)
-	}
-	r, err := Parse(b)
-	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	return r, nil
-}
-
 // ErrZeroConfig is the config the operator's discovery service sends for a
 // deleted gateway (and stunnerd boots with): no listeners, no clusters, the
 // dummy static credentials. stunnerd -w ignores it and keeps serving; so do we.
