@@ -190,17 +190,6 @@ func (l ResolvedListener) SameSocket(o ResolvedListener) bool {
 	return l.Cert == nil || string(l.Cert.Certificate[0]) == string(o.Cert.Certificate[0])
 }
 
-// Equal reports whether two listeners would run the same socket and policy.
-func (l ResolvedListener) Equal(o ResolvedListener) bool {
-	if l.Name != o.Name || l.Protocol != o.Protocol || l.Addr != o.Addr || (l.Cert == nil) != (o.Cert == nil) {
-		return false
-	}
-	if l.Cert != nil && string(l.Cert.Certificate[0]) != string(o.Cert.Certificate[0]) {
-		return false
-	}
-	return slices.Equal(l.AllowPeers, o.AllowPeers) && slices.Equal(l.PeerPorts, o.PeerPorts) && slices.Equal(l.DNSNames, o.DNSNames)
-}
-
 // ErrZeroConfig is the config the operator's discovery service sends for a
 // deleted gateway (and stunnerd boots with): no listeners, no clusters, the
 // dummy static credentials. stunnerd -w ignores it and keeps serving; so do we.
