@@ -12,6 +12,8 @@ import (
 
 	"github.com/pion/stun/v3"
 	"github.com/pion/turn/v4"
+
+	"github.com/l7mp/stunnerd-xdp/internal/udpio"
 )
 
 // Counters count packets and application-data bytes relayed by pion/turn.
@@ -86,6 +88,11 @@ func (g *RelayAddressGenerator) AllocatePacketConn(network string, requestedPort
 	conn, addr, err := g.RelayAddressGeneratorPortRange.AllocatePacketConn(network, requestedPort)
 	if err != nil {
 		return nil, nil, fmt.Errorf("allocate relay socket: %w", err)
+	}
+	// pion writes what it relays to the peer with one system call per
+	// datagram: a raw one (udpio.WriteConn) spares the scheduler's handoff.
+	if w, err := udpio.NewWriteConn(conn); err == nil {
+		conn = w
 	}
 	return &relayConn{PacketConn: conn, counters: g.Counters}, addr, nil
 }

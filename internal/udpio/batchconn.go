@@ -39,6 +39,7 @@ var ErrNotUDP = errors.New("udpio: not a UDP socket")
 type BatchConn struct {
 	*net.UDPConn
 	rc syscall.RawConn
+	s  *sender // WriteTo
 
 	mu    sync.Mutex
 	hdrs  [BatchSize]unix.Mmsghdr
@@ -70,7 +71,11 @@ func NewBatchConn(pc net.PacketConn) (*BatchConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &BatchConn{UDPConn: u, rc: rc, buf: make([]byte, BatchSize*slotSize), addrs: map[addrKey]*net.UDPAddr{}}
+	s, err := newSender(u)
+	if err != nil {
+		return nil, err
+	}
+	c := &BatchConn{UDPConn: u, rc: rc, s: s, buf: make([]byte, BatchSize*slotSize), addrs: map[addrKey]*net.UDPAddr{}}
 	for i := range c.hdrs {
 		c.iovs[i].Base = &c.buf[i*slotSize]
 		c.iovs[i].SetLen(slotSize)
@@ -89,7 +94,8 @@ func (c *BatchConn) recvmmsg(fd uintptr) bool {
 		c.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
 		c.hdrs[i].Hdr.Flags = 0
 	}
-	r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&c.hdrs[0])), BatchSize, unix.MSG_DONTWAIT, 0, 0)
+	// Raw, as sender's sendto: MSG_DONTWAIT never blocks.
+	r, _, errno := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&c.hdrs[0])), BatchSize, unix.MSG_DONTWAIT, 0, 0)
 	if errno == unix.EAGAIN {
 		return false
 	}
@@ -101,6 +107,14 @@ func (c *BatchConn) recvmmsg(fd uintptr) bool {
 		c.n = 0
 	}
 	return true
+}
+
+// WriteTo implements net.PacketConn with a raw sendto (see sender).
+func (c *BatchConn) WriteTo(p []byte, addr net.Addr) (int, error) {
+	if n, ok, err := c.s.writeTo(c.UDPConn, p, addr); ok {
+		return n, err
+	}
+	return c.UDPConn.WriteTo(p, addr)
 }
 
 // ReadFrom implements net.PacketConn.
