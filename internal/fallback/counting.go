@@ -89,9 +89,10 @@ func (g *RelayAddressGenerator) AllocatePacketConn(network string, requestedPort
 	if err != nil {
 		return nil, nil, fmt.Errorf("allocate relay socket: %w", err)
 	}
-	// pion writes what it relays to the peer with one system call per
-	// datagram: a raw one (udpio.WriteConn) spares the scheduler's handoff.
-	if w, err := udpio.NewWriteConn(conn); err == nil {
+	// pion reads and writes a relay socket one datagram per system call:
+	// raw ones (udpio.Conn) spare the scheduler's handoffs and the address
+	// allocated per datagram read.
+	if w, err := udpio.NewConn(conn); err == nil {
 		conn = w
 	}
 	return &relayConn{PacketConn: conn, counters: g.Counters}, addr, nil

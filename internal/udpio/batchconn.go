@@ -50,8 +50,11 @@ type BatchConn struct {
 	next  int                              // the next one ReadFrom hands out
 	errno syscall.Errno
 	recv  func(fd uintptr) bool // c.recvmmsg, bound once: a method value per call allocates
-	addrs map[addrKey]*net.UDPAddr
+	addrs sources
 }
+
+// sources makes the *net.UDPAddr of a datagram's source once per source.
+type sources map[addrKey]*net.UDPAddr
 
 // addrKey tells apart what Go's own ReadFrom would return differently: an
 // IPv4 source on an IPv4 socket (a 4-byte IP) and the same source mapped on
@@ -75,7 +78,7 @@ func NewBatchConn(pc net.PacketConn) (*BatchConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &BatchConn{UDPConn: u, rc: rc, s: s, buf: make([]byte, BatchSize*slotSize), addrs: map[addrKey]*net.UDPAddr{}}
+	c := &BatchConn{UDPConn: u, rc: rc, s: s, buf: make([]byte, BatchSize*slotSize), addrs: sources{}}
 	for i := range c.hdrs {
 		c.iovs[i].Base = &c.buf[i*slotSize]
 		c.iovs[i].SetLen(slotSize)
@@ -133,12 +136,12 @@ func (c *BatchConn) ReadFrom(p []byte) (int, net.Addr, error) {
 	c.next++
 	size := min(int(c.hdrs[i].Len), slotSize)
 	n := copy(p, c.buf[i*slotSize:i*slotSize+size])
-	return n, c.source(&c.names[i]), nil
+	return n, c.addrs.get(&c.names[i]), nil
 }
 
-// source is the datagram's source as Go's UDPConn.ReadFrom would return it,
-// made once per source.
-func (c *BatchConn) source(sa *unix.RawSockaddrInet6) *net.UDPAddr {
+// get is the datagram's source as Go's UDPConn.ReadFrom would return it,
+// made once per source. Not safe for concurrent use.
+func (m sources) get(sa *unix.RawSockaddrInet6) *net.UDPAddr {
 	var k addrKey
 	port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:])
 	if sa.Family == unix.AF_INET {
@@ -148,14 +151,14 @@ func (c *BatchConn) source(sa *unix.RawSockaddrInet6) *net.UDPAddr {
 		k.ap = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), port)
 		k.scope = sa.Scope_id
 	}
-	if a, ok := c.addrs[k]; ok {
+	if a, ok := m[k]; ok {
 		return a
 	}
-	if len(c.addrs) >= maxAddrs {
-		clear(c.addrs)
+	if len(m) >= maxAddrs {
+		clear(m)
 	}
 	a := &net.UDPAddr{IP: k.ap.Addr().AsSlice(), Port: int(port), Zone: zoneName(k.scope)}
-	c.addrs[k] = a
+	m[k] = a
 	return a
 }
 

@@ -101,15 +101,27 @@ func (s *sender) writeTo(c *net.UDPConn, p []byte, addr net.Addr) (int, bool, er
 	return s.n, true, nil
 }
 
-// WriteConn is a UDP socket whose WriteTo is a raw sendto (see sender); pion
-// writes the datagrams it relays to peers on such relay sockets.
-type WriteConn struct {
+// Conn is a UDP socket read and written with raw non-blocking recvfrom and
+// sendto (see sender), with no allocation per datagram: pion reads what peers
+// send to a relay socket and writes what it relays to them on such sockets.
+// Unlike BatchConn it reads straight into the caller's buffer, one datagram
+// per call, so that the many relay sockets cost no buffer of their own.
+type Conn struct {
 	*net.UDPConn
 	s *sender
+
+	mu    sync.Mutex // ReadFrom
+	rc    syscall.RawConn
+	p     []byte
+	name  unix.RawSockaddrInet6
+	n     int
+	errno syscall.Errno
+	recv  func(fd uintptr) bool // c.recvfrom, bound once
+	addrs sources
 }
 
-// NewWriteConn wraps a UDP socket.
-func NewWriteConn(pc net.PacketConn) (*WriteConn, error) {
+// NewConn wraps a UDP socket.
+func NewConn(pc net.PacketConn) (*Conn, error) {
 	u, ok := pc.(*net.UDPConn)
 	if !ok {
 		return nil, ErrNotUDP
@@ -118,11 +130,49 @@ func NewWriteConn(pc net.PacketConn) (*WriteConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &WriteConn{UDPConn: u, s: s}, nil
+	c := &Conn{UDPConn: u, s: s, rc: s.rc, addrs: sources{}}
+	c.recv = c.recvfrom
+	return c, nil
+}
+
+func (c *Conn) recvfrom(fd uintptr) bool {
+	var p unsafe.Pointer
+	if len(c.p) > 0 {
+		p = unsafe.Pointer(&c.p[0])
+	}
+	for {
+		namelen := uint32(unix.SizeofSockaddrInet6)
+		r, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(p), uintptr(len(c.p)), unix.MSG_DONTWAIT,
+			uintptr(unsafe.Pointer(&c.name)), uintptr(unsafe.Pointer(&namelen)))
+		switch errno {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		}
+		c.n, c.errno = int(r), errno
+		return true
+	}
+}
+
+// ReadFrom implements net.PacketConn.
+func (c *Conn) ReadFrom(p []byte) (int, net.Addr, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.p = p
+	err := c.rc.Read(c.recv)
+	c.p = nil
+	if err == nil && c.errno != 0 {
+		err = os.NewSyscallError("recvfrom", c.errno)
+	}
+	if err != nil {
+		return 0, nil, &net.OpError{Op: "read", Net: "udp", Source: c.LocalAddr(), Err: err}
+	}
+	return c.n, c.addrs.get(&c.name), nil
 }
 
 // WriteTo implements net.PacketConn.
-func (c *WriteConn) WriteTo(p []byte, addr net.Addr) (int, error) {
+func (c *Conn) WriteTo(p []byte, addr net.Addr) (int, error) {
 	if n, ok, err := c.s.writeTo(c.UDPConn, p, addr); ok {
 		return n, err
 	}

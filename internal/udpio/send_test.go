@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// TestWriteTo: WriteConn and BatchConn deliver what the socket's own WriteTo
+// TestWriteTo: Conn and BatchConn deliver what the socket's own WriteTo
 // would, to IPv4, IPv6 and IPv4-mapped destinations, fail where it fails, and
 // allocate nothing per datagram.
 func TestWriteTo(t *testing.T) {
@@ -17,7 +17,7 @@ func TestWriteTo(t *testing.T) {
 		{"ipv4 from dual stack", "udp", "[::]:0", "udp4", "127.0.0.1:0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			wc, err := NewWriteConn(listen(t, tc.network, tc.local))
+			wc, err := NewConn(listen(t, tc.network, tc.local))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -48,7 +48,7 @@ func TestWriteTo(t *testing.T) {
 		})
 	}
 	// Where Go's WriteTo fails, so does the raw one, with the same kind of error.
-	wc, err := NewWriteConn(listen(t, "udp4", "127.0.0.1:0"))
+	wc, err := NewConn(listen(t, "udp4", "127.0.0.1:0"))
 	if err != nil {
 		t.Fatal(err)
 	}
