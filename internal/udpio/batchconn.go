@@ -24,8 +24,12 @@ const (
 	// 1600): a bigger one is cut here as in pion's own buffer, and pion drops
 	// it for filling the buffer, as it would anyway.
 	slotSize = 2048
-	// maxAddrs bounds the cache of source addresses; a full cache starts over.
-	maxAddrs = 1 << 14
+	// listenerSources and relaySources bound the caches of source addresses
+	// (a full cache starts over): a listener hears many clients, a relay
+	// socket a few peers, and spoofed sources must not grow either without
+	// bound.
+	listenerSources = 1 << 14
+	relaySources    = 64
 )
 
 // ErrNotUDP: the connection is not a *net.UDPConn.
@@ -54,7 +58,12 @@ type BatchConn struct {
 }
 
 // sources makes the *net.UDPAddr of a datagram's source once per source.
-type sources map[addrKey]*net.UDPAddr
+type sources struct {
+	m   map[addrKey]*net.UDPAddr
+	max int
+}
+
+func newSources(max int) sources { return sources{m: map[addrKey]*net.UDPAddr{}, max: max} }
 
 // addrKey tells apart what Go's own ReadFrom would return differently: an
 // IPv4 source on an IPv4 socket (a 4-byte IP) and the same source mapped on
@@ -78,7 +87,7 @@ func NewBatchConn(pc net.PacketConn) (*BatchConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &BatchConn{UDPConn: u, rc: rc, s: s, buf: make([]byte, BatchSize*slotSize), addrs: sources{}}
+	c := &BatchConn{UDPConn: u, rc: rc, s: s, buf: make([]byte, BatchSize*slotSize), addrs: newSources(listenerSources)}
 	for i := range c.hdrs {
 		c.iovs[i].Base = &c.buf[i*slotSize]
 		c.iovs[i].SetLen(slotSize)
@@ -151,14 +160,14 @@ func (m sources) get(sa *unix.RawSockaddrInet6) *net.UDPAddr {
 		k.ap = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), port)
 		k.scope = sa.Scope_id
 	}
-	if a, ok := m[k]; ok {
+	if a, ok := m.m[k]; ok {
 		return a
 	}
-	if len(m) >= maxAddrs {
-		clear(m)
+	if len(m.m) >= m.max {
+		clear(m.m)
 	}
 	a := &net.UDPAddr{IP: k.ap.Addr().AsSlice(), Port: int(port), Zone: zoneName(k.scope)}
-	m[k] = a
+	m.m[k] = a
 	return a
 }
 

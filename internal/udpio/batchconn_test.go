@@ -215,3 +215,31 @@ func BenchmarkReadFrom(b *testing.B) {
 		})
 	}
 }
+
+// TestSourcesBounded: the address cache starts over when full, so spoofed
+// sources cannot grow it, and still answers right after.
+func TestSourcesBounded(t *testing.T) {
+	server := listen(t, "udp4", "127.0.0.1:0")
+	one, err := NewConn(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	for i := range relaySources + 10 {
+		c := listen(t, "udp4", "127.0.0.1:0")
+		if _, err := c.WriteToUDP([]byte{1}, server.LocalAddr().(*net.UDPAddr)); err != nil {
+			t.Fatal(err)
+		}
+		_ = one.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, from, err := one.ReadFrom(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if from.String() != c.LocalAddr().String() {
+			t.Fatalf("source %d: %v, want %v", i, from, c.LocalAddr())
+		}
+		if n := len(one.addrs.m); n > relaySources {
+			t.Fatalf("%d cached sources, bound %d", n, relaySources)
+		}
+	}
+}
