@@ -11,6 +11,8 @@ import (
 
 	"github.com/pion/stun/v3"
 	"github.com/pion/turn/v4"
+
+	"github.com/l7mp/stunnerd-xdp/internal/udpio"
 )
 
 // Counters count packets and application-data bytes relayed by pion/turn.
@@ -85,6 +87,12 @@ func (g *RelayAddressGenerator) AllocatePacketConn(network string, requestedPort
 	conn, addr, err := g.RelayAddressGeneratorPortRange.AllocatePacketConn(network, requestedPort)
 	if err != nil {
 		return nil, nil, fmt.Errorf("allocate relay socket: %w", err)
+	}
+	// pion reads and writes a relay socket one datagram per system call:
+	// raw ones (udpio.Conn) spare the scheduler's handoffs and the address
+	// allocated per datagram read.
+	if w, err := udpio.NewConn(conn); err == nil {
+		conn = w
 	}
 	return &relayConn{PacketConn: conn, counters: g.Counters}, addr, nil
 }

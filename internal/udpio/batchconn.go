@@ -24,8 +24,12 @@ const (
 	// 1600): a bigger one is cut here as in pion's own buffer, and pion drops
 	// it for filling the buffer, as it would anyway.
 	slotSize = 2048
-	// maxAddrs bounds the cache of source addresses; a full cache starts over.
-	maxAddrs = 1 << 14
+	// listenerSources and relaySources bound the caches of source addresses
+	// (a full cache starts over): a listener hears many clients, a relay
+	// socket a few peers, and spoofed sources must not grow either without
+	// bound.
+	listenerSources = 1 << 14
+	relaySources    = 64
 )
 
 // ErrNotUDP: the connection is not a *net.UDPConn.
@@ -39,6 +43,7 @@ var ErrNotUDP = errors.New("udpio: not a UDP socket")
 type BatchConn struct {
 	*net.UDPConn
 	rc syscall.RawConn
+	s  *sender // WriteTo
 
 	mu    sync.Mutex
 	hdrs  [BatchSize]unix.Mmsghdr
@@ -49,8 +54,16 @@ type BatchConn struct {
 	next  int                              // the next one ReadFrom hands out
 	errno syscall.Errno
 	recv  func(fd uintptr) bool // c.recvmmsg, bound once: a method value per call allocates
-	addrs map[addrKey]*net.UDPAddr
+	addrs sources
 }
+
+// sources makes the *net.UDPAddr of a datagram's source once per source.
+type sources struct {
+	m   map[addrKey]*net.UDPAddr
+	max int
+}
+
+func newSources(max int) sources { return sources{m: map[addrKey]*net.UDPAddr{}, max: max} }
 
 // addrKey tells apart what Go's own ReadFrom would return differently: an
 // IPv4 source on an IPv4 socket (a 4-byte IP) and the same source mapped on
@@ -70,7 +83,11 @@ func NewBatchConn(pc net.PacketConn) (*BatchConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &BatchConn{UDPConn: u, rc: rc, buf: make([]byte, BatchSize*slotSize), addrs: map[addrKey]*net.UDPAddr{}}
+	s, err := newSender(u)
+	if err != nil {
+		return nil, err
+	}
+	c := &BatchConn{UDPConn: u, rc: rc, s: s, buf: make([]byte, BatchSize*slotSize), addrs: newSources(listenerSources)}
 	for i := range c.hdrs {
 		c.iovs[i].Base = &c.buf[i*slotSize]
 		c.iovs[i].SetLen(slotSize)
@@ -89,7 +106,8 @@ func (c *BatchConn) recvmmsg(fd uintptr) bool {
 		c.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
 		c.hdrs[i].Hdr.Flags = 0
 	}
-	r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&c.hdrs[0])), BatchSize, unix.MSG_DONTWAIT, 0, 0)
+	// Raw, as sender's sendto: MSG_DONTWAIT never blocks.
+	r, _, errno := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&c.hdrs[0])), BatchSize, unix.MSG_DONTWAIT, 0, 0)
 	if errno == unix.EAGAIN {
 		return false
 	}
@@ -101,6 +119,14 @@ func (c *BatchConn) recvmmsg(fd uintptr) bool {
 		c.n = 0
 	}
 	return true
+}
+
+// WriteTo implements net.PacketConn with a raw sendto (see sender).
+func (c *BatchConn) WriteTo(p []byte, addr net.Addr) (int, error) {
+	if n, ok, err := c.s.writeTo(c.UDPConn, p, addr); ok {
+		return n, err
+	}
+	return c.UDPConn.WriteTo(p, addr)
 }
 
 // ReadFrom implements net.PacketConn.
@@ -119,12 +145,12 @@ func (c *BatchConn) ReadFrom(p []byte) (int, net.Addr, error) {
 	c.next++
 	size := min(int(c.hdrs[i].Len), slotSize)
 	n := copy(p, c.buf[i*slotSize:i*slotSize+size])
-	return n, c.source(&c.names[i]), nil
+	return n, c.addrs.get(&c.names[i]), nil
 }
 
-// source is the datagram's source as Go's UDPConn.ReadFrom would return it,
-// made once per source.
-func (c *BatchConn) source(sa *unix.RawSockaddrInet6) *net.UDPAddr {
+// get is the datagram's source as Go's UDPConn.ReadFrom would return it,
+// made once per source. Not safe for concurrent use.
+func (m sources) get(sa *unix.RawSockaddrInet6) *net.UDPAddr {
 	var k addrKey
 	port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:])
 	if sa.Family == unix.AF_INET {
@@ -134,14 +160,14 @@ func (c *BatchConn) source(sa *unix.RawSockaddrInet6) *net.UDPAddr {
 		k.ap = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), port)
 		k.scope = sa.Scope_id
 	}
-	if a, ok := c.addrs[k]; ok {
+	if a, ok := m.m[k]; ok {
 		return a
 	}
-	if len(c.addrs) >= maxAddrs {
-		clear(c.addrs)
+	if len(m.m) >= m.max {
+		clear(m.m)
 	}
 	a := &net.UDPAddr{IP: k.ap.Addr().AsSlice(), Port: int(port), Zone: zoneName(k.scope)}
-	c.addrs[k] = a
+	m.m[k] = a
 	return a
 }
 

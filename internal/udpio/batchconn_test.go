@@ -49,8 +49,12 @@ func TestSameAsUDPConn(t *testing.T) {
 		{"ipv4 on dual stack", "udp", "[::]:0", "udp4", "127.0.0.1:0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			plain, batched := listen(t, tc.network, tc.server), listen(t, tc.network, tc.server)
+			plain, batched, single := listen(t, tc.network, tc.server), listen(t, tc.network, tc.server), listen(t, tc.network, tc.server)
 			b := batch(t, batched)
+			one, err := NewConn(single)
+			if err != nil {
+				t.Fatal(err)
+			}
 			client := listen(t, tc.clientNet, tc.client)
 			to := func(c *net.UDPConn) *net.UDPAddr {
 				a := c.LocalAddr().(*net.UDPAddr)
@@ -62,26 +66,32 @@ func TestSameAsUDPConn(t *testing.T) {
 			sizes := []int{1, 4, 100, 1200, 1600, 1700, 3000}
 			for _, size := range sizes {
 				p := bytes.Repeat([]byte{byte(size)}, size)
-				for _, c := range []*net.UDPConn{plain, batched} {
+				for _, c := range []*net.UDPConn{plain, batched, single} {
 					if _, err := client.WriteToUDP(p, to(c)); err != nil {
 						t.Fatal(err)
 					}
 				}
 			}
 			for _, size := range sizes {
-				want, got := make([]byte, 1600), make([]byte, 1600)
+				want := make([]byte, 1600)
 				_ = plain.SetReadDeadline(time.Now().Add(2 * time.Second))
-				_ = b.SetReadDeadline(time.Now().Add(2 * time.Second))
 				wn, wa, werr := plain.ReadFrom(want)
-				gn, ga, gerr := b.ReadFrom(got)
-				if werr != nil || gerr != nil {
-					t.Fatalf("%d B: plain %v, batched %v", size, werr, gerr)
+				if werr != nil {
+					t.Fatalf("%d B: plain %v", size, werr)
 				}
-				if gn != wn || !bytes.Equal(got[:gn], want[:wn]) {
-					t.Errorf("%d B: batched read %d bytes, plain %d", size, gn, wn)
-				}
-				if !reflect.DeepEqual(ga, wa) {
-					t.Errorf("%d B: batched source %#v, plain %#v", size, ga, wa)
+				for _, r := range []net.PacketConn{b, one} {
+					got := make([]byte, 1600)
+					_ = r.SetReadDeadline(time.Now().Add(2 * time.Second))
+					gn, ga, gerr := r.ReadFrom(got)
+					if gerr != nil {
+						t.Fatalf("%d B: %T: %v", size, r, gerr)
+					}
+					if gn != wn || !bytes.Equal(got[:gn], want[:wn]) {
+						t.Errorf("%d B: %T read %d bytes, plain %d", size, r, gn, wn)
+					}
+					if !reflect.DeepEqual(ga, wa) {
+						t.Errorf("%d B: %T source %#v, plain %#v", size, r, ga, wa)
+					}
 				}
 			}
 		})
@@ -114,7 +124,16 @@ func TestBatchOrder(t *testing.T) {
 // TestCloseAndDeadline: a blocked reader returns when the socket closes
 // (net.ErrClosed, which ends pion's read loop) or its deadline passes.
 func TestCloseAndDeadline(t *testing.T) {
-	b := batch(t, listen(t, "udp4", "127.0.0.1:0"))
+	one, err := NewConn(listen(t, "udp4", "127.0.0.1:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []net.PacketConn{batch(t, listen(t, "udp4", "127.0.0.1:0")), one} {
+		closeAndDeadline(t, b)
+	}
+}
+
+func closeAndDeadline(t *testing.T, b net.PacketConn) {
 	_ = b.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	if _, _, err := b.ReadFrom(make([]byte, 16)); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Errorf("after the deadline: %v", err)
@@ -157,9 +176,15 @@ func TestNoAllocations(t *testing.T) {
 	}
 	plain := testing.AllocsPerRun(200, read(server.ReadFrom))
 	batched := testing.AllocsPerRun(200, read(b.ReadFrom))
-	t.Logf("allocations per datagram: UDPConn.ReadFrom %.1f, BatchConn.ReadFrom %.1f", plain, batched)
-	if batched != 0 {
-		t.Errorf("BatchConn.ReadFrom: %.1f allocations per datagram, want 0", batched)
+	one, err := NewConn(listen(t, "udp4", "127.0.0.1:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	to = one.LocalAddr().(*net.UDPAddr).AddrPort()
+	single := testing.AllocsPerRun(200, read(one.ReadFrom))
+	t.Logf("allocations per datagram: UDPConn.ReadFrom %.1f, BatchConn.ReadFrom %.1f, Conn.ReadFrom %.1f", plain, batched, single)
+	if batched != 0 || single != 0 {
+		t.Errorf("BatchConn.ReadFrom: %.1f, Conn.ReadFrom %.1f allocations per datagram, want 0", batched, single)
 	}
 }
 
@@ -188,5 +213,33 @@ func BenchmarkReadFrom(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestSourcesBounded: the address cache starts over when full, so spoofed
+// sources cannot grow it, and still answers right after.
+func TestSourcesBounded(t *testing.T) {
+	server := listen(t, "udp4", "127.0.0.1:0")
+	one, err := NewConn(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	for i := range relaySources + 10 {
+		c := listen(t, "udp4", "127.0.0.1:0")
+		if _, err := c.WriteToUDP([]byte{1}, server.LocalAddr().(*net.UDPAddr)); err != nil {
+			t.Fatal(err)
+		}
+		_ = one.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, from, err := one.ReadFrom(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if from.String() != c.LocalAddr().String() {
+			t.Fatalf("source %d: %v, want %v", i, from, c.LocalAddr())
+		}
+		if n := len(one.addrs.m); n > relaySources {
+			t.Fatalf("%d cached sources, bound %d", n, relaySources)
+		}
 	}
 }
