@@ -70,7 +70,10 @@ func udpSocket(t *testing.T, ns *netns.NS, addr netip.AddrPort) int {
 	t.Helper()
 	var fd int
 	err := ns.Do(func() error {
-		family, sa := unix.AF_INET, unix.Sockaddr(nil)
+		var (
+			family = unix.AF_INET
+			sa     unix.Sockaddr
+		)
 		if addr.Addr().Is4() {
 			sa = &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()}
 		} else {

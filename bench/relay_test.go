@@ -331,10 +331,10 @@ func (h *harness) iperfOne(t *testing.T, spec serverSpec) {
 	rate, secs, size := h.cfg.iperfRate, h.cfg.iperfSeconds, 100
 	serverArgs := []string{"-e", "-w", "4M"}
 	server := h.rig.Peer.StartIperfServer(t, iperfPort, serverArgs...)
-	defer server.Stop()
+	defer func() { _ = server.Stop() }() // its report was read: how it ends does not matter
 	peer := fmt.Sprintf("%s:%d", peerIP, iperfPort)
 	tc := h.rig.Client.StartTurncat(t, turnURI, peer)
-	defer tc.Stop()
+	defer func() { _ = tc.Stop() }()
 	clientArgs := []string{"-c", "127.0.0.1", "-p", "5000", "-u", "-l", strconv.Itoa(size), "-b", fmt.Sprintf("%dpps", rate), "-t", strconv.Itoa(secs), "-e"}
 	if spec.name == ServerXDPNative {
 		h.command("ip netns exec PEER_NS iperf -s -u -p %d %s", iperfPort, strings.Join(serverArgs, " "))

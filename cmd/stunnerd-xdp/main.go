@@ -163,7 +163,7 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 		if errors.Is(err, flag.ErrHelp) {
 			return o, fs, err
 		}
-		return o, fs, fmt.Errorf("%w: %v", errUsage, err)
+		return o, fs, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	o.set = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })

@@ -76,7 +76,7 @@ func (ps *portState) allowed(a net.Addr) bool {
 	if !ok {
 		return true // not a UDP peer: nothing to range-check
 	}
-	return (*ps.ports.Load()).allowed(p)
+	return ps.ports.Load().allowed(p)
 }
 
 // withPeerPorts lets only channels to admitted peer ports reach h (the

@@ -1,8 +1,9 @@
 package metrics
 
 import (
-	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 )
 
 // stunnerCollector exports STUNner's series (names, labels, help and types as

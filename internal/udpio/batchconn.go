@@ -63,7 +63,7 @@ type sources struct {
 	max int
 }
 
-func newSources(max int) sources { return sources{m: map[addrKey]*net.UDPAddr{}, max: max} }
+func newSources(limit int) sources { return sources{m: map[addrKey]*net.UDPAddr{}, max: limit} }
 
 // addrKey tells apart what Go's own ReadFrom would return differently: an
 // IPv4 source on an IPv4 socket (a 4-byte IP) and the same source mapped on

@@ -30,7 +30,7 @@ func Eventually(timeout, interval time.Duration, cond func() error) error {
 	var last error
 	err := wait.PollUntilContextTimeout(context.Background(), interval, timeout, true, func(context.Context) (bool, error) {
 		last = cond()
-		if a, ok := last.(abortError); ok {
+		if a := (abortError{}); errors.As(last, &a) {
 			return false, a
 		}
 		return last == nil, nil

@@ -108,7 +108,7 @@ func TestEventually(t *testing.T) {
 	calls = 0
 	start := time.Now()
 	err = netns.Eventually(5*time.Second, time.Millisecond, func() error { calls++; return netns.Abort(final) })
-	if err != final || calls != 1 || time.Since(start) > time.Second {
+	if !errors.Is(err, final) || calls != 1 || time.Since(start) > time.Second {
 		t.Errorf("Eventually = %v after %d calls and %v, want the aborting error at once", err, calls, time.Since(start))
 	}
 }

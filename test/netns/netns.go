@@ -383,7 +383,7 @@ func (n *NS) UDPBound(port int) (bool, error) {
 func (n *NS) WaitUDPBound(port int, timeout time.Duration, server *Proc) error {
 	return Eventually(timeout, 20*time.Millisecond, func() error {
 		if server != nil && server.Exited() {
-			return Abort(fmt.Errorf("netns %s: the server exited before binding UDP port %d: %v\n%s", n.Name, port, server.err, server.Stderr()))
+			return Abort(fmt.Errorf("netns %s: the server exited before binding UDP port %d: %w\n%s", n.Name, port, server.err, server.Stderr()))
 		}
 		if bound, err := n.UDPBound(port); err != nil || bound {
 			return err

@@ -362,7 +362,7 @@ func (r *Rig) SendersOffloadChecksums() error {
 		dev string
 	}{{r.Client, r.ClientIf.Name}, {r.Peer, r.PeerIf.Name}} {
 		if out, err := side.ns.Exec("ethtool", "-k", side.dev); err != nil || !strings.Contains(out, "tx-checksumming: on") {
-			return fmt.Errorf("netns %s: %s sends with tx checksum offload off (%v)", side.ns.Name, side.dev, err)
+			return fmt.Errorf("netns %s: %s sends with tx checksum offload off (%w)", side.ns.Name, side.dev, err)
 		}
 	}
 	return nil
