@@ -59,7 +59,7 @@ test: vet tools test-race test-modules ## run every test; as root the XDP and ne
 
 # Test modules of their own: they need STUNner's packages, which bring pion/turn v5.
 # test/stunner runs the binary as a STUNner dataplane against STUNner's config discovery server (root).
-TEST_MODULES ?= test/stunnerstatus test/stunner
+TEST_MODULES ?= test/stunner
 
 test-modules: ## vet and run the test modules under test/ that build against STUNner itself
 	@for m in $(TEST_MODULES); do \

@@ -12,6 +12,7 @@ require (
 	github.com/l7mp/stunner v1.2.1
 	github.com/l7mp/stunnerd-xdp v0.0.0-00010101000000-000000000000
 	github.com/pion/turn/v4 v4.1.4
+	github.com/pion/turn/v5 v5.0.3
 )
 
 require (

@@ -1,7 +1,8 @@
-// Package stunnerstatus checks stunnerd-xdp's /status against STUNner's own
+package stunner
+
+// The status test checks stunnerd-xdp's /status against STUNner's own
 // StunnerStatus type (github.com/l7mp/stunner v1.2.1), which stunnerctl
-// decodes. It is a module of its own: STUNner brings pion/turn v5 along.
-package stunnerstatus
+// decodes.
 
 import (
 	"bytes"
@@ -44,8 +45,8 @@ func freePort(t *testing.T, network string) int {
 	}
 }
 
-// config is a STUNner dataplane config as the operator renders it, on loopback.
-func config(turnPort, healthPort, metricsPort int) string {
+// statusConfig is a STUNner dataplane config as the operator renders it, on loopback.
+func statusConfig(turnPort, healthPort, metricsPort int) string {
 	return fmt.Sprintf(`version: v1
 admin:
   name: stunner/udp-gateway
@@ -87,13 +88,15 @@ func TestStatusDecodesAsStunnerStatus(t *testing.T) {
 	}
 	turnPort, healthPort, metricsPort := freePort(t, "udp"), freePort(t, "tcp"), freePort(t, "tcp")
 	cfg := filepath.Join(dir, "stunnerd.conf")
-	if err := os.WriteFile(cfg, []byte(config(turnPort, healthPort, metricsPort)), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(statusConfig(turnPort, healthPort, metricsPort)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var logs bytes.Buffer
-	daemon := exec.CommandContext(ctx, bin, "--xdp-mode=off", "--relay-address=127.0.0.1", "-c", cfg)
+	daemon := exec.CommandContext(ctx, bin, "--xdp-mode=off", "--relay-address=127.0.0.1",
+		// Relay ports below the ephemeral range the free TURN port comes from.
+		"--min-relay-port=20000", "--max-relay-port=20999", "-c", cfg)
 	daemon.Stdout, daemon.Stderr = &logs, &logs
 	if err := daemon.Start(); err != nil {
 		t.Fatal(err)
