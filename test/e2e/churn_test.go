@@ -26,6 +26,9 @@ type taggedSession struct {
 	last                    atomic.Int64 // when the last echo came, in Unix ns
 }
 
+// taggedSize is the datagram a tagged session sends: the tag and a sequence number.
+const taggedSize = 16
+
 func (s *taggedSession) run(t *testing.T, relay net.PacketConn, tag uint64, rate int, d time.Duration) {
 	peer := s.peer
 	if peer == nil {
@@ -41,7 +44,7 @@ func (s *taggedSession) run(t *testing.T, relay net.PacketConn, tag uint64, rate
 			if err != nil {
 				return
 			}
-			if n != 16 || binary.BigEndian.Uint64(buf) != tag || from.String() != peer.String() {
+			if n != taggedSize || binary.BigEndian.Uint64(buf) != tag || from.String() != peer.String() {
 				s.foreign.Add(1)
 				continue
 			}
@@ -49,7 +52,7 @@ func (s *taggedSession) run(t *testing.T, relay net.PacketConn, tag uint64, rate
 			s.last.Store(time.Now().UnixNano())
 		}
 	}()
-	msg := make([]byte, 16)
+	msg := make([]byte, taggedSize)
 	binary.BigEndian.PutUint64(msg, tag)
 	// Paced against the clock: a ticker this fast falls behind on this VM.
 	interval := time.Second / time.Duration(rate)

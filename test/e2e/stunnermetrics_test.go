@@ -72,7 +72,7 @@ func TestSTUNnerMetrics(t *testing.T) {
 		if n := grew("stunner_listener_bytes_total", "rx", "udp-0"); n < xdpC2PBytes+4*xdpC2P {
 			t.Errorf("listener rx bytes grew by %v, fewer than the kernel's %v", n, xdpC2PBytes+4*xdpC2P)
 		}
-		if n := grew("stunner_cluster_bytes_total", "tx", "peers-0"); n < float64(got*len("drain-test-payload")) {
+		if n := grew("stunner_cluster_bytes_total", "tx", "peers-0"); n < float64(got*taggedSize) {
 			t.Errorf("cluster tx bytes grew by %v, fewer than %d echoes' payload", n, got)
 		}
 		switch mode {
