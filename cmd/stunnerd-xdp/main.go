@@ -74,7 +74,7 @@ type options struct {
 	minPort, maxPort                                     uint
 	maxBindings                                          uint
 	forceReady, verbose, dryRun                          bool
-	udpThreadNum                                         int
+	udpThreadNum, userQuota, totalQuota                  int
 	gracePeriod                                          time.Duration
 	allowPeers, denyPeers, noOffloadPeers                prefixList
 	configOrigin, id, nodeName, kubeconfig               string
@@ -142,6 +142,9 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.xdpMode, "xdp-mode", string(loader.ModeAuto), "XDP attach `MODE`: auto (native, then generic, then userspace), native, generic or off;\ngiven, it wins over the config's admin.offload_engine; the node label stunner.l7mp.io/xdp-offload wins over both")
 	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
 	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
+	fs.IntVar(&o.userQuota, "user-quota", 0, "allocations one user-id may hold at once (the user-id of ephemeral credentials EXPIRY:USERID\n"+
+		"is USERID); over it, Allocate gets 486 Allocation Quota Reached; 0: no quota (default: the config's\nadmin.user_quota; given, it wins)")
+	fs.IntVar(&o.totalQuota, "total-quota", 0, "allocations the daemon holds at once, over all listeners; over it, Allocate gets 486; 0: no quota")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off)")
 	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live and /ready (empty: off)")
 	fs.StringVar(&o.healthSocket, "health-socket", "", "`PATH` of a unix socket serving /live, /ready and /status for this process only\n(for exec probes: 'stunnerd-xdp probe --health-socket PATH ready'; empty: off)")
@@ -169,6 +172,9 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	if o.verbose && !o.set["log"] {
 		o.log = "all:DEBUG"
+	}
+	if o.userQuota < 0 || o.totalQuota < 0 {
+		return o, fs, fmt.Errorf("%w: --user-quota %d, --total-quota %d: want 0 (no quota) or more", errUsage, o.userQuota, o.totalQuota)
 	}
 	if o.udpThreadNum < 0 {
 		return o, fs, fmt.Errorf("%w: --udp-thread-num %d: want 0 (one per CPU) or more", errUsage, o.udpThreadNum)
@@ -281,6 +287,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 	cfg.MetricsAddr, cfg.HealthAddr, cfg.ForceReady = o.metricsAddr, o.healthAddr, o.forceReady
 	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
 	cfg.UDPThreadNum = o.udpThreadNum
+	cfg.UserQuota, cfg.TotalQuota = o.userQuota, o.totalQuota
 	cfg.AllowPeers, cfg.DenyPeers, cfg.NoOffloadPeers = o.allowPeers, o.denyPeers, o.noOffloadPeers
 	return cfg, nil
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/offload"
+	"github.com/l7mp/stunnerd-xdp/internal/quota"
 	"github.com/l7mp/stunnerd-xdp/internal/status"
 )
 
@@ -63,6 +64,10 @@ type Config struct {
 	XDPMode, ConfigXDPMode loader.Mode
 	Interfaces             []string // empty: those carrying the listener and relay addresses
 	MaxBindings            uint32
+
+	// UserQuota bounds the allocations of one user-id, TotalQuota the
+	// daemon's (0: no limit); over them, Allocate gets 486.
+	UserQuota, TotalQuota int
 
 	MetricsAddr string // empty: no metrics server
 	HealthAddr  string // empty: no health server
@@ -200,6 +205,9 @@ func (c *Config) validate() error {
 	if c.UDPThreadNum > MaxUDPThreadNum {
 		return fmt.Errorf("%d UDP read loops per listener: at most %d", c.UDPThreadNum, MaxUDPThreadNum)
 	}
+	if c.UserQuota < 0 || c.TotalQuota < 0 {
+		return fmt.Errorf("quotas %d per user, %d in total: want 0 (no limit) or more", c.UserQuota, c.TotalQuota)
+	}
 	if c.Logger == nil {
 		return errors.New("no logger")
 	}
@@ -244,11 +252,15 @@ func (c *Config) udpPorts() []uint16 {
 type Daemon struct {
 	// cfg is the running configuration: a snapshot that is never modified,
 	// replaced whole by Reconfigure; readers take it with config().
-	cfg    atomic.Pointer[Config]
-	log    *slog.Logger
-	mirror *mirror.Mirror
-	hooks  hookGate // pion's hooks into the mirror and the steering
-	auth   atomic.Pointer[authState]
+	cfg atomic.Pointer[Config]
+	log *slog.Logger
+	// strangerLog is for lines anyone who can send a datagram can trigger
+	// (unknown users, refused peers and allocations): rate-limited.
+	strangerLog *slog.Logger
+	quota       *quota.Counter
+	mirror      *mirror.Mirror
+	hooks       hookGate // pion's hooks into the mirror and the steering
+	auth        atomic.Pointer[authState]
 
 	lmu        sync.Mutex // guards listeners and cfg.Listeners
 	listeners  map[string]*listenerServer
@@ -277,12 +289,14 @@ func Start(cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	d := &Daemon{
-		log:        cfg.Logger.Slog("stunnerd-xdp"),
-		counters:   &fallback.Counters{},
-		traffic:    metrics.NewTraffic(),
-		stop:       make(chan struct{}),
-		linkEvents: make(chan struct{}, 1),
-		drained:    make(chan struct{}),
+		log:         cfg.Logger.Slog("stunnerd-xdp"),
+		strangerLog: cfg.Logger.Limited("auth"),
+		quota:       quota.New(cfg.quotaLimits()),
+		counters:    &fallback.Counters{},
+		traffic:     metrics.NewTraffic(),
+		stop:        make(chan struct{}),
+		linkEvents:  make(chan struct{}, 1),
+		drained:     make(chan struct{}),
 	}
 	d.cfg.Store(&cfg)
 	d.traffic.SetListeners(cfg.trafficListeners())
@@ -424,6 +438,9 @@ func (d *Daemon) UserspaceCounters() *fallback.Counters { return d.counters }
 
 // Traffic returns the listeners' and clusters' accounting.
 func (d *Daemon) Traffic() *metrics.Traffic { return d.traffic }
+
+// Quota returns the allocation quotas' counts.
+func (d *Daemon) Quota() quota.Stats { return d.quota.Stats() }
 
 // MirrorStats returns the mirror's counters and the channels pion holds.
 func (d *Daemon) MirrorStats() (mirror.Stats, int) {

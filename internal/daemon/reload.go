@@ -59,6 +59,7 @@ func (d *Daemon) Reconfigure(next Config) error {
 	d.cfg.Store(&next)
 	d.traffic.SetListeners(next.trafficListeners())
 	d.auth.Store(newAuthState(next, next.Logger))
+	d.quota.SetLimits(next.quotaLimits())
 
 	var errs []error
 	want := map[string]config.ResolvedListener{}
