@@ -362,10 +362,19 @@ func (b *bootstrapHealth) start(addr, sock string) error {
 	}
 	mux.HandleFunc("/ready", waiting)
 	mux.HandleFunc("/status", waiting)
-	for _, l := range []struct{ network, addr string }{{"tcp", addr}, {"unix", sock}} {
-		if l.addr == "" {
-			continue
-		}
+	addrs, err := daemon.EndpointAddrs(addr, podAddr())
+	if err != nil {
+		return err
+	}
+	type endpoint struct{ network, addr string }
+	var eps []endpoint
+	for _, a := range addrs {
+		eps = append(eps, endpoint{"tcp", a})
+	}
+	if sock != "" {
+		eps = append(eps, endpoint{"unix", sock})
+	}
+	for _, l := range eps {
 		if l.network == "unix" {
 			_ = os.Remove(l.addr)
 			b.sock = l.addr
@@ -375,9 +384,7 @@ func (b *bootstrapHealth) start(addr, sock string) error {
 			b.stop()
 			return err
 		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		b.srvs = append(b.srvs, srv)
-		go func() { _ = srv.Serve(ln) }()
+		b.srvs = append(b.srvs, daemon.Serve(ln, mux))
 	}
 	return nil
 }

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"maps"
 	"net"
-	"net/http"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -69,8 +68,16 @@ type Config struct {
 	// daemon's (0: no limit); over them, Allocate gets 486.
 	UserQuota, TotalQuota int
 
-	MetricsAddr string // empty: no metrics server
-	HealthAddr  string // empty: no health server
+	// MetricsAddr and HealthAddr are the endpoints' addresses (empty: off);
+	// one without a host listens on PodAddr and loopback (EndpointAddrs).
+	MetricsAddr string
+	HealthAddr  string
+	// PodAddr is the pod's address ($POD_IP, else $STUNNER_ADDR); invalid
+	// outside Kubernetes.
+	PodAddr netip.Addr
+	// PprofAddr serves Go's profiles at /debug/pprof/ (empty: off); it must
+	// be a loopback address.
+	PprofAddr string
 	// HealthSocket is a unix socket serving the health endpoints for this
 	// process only (exec probes while another daemon holds HealthAddr).
 	HealthSocket string
@@ -205,6 +212,12 @@ func (c *Config) validate() error {
 	if c.UDPThreadNum > MaxUDPThreadNum {
 		return fmt.Errorf("%d UDP read loops per listener: at most %d", c.UDPThreadNum, MaxUDPThreadNum)
 	}
+	if c.PprofAddr != "" {
+		ap, err := netip.ParseAddrPort(c.PprofAddr)
+		if err != nil || !ap.Addr().IsLoopback() {
+			return fmt.Errorf("pprof address %q: want a loopback IP:PORT, like 127.0.0.1:6060 (profiles reveal memory)", c.PprofAddr)
+		}
+	}
 	if c.UserQuota < 0 || c.TotalQuota < 0 {
 		return fmt.Errorf("quotas %d per user, %d in total: want 0 (no limit) or more", c.UserQuota, c.TotalQuota)
 	}
@@ -270,7 +283,7 @@ type Daemon struct {
 	counters   *fallback.Counters
 	traffic    *metrics.Traffic
 	registry   *prometheus.Registry
-	https      []*http.Server
+	closers    []func() // the HTTP endpoints
 	stop       chan struct{}
 	linkEvents chan struct{} // a network interface changed: retry the attach now
 	wg         sync.WaitGroup
@@ -510,8 +523,8 @@ func (d *Daemon) Close() error {
 	var errs []error
 	d.closeOnce.Do(func() {
 		close(d.stop)
-		for _, s := range d.https {
-			_ = s.Close()
+		for _, c := range d.closers {
+			c()
 		}
 		d.closeListeners()
 		d.hooks.close()
