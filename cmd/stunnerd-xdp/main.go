@@ -75,7 +75,7 @@ type options struct {
 	minPort, maxPort                                     uint
 	maxBindings                                          uint
 	forceReady, verbose, dryRun                          bool
-	udpThreadNum, userQuota, totalQuota                  int
+	udpThreadNum, userQuota, totalQuota, maxPermissions  int
 	gracePeriod                                          time.Duration
 	allowPeers, denyPeers, noOffloadPeers                prefixList
 	configOrigin, id, nodeName, kubeconfig               string
@@ -146,6 +146,7 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.IntVar(&o.userQuota, "user-quota", 0, "allocations one user-id may hold at once (the user-id of ephemeral credentials EXPIRY:USERID\n"+
 		"is USERID); over it, Allocate gets 486 Allocation Quota Reached; 0: no quota (default: the config's\nadmin.user_quota; given, it wins)")
 	fs.IntVar(&o.totalQuota, "total-quota", 0, "allocations the daemon holds at once, over all listeners; over it, Allocate gets 486; 0: no quota")
+	fs.IntVar(&o.maxPermissions, "max-permissions", 0, "peer IPs one allocation may hold permissions for; beyond it CreatePermission and ChannelBind\nto a new peer IP fail (refreshes do not); 0: no limit")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off); without a host it listens on the pod's\n"+
 		"address ($POD_IP, else $STUNNER_ADDR) and loopback, not on every address of the node")
 	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live, /ready and /status (empty: off); without a host, as --metrics-addr")
@@ -176,8 +177,9 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	if o.verbose && !o.set["log"] {
 		o.log = "all:DEBUG"
 	}
-	if o.userQuota < 0 || o.totalQuota < 0 {
-		return o, fs, fmt.Errorf("%w: --user-quota %d, --total-quota %d: want 0 (no quota) or more", errUsage, o.userQuota, o.totalQuota)
+	if o.userQuota < 0 || o.totalQuota < 0 || o.maxPermissions < 0 {
+		return o, fs, fmt.Errorf("%w: --user-quota %d, --total-quota %d, --max-permissions %d: want 0 (no limit) or more",
+			errUsage, o.userQuota, o.totalQuota, o.maxPermissions)
 	}
 	if o.udpThreadNum < 0 {
 		return o, fs, fmt.Errorf("%w: --udp-thread-num %d: want 0 (one per CPU) or more", errUsage, o.udpThreadNum)
@@ -291,7 +293,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 	cfg.PodAddr, cfg.PprofAddr = podAddr(), o.pprofAddr
 	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
 	cfg.UDPThreadNum = o.udpThreadNum
-	cfg.UserQuota, cfg.TotalQuota = o.userQuota, o.totalQuota
+	cfg.UserQuota, cfg.TotalQuota, cfg.MaxPermissions = o.userQuota, o.totalQuota, o.maxPermissions
 	cfg.AllowPeers, cfg.DenyPeers, cfg.NoOffloadPeers = o.allowPeers, o.denyPeers, o.noOffloadPeers
 	return cfg, nil
 }

@@ -67,6 +67,9 @@ type Config struct {
 	// UserQuota bounds the allocations of one user-id, TotalQuota the
 	// daemon's (0: no limit); over them, Allocate gets 486.
 	UserQuota, TotalQuota int
+	// MaxPermissions bounds the peer IPs one allocation holds permissions
+	// for (0: no limit); beyond it, CreatePermission and ChannelBind fail.
+	MaxPermissions int
 
 	// MetricsAddr and HealthAddr are the endpoints' addresses (empty: off);
 	// one without a host listens on PodAddr and loopback (EndpointAddrs).
@@ -218,8 +221,9 @@ func (c *Config) validate() error {
 			return fmt.Errorf("pprof address %q: want a loopback IP:PORT, like 127.0.0.1:6060 (profiles reveal memory)", c.PprofAddr)
 		}
 	}
-	if c.UserQuota < 0 || c.TotalQuota < 0 {
-		return fmt.Errorf("quotas %d per user, %d in total: want 0 (no limit) or more", c.UserQuota, c.TotalQuota)
+	if c.UserQuota < 0 || c.TotalQuota < 0 || c.MaxPermissions < 0 {
+		return fmt.Errorf("quotas %d per user, %d in total, %d permissions per allocation: want 0 (no limit) or more",
+			c.UserQuota, c.TotalQuota, c.MaxPermissions)
 	}
 	if c.Logger == nil {
 		return errors.New("no logger")
@@ -271,6 +275,7 @@ type Daemon struct {
 	// (unknown users, refused peers and allocations): rate-limited.
 	strangerLog *slog.Logger
 	quota       *quota.Counter
+	perms       *quota.Permissions
 	mirror      *mirror.Mirror
 	hooks       hookGate // pion's hooks into the mirror and the steering
 	auth        atomic.Pointer[authState]
@@ -305,6 +310,7 @@ func Start(cfg Config) (*Daemon, error) {
 		log:         cfg.Logger.Slog("stunnerd-xdp"),
 		strangerLog: cfg.Logger.Limited("auth"),
 		quota:       quota.New(cfg.quotaLimits()),
+		perms:       quota.NewPermissions(cfg.MaxPermissions),
 		counters:    &fallback.Counters{},
 		traffic:     metrics.NewTraffic(),
 		stop:        make(chan struct{}),
@@ -451,9 +457,6 @@ func (d *Daemon) UserspaceCounters() *fallback.Counters { return d.counters }
 
 // Traffic returns the listeners' and clusters' accounting.
 func (d *Daemon) Traffic() *metrics.Traffic { return d.traffic }
-
-// Quota returns the allocation quotas' counts.
-func (d *Daemon) Quota() quota.Stats { return d.quota.Stats() }
 
 // MirrorStats returns the mirror's counters and the channels pion holds.
 func (d *Daemon) MirrorStats() (mirror.Stats, int) {

@@ -148,10 +148,17 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		return fmt.Errorf("listener %q: protocol %q is not supported", l.Name, l.Protocol)
 	}
 	for i := range scs {
-		// The quotas count across every listener and read loop.
+		// The quotas count across every listener and read loop; the
+		// permission limit per allocation.
 		qs := d.quota.NewServer()
 		scs[i].QuotaHandler = d.quotaHandler(qs)
 		scs[i].EventHandler = d.withQuota(qs, scs[i].EventHandler)
+		for j, c := range scs[i].PacketConnConfigs {
+			scs[i].PacketConnConfigs[j].PermissionHandler = d.limitPermissions(qs, c.PermissionHandler)
+		}
+		for j, c := range scs[i].ListenerConfigs {
+			scs[i].ListenerConfigs[j].PermissionHandler = d.limitPermissions(qs, c.PermissionHandler)
+		}
 	}
 	for i, sc := range scs {
 		srv, err := turn.NewServer(sc)

@@ -9,6 +9,13 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
 )
 
+// Quota returns the allocation quotas' and the permission limit's counts.
+func (d *Daemon) Quota() quota.Stats {
+	st := d.quota.Stats()
+	st.PermissionsRefused = d.perms.Refused()
+	return st
+}
+
 // quotaLimits are the configured quotas.
 func (c *Config) quotaLimits() quota.Limits {
 	return quota.Limits{PerUser: c.UserQuota, Total: c.TotalQuota}
@@ -47,9 +54,38 @@ func (d *Daemon) quotaHandler(s quota.Server) turn.QuotaHandler {
 	}
 }
 
+// limitPermissions is the permission handler h of server s with the
+// per-allocation permission limit after it.
+func (d *Daemon) limitPermissions(s quota.Server, h turn.PermissionHandler) turn.PermissionHandler {
+	return func(client net.Addr, peer net.IP) bool {
+		if !h(client, peer) {
+			return false
+		}
+		if d.perms.Allow(s, client, peer) {
+			return true
+		}
+		d.strangerLog.Info("permission refused", "client", client.String(), "peer", peer.String(), "reason", "permission quota of the allocation")
+		return false
+	}
+}
+
 // withQuota tells the quota counter the outcome of what quotaHandler granted
-// on server s, and when the allocations end.
+// on server s, and when the allocations end; and the permission limit the
+// permissions installed and gone.
 func (d *Daemon) withQuota(s quota.Server, h turn.EventHandler) turn.EventHandler {
+	permCreated, permDeleted := h.OnPermissionCreated, h.OnPermissionDeleted
+	h.OnPermissionCreated = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, peer net.IP) {
+		d.perms.Created(s, src, peer)
+		if permCreated != nil {
+			permCreated(src, dst, proto, user, realm, relay, peer)
+		}
+	}
+	h.OnPermissionDeleted = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, peer net.IP) {
+		d.perms.Deleted(s, src, peer)
+		if permDeleted != nil {
+			permDeleted(src, dst, proto, user, realm, relay, peer)
+		}
+	}
 	created, deleted, failed := h.OnAllocationCreated, h.OnAllocationDeleted, h.OnAllocationError
 	h.OnAllocationCreated = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, port int) {
 		d.quota.Created(s, src, d.auth.Load().userID(user))

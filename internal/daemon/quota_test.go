@@ -187,3 +187,80 @@ func waitQuota(t *testing.T, d *Daemon, want int) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// An allocation holds permissions for at most MaxPermissions peer IPs: one
+// more is refused, a refresh is not, a channel to a held IP is bound, and
+// another allocation has its own. (pion's client always asks CreatePermission
+// before a ChannelBind, so ChannelBind to a new IP, which pion checks with
+// the same handler, is not reached from here.)
+func TestMaxPermissions(t *testing.T) {
+	lf, err := logging.New("all:WARN", "text", &testenv.LockedBuffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+	d, err := Start(Config{
+		Listen: listen, Users: map[string]string{"alice": "a"},
+		RelayAddress: netip.MustParseAddr("127.0.0.1"),
+		MinRelayPort: 61000, MaxRelayPort: 61999,
+		AllowPeers: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		XDPMode:    loader.ModeOff, UDPThreadNum: 2, MaxPermissions: 2, Logger: lf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	client := func() (*turn.Client, net.PacketConn) {
+		conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := turn.NewClient(&turn.ClientConfig{TURNServerAddr: listen.String(), STUNServerAddr: listen.String(),
+			Username: "alice", Password: "a", Realm: config.DefaultRealm, Conn: conn})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(); conn.Close() })
+		if err := c.Listen(); err != nil {
+			t.Fatal(err)
+		}
+		relay, err := c.Allocate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { relay.Close() })
+		return c, relay
+	}
+	peer := func(i byte) net.Addr { return &net.UDPAddr{IP: net.IPv4(127, 0, 0, i), Port: 9} }
+	c, relay := client()
+	if err := c.CreatePermission(peer(2), peer(3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreatePermission(peer(4)); err == nil {
+		t.Fatal("CreatePermission to a third peer IP succeeded with --max-permissions 2")
+	}
+	if _, err := relay.WriteTo([]byte("x"), peer(5)); err == nil {
+		t.Fatal("sending to a third peer IP succeeded with --max-permissions 2")
+	}
+	if err := c.CreatePermission(peer(2)); err != nil {
+		t.Fatalf("refreshing a held permission: %v", err)
+	}
+	// The client binds a channel to the peer it sends to.
+	if _, err := relay.WriteTo([]byte("x"), peer(3)); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, chans := d.MirrorStats(); chans == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no channel bound to a held peer IP")
+		}
+	}
+	if c2, _ := client(); c2.CreatePermission(peer(4), peer(5)) != nil {
+		t.Fatal("another allocation could not use its own permissions")
+	}
+	if st := d.Quota(); st.PermissionsRefused != 2 {
+		t.Fatalf("%d permissions refused, want 2", st.PermissionsRefused)
+	}
+}

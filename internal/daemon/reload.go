@@ -61,6 +61,7 @@ func (d *Daemon) Reconfigure(next Config) error {
 	d.traffic.SetListeners(next.trafficListeners())
 	d.auth.Store(newAuthState(next, next.Logger))
 	d.quota.SetLimits(next.quotaLimits())
+	d.perms.SetLimit(next.MaxPermissions)
 
 	var errs []error
 	want := map[string]config.ResolvedListener{}

@@ -66,7 +66,7 @@ type collector struct {
 	packets, bytes, verdicts, allocs, chans, bound *prometheus.Desc
 	attached, mirrorEvents, mirrorErrors, drift    *prometheus.Desc
 	mode, label, steering, userspace, full         *prometheus.Desc
-	refused                                        *prometheus.Desc
+	refused, permRefused                           *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -91,12 +91,14 @@ func newCollector(src Source) *collector {
 			[]string{"reason"}, nil),
 		refused: prometheus.NewDesc("stunnerd_xdp_allocations_refused_total",
 			"Allocate requests answered 486 (Allocation Quota Reached), by reason: user_quota, total_quota, draining.", []string{"reason"}, nil),
+		permRefused: prometheus.NewDesc("stunnerd_xdp_permissions_refused_total",
+			"Permissions (CreatePermission, ChannelBind) refused because the allocation holds --max-permissions peers.", nil, nil),
 		full: prometheus.NewDesc("stunnerd_xdp_bindings_full_total", "Channel bindings the full XDP maps refused (--max-bindings).", nil, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused} {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused} {
 		ch <- d
 	}
 }
@@ -191,6 +193,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range quota.Reasons {
 		counter(ch, c.refused, q.Refused[r], r.String())
 	}
+	counter(ch, c.permRefused, q.PermissionsRefused)
 	for reason, n := range c.src.UserspaceBindings() {
 		gauge(ch, c.userspace, float64(n), reason)
 	}

@@ -188,6 +188,9 @@ type Stats struct {
 	Allocations, Users int
 	// Refused counts refusals by reason.
 	Refused map[Reason]uint64
+	// PermissionsRefused counts permissions refused for the per-allocation
+	// limit (Permissions.Refused).
+	PermissionsRefused uint64
 }
 
 // Stats returns the counts.

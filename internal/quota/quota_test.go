@@ -60,3 +60,38 @@ func TestQuota(t *testing.T) {
 	}
 	step(c.Reserve(s1, addr(6), "alice"), UserQuota)
 }
+
+func TestPermissions(t *testing.T) {
+	p := NewPermissions(2)
+	c := New(Limits{})
+	s1, s2 := c.NewServer(), c.NewServer()
+	peer := func(i byte) net.IP { return net.IPv4(10, 9, 0, i) }
+	for i := byte(1); i <= 2; i++ {
+		if !p.Allow(s1, addr(1), peer(i)) {
+			t.Fatalf("peer %d refused under the limit", i)
+		}
+		p.Created(s1, addr(1), peer(i))
+	}
+	if p.Allow(s1, addr(1), peer(3)) {
+		t.Fatal("a third peer IP allowed with a limit of 2")
+	}
+	// A refresh of a held peer (IPv4 or as mapped IPv6), another allocation
+	// (another client, or the same client address on another server) pass.
+	if !p.Allow(s1, addr(1), peer(1)) || !p.Allow(s1, addr(1), peer(2).To16()) || !p.Allow(s1, addr(2), peer(3)) || !p.Allow(s2, addr(1), peer(3)) {
+		t.Fatal("a refresh or another allocation was refused")
+	}
+	p.Deleted(s1, addr(1), peer(1))
+	if !p.Allow(s1, addr(1), peer(3)) || p.Held(s1, addr(1)) != 1 || p.Refused() != 1 {
+		t.Fatalf("after an expiry: held %d, refused %d", p.Held(s1, addr(1)), p.Refused())
+	}
+	p.Deleted(s1, addr(1), peer(2))
+	if len(p.held) != 0 {
+		t.Fatalf("empty allocations kept: %v", p.held)
+	}
+	p.SetLimit(0)
+	p.Created(s1, addr(1), peer(1))
+	p.Created(s1, addr(1), peer(2))
+	if !p.Allow(s1, addr(1), peer(3)) {
+		t.Fatal("refused without a limit")
+	}
+}
