@@ -89,8 +89,10 @@ func (d *Daemon) watchNode(client kubernetes.Interface, node string, wait time.D
 			}
 			d.log.Info("the Kubernetes API answered: following the node label", "node", node, "label", nodelabel.OffloadLabel)
 		case <-d.stop:
-			cancel() // Start stops the watcher and returns
-			<-started
+			cancel() // Start stops the watcher and returns ctx's error
+			if err := <-started; err != nil && !errors.Is(err, context.Canceled) {
+				d.log.Debug("node label watch ended before the API answered", "error", err)
+			}
 		}
 	}()
 	return fmt.Errorf("watch node %q: %w in %v; serving with the configured XDP mode, retrying", node, ErrNodeNotListed, wait)
