@@ -8,7 +8,7 @@ import (
 
 // fromConfig builds the daemon configuration from a STUNner config and the
 // flags: the config gives listeners, auth, allowlists, log level, endpoints
-// and offload settings; a flag given on the command line wins.
+// offload settings and the user quota; a flag given on the command line wins.
 func fromConfig(o options, r *config.Resolved) (daemon.Config, error) {
 	// The flags give everything the config does not; then the config
 	// overrides what it sets and the command line did not.
@@ -27,6 +27,9 @@ func fromConfig(o options, r *config.Resolved) (daemon.Config, error) {
 	}
 	cfg.Listeners = r.Listeners
 	cfg.Source = r.Source
+	if !o.set["user-quota"] {
+		cfg.UserQuota = r.UserQuota
+	}
 	if !o.set["metrics-addr"] {
 		cfg.MetricsAddr = r.MetricsAddr
 	}

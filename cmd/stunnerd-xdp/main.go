@@ -71,10 +71,11 @@ Flags:
 type options struct {
 	log, logFormat, realm, relayAddr, xdpMode, xdpIfaces string
 	metricsAddr, healthAddr, healthSocket, handoverDir   string
+	pprofAddr                                            string
 	minPort, maxPort                                     uint
 	maxBindings                                          uint
 	forceReady, verbose, dryRun                          bool
-	udpThreadNum                                         int
+	udpThreadNum, userQuota, totalQuota, maxPermissions  int
 	gracePeriod                                          time.Duration
 	allowPeers, denyPeers, noOffloadPeers                prefixList
 	configOrigin, id, nodeName, kubeconfig               string
@@ -142,8 +143,14 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.xdpMode, "xdp-mode", string(loader.ModeAuto), "XDP attach `MODE`: auto (native, then generic, then userspace), native, generic or off;\ngiven, it wins over the config's admin.offload_engine; the node label stunner.l7mp.io/xdp-offload wins over both")
 	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
 	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off)")
-	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live and /ready (empty: off)")
+	fs.IntVar(&o.userQuota, "user-quota", 0, "allocations one user-id may hold at once (the user-id of ephemeral credentials EXPIRY:USERID\n"+
+		"is USERID); over it, Allocate gets 486 Allocation Quota Reached; 0: no quota (default: the config's\nadmin.user_quota; given, it wins)")
+	fs.IntVar(&o.totalQuota, "total-quota", 0, "allocations the daemon holds at once, over all listeners; over it, Allocate gets 486; 0: no quota")
+	fs.IntVar(&o.maxPermissions, "max-permissions", 0, "peer IPs one allocation may hold permissions for; beyond it CreatePermission and ChannelBind\nto a new peer IP fail (refreshes do not); 0: no limit")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off); without a host it listens on the pod's\n"+
+		"address ($POD_IP, else $STUNNER_ADDR) and loopback, not on every address of the node")
+	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live, /ready and /status (empty: off); without a host, as --metrics-addr")
+	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "loopback `ADDR` (like 127.0.0.1:6060) serving Go's profiles at /debug/pprof/ (empty: off)")
 	fs.StringVar(&o.healthSocket, "health-socket", "", "`PATH` of a unix socket serving /live, /ready and /status for this process only\n(for exec probes: 'stunnerd-xdp probe --health-socket PATH ready'; empty: off)")
 	fs.StringVar(&o.handoverDir, "handover-dir", handover.DefaultDir, "bpffs `DIR` where the daemons of a node share their TURN ports for hitless rolling updates\n(a subdirectory per network namespace; empty: ports are bound exclusively)")
 	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist,\nand it also admits peers the defaults refuse (loopback, link-local, multicast, this node's addresses)")
@@ -169,6 +176,10 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	if o.verbose && !o.set["log"] {
 		o.log = "all:DEBUG"
+	}
+	if o.userQuota < 0 || o.totalQuota < 0 || o.maxPermissions < 0 {
+		return o, fs, fmt.Errorf("%w: --user-quota %d, --total-quota %d, --max-permissions %d: want 0 (no limit) or more",
+			errUsage, o.userQuota, o.totalQuota, o.maxPermissions)
 	}
 	if o.udpThreadNum < 0 {
 		return o, fs, fmt.Errorf("%w: --udp-thread-num %d: want 0 (one per CPU) or more", errUsage, o.udpThreadNum)
@@ -279,10 +290,24 @@ func flagsConfig(o options) (daemon.Config, error) {
 	}
 	cfg.MaxBindings = uint32(o.maxBindings)
 	cfg.MetricsAddr, cfg.HealthAddr, cfg.ForceReady = o.metricsAddr, o.healthAddr, o.forceReady
+	cfg.PodAddr, cfg.PprofAddr = podAddr(), o.pprofAddr
 	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
 	cfg.UDPThreadNum = o.udpThreadNum
+	cfg.UserQuota, cfg.TotalQuota, cfg.MaxPermissions = o.userQuota, o.totalQuota, o.maxPermissions
 	cfg.AllowPeers, cfg.DenyPeers, cfg.NoOffloadPeers = o.allowPeers, o.denyPeers, o.noOffloadPeers
 	return cfg, nil
+}
+
+// podAddr is the pod's address, where the endpoints listen beside loopback:
+// $POD_IP (the downward API's status.podIP; a hostNetwork pod's is the node's
+// internal address), else $STUNNER_ADDR (the operator sets it to the same).
+func podAddr() netip.Addr {
+	for _, env := range []string{"POD_IP", "STUNNER_ADDR"} {
+		if a, err := netip.ParseAddr(os.Getenv(env)); err == nil {
+			return a.Unmap()
+		}
+	}
+	return netip.Addr{}
 }
 
 // parseURI reads turn://USER:PASS@ADDR:PORT[?transport=udp].

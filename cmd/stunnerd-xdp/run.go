@@ -47,10 +47,14 @@ func runURI(o options, cfg daemon.Config, stderr io.Writer) int {
 	return drain(o, d, log, <-sigs, sigs)
 }
 
-// followNode starts the node label watcher. A --node-name or $NODE_NAME that
-// cannot be followed is an error; $STUNNER_NODENAME (set by the operator for
-// the config discovery service, where the pod may have no RBAC for Nodes) is
-// followed when the Kubernetes API answers, and only warned about otherwise.
+// followNode starts the node label watcher. A --node-name or $NODE_NAME
+// whose client cannot be built (no in-cluster config, a bad kubeconfig) is an
+// error; an API server that does not answer is not: the daemon serves with
+// the configured XDP mode and applies the label when the API answers (a node
+// rebooting during an API outage must not CrashLoop). $STUNNER_NODENAME (set
+// by the operator for the config discovery service, where the pod may have no
+// RBAC for Nodes) is followed when the Kubernetes API answers within 30 s, and
+// only warned about otherwise.
 func followNode(o options, d *daemon.Daemon, logger *logging.Factory) error {
 	log := logger.Slog("stunnerd-xdp")
 	if o.nodeName == "" {
@@ -58,13 +62,18 @@ func followNode(o options, d *daemon.Daemon, logger *logging.Factory) error {
 	}
 	if o.labelNode {
 		go func() {
-			if err := watchNode(d, logger, o.nodeName, o.kubeconfig); err != nil {
+			if err := watchNode(d, logger, o.nodeName, o.kubeconfig, false); err != nil {
 				log.Warn("not following the node label (from $STUNNER_NODENAME): --xdp-mode and the config decide", "node", o.nodeName, "error", err)
 			}
 		}()
 		return nil
 	}
-	if err := watchNode(d, logger, o.nodeName, o.kubeconfig); err != nil {
+	err := watchNode(d, logger, o.nodeName, o.kubeconfig, true)
+	switch {
+	case errors.Is(err, daemon.ErrNodeNotListed):
+		log.Warn("the Kubernetes API does not answer: serving with the configured XDP mode; the node label applies when it answers",
+			"node", o.nodeName, "error", err)
+	case err != nil:
 		log.Error("cannot follow the node label; unset --node-name (NODE_NAME) to run without it", "error", err)
 		return err
 	}
@@ -360,10 +369,19 @@ func (b *bootstrapHealth) start(addr, sock string) error {
 	}
 	mux.HandleFunc("/ready", waiting)
 	mux.HandleFunc("/status", waiting)
-	for _, l := range []struct{ network, addr string }{{"tcp", addr}, {"unix", sock}} {
-		if l.addr == "" {
-			continue
-		}
+	addrs, err := daemon.EndpointAddrs(addr, podAddr())
+	if err != nil {
+		return err
+	}
+	type endpoint struct{ network, addr string }
+	var eps []endpoint
+	for _, a := range addrs {
+		eps = append(eps, endpoint{"tcp", a})
+	}
+	if sock != "" {
+		eps = append(eps, endpoint{"unix", sock})
+	}
+	for _, l := range eps {
 		if l.network == "unix" {
 			_ = os.Remove(l.addr)
 			b.sock = l.addr
@@ -373,9 +391,7 @@ func (b *bootstrapHealth) start(addr, sock string) error {
 			b.stop()
 			return err
 		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		b.srvs = append(b.srvs, srv)
-		go func() { _ = srv.Serve(ln) }()
+		b.srvs = append(b.srvs, daemon.Serve(ln, mux))
 	}
 	return nil
 }

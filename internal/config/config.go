@@ -117,6 +117,8 @@ type Resolved struct {
 	// ("auto"), or empty when the config has no preference (unset or None,
 	// which the operator renders by default: see OffloadEngineNone).
 	XDPMode string
+	// UserQuota is admin.user_quota: allocations per user-id (0: no quota).
+	UserQuota int
 	// OffloadEngine is admin.offload_engine as written.
 	OffloadEngine string
 	Interfaces    []string
@@ -307,9 +309,10 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 		}
 	}
 	r.HealthAddr = health
-	if s.Admin.UserQuota != 0 {
-		warn("admin.user_quota %d: not implemented, no per-user allocation quota is enforced", s.Admin.UserQuota)
+	if s.Admin.UserQuota < 0 {
+		return nil, fmt.Errorf("admin.user_quota %d: want 0 (no quota) or more", s.Admin.UserQuota)
 	}
+	r.UserQuota = s.Admin.UserQuota
 	if s.Admin.LicenseConfig != nil {
 		warn("admin.license_config: ignored (this dataplane has no licensed features)")
 	}

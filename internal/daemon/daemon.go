@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"maps"
 	"net"
-	"net/http"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -30,6 +29,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/offload"
+	"github.com/l7mp/stunnerd-xdp/internal/quota"
 	"github.com/l7mp/stunnerd-xdp/internal/status"
 )
 
@@ -64,8 +64,23 @@ type Config struct {
 	Interfaces             []string // empty: those carrying the listener and relay addresses
 	MaxBindings            uint32
 
-	MetricsAddr string // empty: no metrics server
-	HealthAddr  string // empty: no health server
+	// UserQuota bounds the allocations of one user-id, TotalQuota the
+	// daemon's (0: no limit); over them, Allocate gets 486.
+	UserQuota, TotalQuota int
+	// MaxPermissions bounds the peer IPs one allocation holds permissions
+	// for (0: no limit); beyond it, CreatePermission and ChannelBind fail.
+	MaxPermissions int
+
+	// MetricsAddr and HealthAddr are the endpoints' addresses (empty: off);
+	// one without a host listens on PodAddr and loopback (EndpointAddrs).
+	MetricsAddr string
+	HealthAddr  string
+	// PodAddr is the pod's address ($POD_IP, else $STUNNER_ADDR); invalid
+	// outside Kubernetes.
+	PodAddr netip.Addr
+	// PprofAddr serves Go's profiles at /debug/pprof/ (empty: off); it must
+	// be a loopback address.
+	PprofAddr string
 	// HealthSocket is a unix socket serving the health endpoints for this
 	// process only (exec probes while another daemon holds HealthAddr).
 	HealthSocket string
@@ -200,6 +215,16 @@ func (c *Config) validate() error {
 	if c.UDPThreadNum > MaxUDPThreadNum {
 		return fmt.Errorf("%d UDP read loops per listener: at most %d", c.UDPThreadNum, MaxUDPThreadNum)
 	}
+	if c.PprofAddr != "" {
+		ap, err := netip.ParseAddrPort(c.PprofAddr)
+		if err != nil || !ap.Addr().IsLoopback() {
+			return fmt.Errorf("pprof address %q: want a loopback IP:PORT, like 127.0.0.1:6060 (profiles reveal memory)", c.PprofAddr)
+		}
+	}
+	if c.UserQuota < 0 || c.TotalQuota < 0 || c.MaxPermissions < 0 {
+		return fmt.Errorf("quotas %d per user, %d in total, %d permissions per allocation: want 0 (no limit) or more",
+			c.UserQuota, c.TotalQuota, c.MaxPermissions)
+	}
 	if c.Logger == nil {
 		return errors.New("no logger")
 	}
@@ -244,11 +269,16 @@ func (c *Config) udpPorts() []uint16 {
 type Daemon struct {
 	// cfg is the running configuration: a snapshot that is never modified,
 	// replaced whole by Reconfigure; readers take it with config().
-	cfg    atomic.Pointer[Config]
-	log    *slog.Logger
-	mirror *mirror.Mirror
-	hooks  hookGate // pion's hooks into the mirror and the steering
-	auth   atomic.Pointer[authState]
+	cfg atomic.Pointer[Config]
+	log *slog.Logger
+	// strangerLog is for lines anyone who can send a datagram can trigger
+	// (unknown users, refused peers and allocations): rate-limited.
+	strangerLog *slog.Logger
+	quota       *quota.Counter
+	perms       *quota.Permissions
+	mirror      *mirror.Mirror
+	hooks       hookGate // pion's hooks into the mirror and the steering
+	auth        atomic.Pointer[authState]
 
 	lmu        sync.Mutex // guards listeners and cfg.Listeners
 	listeners  map[string]*listenerServer
@@ -258,7 +288,7 @@ type Daemon struct {
 	counters   *fallback.Counters
 	traffic    *metrics.Traffic
 	registry   *prometheus.Registry
-	https      []*http.Server
+	closers    []func() // the HTTP endpoints
 	stop       chan struct{}
 	linkEvents chan struct{} // a network interface changed: retry the attach now
 	wg         sync.WaitGroup
@@ -277,12 +307,15 @@ func Start(cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	d := &Daemon{
-		log:        cfg.Logger.Slog("stunnerd-xdp"),
-		counters:   &fallback.Counters{},
-		traffic:    metrics.NewTraffic(),
-		stop:       make(chan struct{}),
-		linkEvents: make(chan struct{}, 1),
-		drained:    make(chan struct{}),
+		log:         cfg.Logger.Slog("stunnerd-xdp"),
+		strangerLog: cfg.Logger.Limited("auth"),
+		quota:       quota.New(cfg.quotaLimits()),
+		perms:       quota.NewPermissions(cfg.MaxPermissions),
+		counters:    &fallback.Counters{},
+		traffic:     metrics.NewTraffic(),
+		stop:        make(chan struct{}),
+		linkEvents:  make(chan struct{}, 1),
+		drained:     make(chan struct{}),
 	}
 	d.cfg.Store(&cfg)
 	d.traffic.SetListeners(cfg.trafficListeners())
@@ -493,8 +526,8 @@ func (d *Daemon) Close() error {
 	var errs []error
 	d.closeOnce.Do(func() {
 		close(d.stop)
-		for _, s := range d.https {
-			_ = s.Close()
+		for _, c := range d.closers {
+			c()
 		}
 		d.closeListeners()
 		d.hooks.close()

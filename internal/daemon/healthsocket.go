@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"time"
 )
 
 // serveUnix serves the health endpoints on a unix socket: it answers for this
@@ -22,9 +21,8 @@ func (d *Daemon) serveUnix(path string, h http.Handler) error {
 	if err != nil {
 		return fmt.Errorf("health socket: %w", err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	d.https = append(d.https, srv)
-	go func() { _ = srv.Serve(ln) }()
+	srv := Serve(ln, h)
+	d.closers = append(d.closers, func() { _ = srv.Close() })
 	d.log.Info("health socket listening", "path", path)
 	return nil
 }

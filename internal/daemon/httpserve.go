@@ -6,27 +6,108 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
+	"net/netip"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 )
 
-// serve starts an HTTP server on addr; while the port is taken (the previous
-// daemon on this node is still draining) it retries in the background.
-func (d *Daemon) serve(addr string, h http.Handler, what string) error {
+// Limits of the HTTP endpoints: a probe or a scrape is one short request, so
+// slow or many clients must not pile up goroutines and file descriptors.
+const (
+	httpMaxConns          = 32
+	httpReadHeaderTimeout = 5 * time.Second
+	httpReadTimeout       = 10 * time.Second
+	httpWriteTimeout      = 30 * time.Second // a scrape of a full node
+	httpIdleTimeout       = 60 * time.Second
+	httpMaxHeaderBytes    = 16 << 10
+)
+
+// Serve serves h on ln with the endpoints' timeouts and connection limit
+// until the returned server is closed.
+func Serve(ln net.Listener, h http.Handler) *http.Server {
+	return serveFor(ln, h, httpWriteTimeout)
+}
+
+func serveFor(ln net.Listener, h http.Handler, write time.Duration) *http.Server {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout,
+		WriteTimeout: write, IdleTimeout: httpIdleTimeout, MaxHeaderBytes: httpMaxHeaderBytes}
+	go func() { _ = srv.Serve(netutil.LimitListener(ln, httpMaxConns)) }()
+	return srv
+}
+
+// EndpointAddrs are the addresses an endpoint address given without a host
+// (":8086", STUNner's "http://:8086") listens on: the pod's address (a
+// hostNetwork pod's is the node's internal address, where the kubelet probes
+// and Prometheus scrapes) and loopback (kubectl port-forward, a sidecar),
+// never the node's every address, which may be public. Without a pod address
+// (outside Kubernetes) loopback only. An address with a host, a wildcard
+// included, is taken as written.
+func EndpointAddrs(addr string, pod netip.Addr) ([]string, error) {
 	if addr == "" {
-		return nil
+		return nil, nil
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	d.https = append(d.https, srv)
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if host != "" {
+		return []string{addr}, nil
+	}
+	out := []string{net.JoinHostPort("127.0.0.1", port)}
+	if pod.IsValid() && !pod.IsLoopback() && !pod.IsUnspecified() {
+		out = append([]string{net.JoinHostPort(pod.String(), port)}, out...)
+	}
+	return out, nil
+}
+
+// serve starts an HTTP server on each of addr's EndpointAddrs; while a port
+// is taken (the previous daemon on this node is still draining) it retries in
+// the background.
+func (d *Daemon) serve(addr string, h http.Handler, what string) error {
+	addrs, err := EndpointAddrs(addr, d.config().PodAddr)
+	if err != nil {
+		return fmt.Errorf("%s endpoint %q: %w", what, addr, err)
+	}
+	for _, a := range addrs {
+		if err := d.serveOn(a, h, what); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Daemon) serveOn(addr string, h http.Handler, what string) error {
+	var mu sync.Mutex // a retried listen and Close may race
+	var srv *http.Server
+	d.closers = append(d.closers, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if srv != nil {
+			_ = srv.Close()
+		}
+		srv = &http.Server{} // later listens give up
+	})
 	listen := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if srv != nil {
+			return nil // closed
+		}
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			return err
 		}
-		go func() { _ = srv.Serve(ln) }()
-		d.log.Info(what+" endpoint listening", "addr", ln.Addr().String())
+		srv = Serve(ln, h)
+		if host, _, _ := net.SplitHostPort(addr); host == "" || net.ParseIP(host).IsUnspecified() {
+			d.log.Warn(what+" endpoint listening on every address of the node, public ones included: give it a host to narrow it", "addr", ln.Addr().String())
+		} else {
+			d.log.Info(what+" endpoint listening", "addr", ln.Addr().String())
+		}
 		return nil
 	}
 	err := listen()
@@ -42,6 +123,27 @@ func (d *Daemon) serve(addr string, h http.Handler, what string) error {
 		defer d.wg.Done()
 		d.tick(time.Second, func() bool { return listen() == nil })
 	}()
+	return nil
+}
+
+// servePprof serves Go's profiles on a loopback address (validate checks).
+func (d *Daemon) servePprof(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("pprof endpoint on %s: %w", addr, err)
+	}
+	srv := serveFor(ln, mux, 2*time.Minute) // a CPU profile takes 30 s by default
+	d.closers = append(d.closers, func() { _ = srv.Close() })
+	d.log.Info("pprof endpoint listening", "addr", ln.Addr().String())
 	return nil
 }
 
@@ -75,5 +177,8 @@ func (d *Daemon) serveHTTP() error {
 	if err := d.serve(cfg.HealthAddr, hm, "health"); err != nil {
 		return err
 	}
-	return d.serveUnix(cfg.HealthSocket, hm)
+	if err := d.serveUnix(cfg.HealthSocket, hm); err != nil {
+		return err
+	}
+	return d.servePprof(cfg.PprofAddr)
 }

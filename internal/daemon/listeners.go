@@ -34,7 +34,8 @@ func newAuthState(cfg Config, lf *logging.Factory) *authState {
 		a.keys[u] = turn.GenerateAuthKey(u, cfg.Realm, p)
 	}
 	if cfg.Secret != "" {
-		a.rest = turn.LongTermTURNRESTAuthHandler(cfg.Secret, lf.NewLogger("auth"))
+		// It logs every malformed or expired username: rate-limited.
+		a.rest = turn.LongTermTURNRESTAuthHandler(cfg.Secret, lf.LimitedFactory().NewLogger("auth"))
 	}
 	return a
 }
@@ -60,7 +61,7 @@ type listenerServer struct {
 func (d *Daemon) policyFor(l config.ResolvedListener) *peerpolicy.Policy {
 	cfg := d.config()
 	allow := append(append([]netip.Prefix(nil), l.AllowPeers...), cfg.AllowPeers...)
-	return peerpolicy.New(allow, cfg.DenyPeers, l.Allowlist, cfg.Logger.Slog("auth"))
+	return peerpolicy.New(allow, cfg.DenyPeers, l.Allowlist, d.strangerLog)
 }
 
 // startListener opens the listener's socket and starts its pion/turn server.
@@ -82,19 +83,12 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 	})
 	gen := &portFilterGenerator{RelayAddressGenerator: relay, ps: &ls.ports}
 	sc := turn.ServerConfig{
-		Realm:              cfg.Realm,
-		LoggerFactory:      cfg.Logger,
+		Realm: cfg.Realm,
+		// pion logs requests and datagrams anyone can send (a datagram to a
+		// relay port without a permission, a refused peer): rate-limited.
+		LoggerFactory:      cfg.Logger.LimitedFactory(),
 		ChannelBindTimeout: cfg.ChannelBindTimeout,
 		AuthHandler:        d.authenticate,
-		// While draining, new allocations get 486 (Allocation Quota Reached);
-		// existing ones keep refreshing and relaying.
-		QuotaHandler: func(username, _ string, src net.Addr) bool {
-			if d.draining.Load() {
-				cfg.Logger.Slog("auth").Info("allocation refused: draining", "user", username, "client", src.String())
-				return false
-			}
-			return true
-		},
 	}
 	// Only UDP listeners are mirrored into the maps. pion/turn v4 reports every
 	// allocation as "UDP" (its five-tuples hard-code it), so a TCP client's
@@ -152,6 +146,19 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		scs = []turn.ServerConfig{sc}
 	default:
 		return fmt.Errorf("listener %q: protocol %q is not supported", l.Name, l.Protocol)
+	}
+	for i := range scs {
+		// The quotas count across every listener and read loop; the
+		// permission limit per allocation.
+		qs := d.quota.NewServer()
+		scs[i].QuotaHandler = d.quotaHandler(qs)
+		scs[i].EventHandler = d.withQuota(qs, scs[i].EventHandler)
+		for j, c := range scs[i].PacketConnConfigs {
+			scs[i].PacketConnConfigs[j].PermissionHandler = d.limitPermissions(qs, c.PermissionHandler)
+		}
+		for j, c := range scs[i].ListenerConfigs {
+			scs[i].ListenerConfigs[j].PermissionHandler = d.limitPermissions(qs, c.PermissionHandler)
+		}
 	}
 	for i, sc := range scs {
 		srv, err := turn.NewServer(sc)
@@ -263,7 +270,7 @@ func (d *Daemon) authenticate(username, realm string, src net.Addr) ([]byte, boo
 	}
 	key, ok := a.keys[username]
 	if !ok {
-		d.config().Logger.Slog("auth").Info("unknown user", "user", username, "client", src.String())
+		d.strangerLog.Info("unknown user", "user", username, "client", src.String())
 	}
 	return key, ok
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,6 +10,10 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 )
+
+// ErrNodeNotListed: the Kubernetes API did not list the node in time. With
+// WatchNodePatiently the watch keeps trying in the background.
+var ErrNodeNotListed = errors.New("no answer from the Kubernetes API")
 
 // FollowNode hands the node label's wish to the offload manager, which weighs
 // it against the other inputs (see internal/offload); sessions move between
@@ -24,32 +29,71 @@ func (d *Daemon) FollowNode(_ context.Context, want nodelabel.Offload) error {
 }
 
 // WatchNode follows the node's stunner.l7mp.io/xdp-offload label until the
-// daemon closes. It returns once the node was first listed, or with an error
-// when that takes longer than timeout.
+// daemon closes. It returns once the node was first listed, or gives up with
+// ErrNodeNotListed when that takes longer than timeout.
 func (d *Daemon) WatchNode(client kubernetes.Interface, node string, timeout time.Duration) error {
+	return d.watchNode(client, node, timeout, false)
+}
+
+// WatchNodePatiently is WatchNode for an API server that may not answer yet
+// (a node that reboots during an API outage): the daemon serves with the
+// configured mode meanwhile (the label counts as absent). After wait it
+// returns ErrNodeNotListed and keeps the watch trying in the background (the
+// informer retries with backoff); the label applies when the API answers.
+func (d *Daemon) WatchNodePatiently(client kubernetes.Interface, node string, wait time.Duration) error {
+	return d.watchNode(client, node, wait, true)
+}
+
+func (d *Daemon) watchNode(client kubernetes.Interface, node string, wait time.Duration, patient bool) error {
 	w := nodelabel.NewWatcher(client, node, d.FollowNode, d.config().Logger.Slog("k8s"))
+	// ctx bounds the first list: the daemon's life when patient.
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan error, 1)
 	go func() { started <- w.Start(ctx) }()
-	select {
-	case err := <-started:
+	listed := func(err error) error {
 		if err != nil {
 			cancel()
 			return fmt.Errorf("watch node %q: %w", node, err)
 		}
-	case <-time.After(timeout):
+		d.nodeWatcher.Store(w)
+		d.followServiceCIDRs(client, 30*time.Second)
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			<-d.stop
+			w.Stop()
+			cancel()
+		}()
+		return nil
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case err := <-started:
+		return listed(err)
+	case <-timer.C:
+	}
+	if !patient {
 		cancel()
 		w.Stop()
-		return fmt.Errorf("watch node %q: no answer from the Kubernetes API in %v", node, timeout)
+		return fmt.Errorf("watch node %q: %w in %v", node, ErrNodeNotListed, wait)
 	}
-	d.nodeWatcher.Store(w)
-	d.followServiceCIDRs(client, timeout)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		<-d.stop
-		w.Stop()
-		cancel()
+		select {
+		case err := <-started:
+			if err = listed(err); err != nil {
+				d.log.Error("not following the node label", "node", node, "error", err)
+				return
+			}
+			d.log.Info("the Kubernetes API answered: following the node label", "node", node, "label", nodelabel.OffloadLabel)
+		case <-d.stop:
+			cancel() // Start stops the watcher and returns ctx's error
+			if err := <-started; err != nil && !errors.Is(err, context.Canceled) {
+				d.log.Debug("node label watch ended before the API answered", "error", err)
+			}
+		}
 	}()
-	return nil
+	return fmt.Errorf("watch node %q: %w in %v; serving with the configured XDP mode, retrying", node, ErrNodeNotListed, wait)
 }

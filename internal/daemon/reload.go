@@ -57,6 +57,7 @@ func (d *Daemon) Reconfigure(next Config) error {
 	next.RelayAddress, next.MinRelayPort, next.MaxRelayPort = cur.RelayAddress, cur.MinRelayPort, cur.MaxRelayPort
 	next.MaxBindings, next.MetricsAddr, next.HealthAddr, next.Interfaces = cur.MaxBindings, cur.MetricsAddr, cur.HealthAddr, cur.Interfaces
 	next.SocketBuffer, next.ReconcileInterval, next.ChannelBindTimeout = cur.SocketBuffer, cur.ReconcileInterval, cur.ChannelBindTimeout
+	next.PodAddr, next.PprofAddr = cur.PodAddr, cur.PprofAddr
 	// The command line does not change under a running process.
 	next.XDPMode = cur.XDPMode
 
@@ -64,6 +65,8 @@ func (d *Daemon) Reconfigure(next Config) error {
 	d.cfg.Store(&next)
 	d.traffic.SetListeners(next.trafficListeners())
 	d.auth.Store(newAuthState(next, next.Logger))
+	d.quota.SetLimits(next.quotaLimits())
+	d.perms.SetLimit(next.MaxPermissions)
 
 	var errs []error
 	want := map[string]config.ResolvedListener{}

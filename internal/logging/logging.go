@@ -139,7 +139,8 @@ func (s Spec) String() string {
 // Factory creates scoped loggers that share one output and one level spec. It
 // implements pion's logging.LoggerFactory and is safe for concurrent use.
 type Factory struct {
-	base slog.Handler
+	base    slog.Handler
+	limiter *Limiter // for Limited and LimitedFactory
 
 	mu   sync.Mutex
 	spec Spec
@@ -173,7 +174,8 @@ func New(spec, format string, w io.Writer) (*Factory, error) {
 	default:
 		return nil, fmt.Errorf("unknown log format %q (want %q or %q)", format, FormatText, FormatJSON)
 	}
-	return &Factory{base: h, spec: s, vars: map[string]*slog.LevelVar{}}, nil
+	return &Factory{base: h, spec: s, vars: map[string]*slog.LevelVar{},
+		limiter: NewLimiter(DefaultLimitInterval, DefaultLimitBurst)}, nil
 }
 
 // replaceLevel prints LevelTrace as "TRACE" instead of slog's "DEBUG-4".
@@ -260,9 +262,12 @@ func (h *scopeHandler) WithGroup(name string) slog.Handler {
 	return &scopeHandler{inner: h.inner.WithGroup(name), level: h.level}
 }
 
-// leveledLogger adapts a *slog.Logger to pion's LeveledLogger.
+// leveledLogger adapts a *slog.Logger to pion's LeveledLogger; with a
+// Limiter, its lines at INFO and above are rate-limited per format string.
 type leveledLogger struct {
-	l *slog.Logger
+	l     *slog.Logger
+	lim   *Limiter
+	scope string
 }
 
 var _ pionlog.LeveledLogger = (*leveledLogger)(nil)
@@ -272,15 +277,29 @@ func (l *leveledLogger) enabled(level slog.Level) bool {
 }
 
 func (l *leveledLogger) log(level slog.Level, msg string) {
-	l.l.Log(context.Background(), level, msg)
+	l.logf(level, "%s", msg)
 }
 
-// logf checks the level before formatting so disabled calls on the data path
-// do not pay for fmt.Sprintf.
+// logf checks the level and the limit before formatting, so disabled and
+// dropped calls on the data path do not pay for fmt.Sprintf.
 func (l *leveledLogger) logf(level slog.Level, format string, args ...any) {
-	if l.enabled(level) {
-		l.l.Log(context.Background(), level, fmt.Sprintf(format, args...))
+	if !l.enabled(level) {
+		return
 	}
+	key := format
+	if format == "%s" && len(args) == 1 {
+		key, _ = args[0].(string)
+	}
+	dropped, ok := l.lim.allow(level, l.scope+"\x00"+key)
+	if !ok {
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	if dropped > 0 {
+		l.l.Log(context.Background(), level, msg, SuppressedKey, dropped)
+		return
+	}
+	l.l.Log(context.Background(), level, msg)
 }
 
 func (l *leveledLogger) Trace(msg string)                  { l.log(LevelTrace, msg) }

@@ -1,153 +1,130 @@
 package logging
 
 import (
-	"fmt"
+	"context"
 	"log/slog"
-	"math"
 	"sync"
 	"time"
 
 	pionlog "github.com/pion/logging"
+	"golang.org/x/time/rate"
 )
 
-// RateLimited is a pion LeveledLogger for the data path: it forwards at most
-// burst messages at once and, after that, one message per interval, dropping
-// the rest. The next forwarded message carries the number of messages dropped
-// since the previous one, so operators know something was suppressed. One
-// token bucket is shared by all levels. It is safe for concurrent use.
-type RateLimited struct {
-	l        pionlog.LeveledLogger
-	every    time.Duration
-	capacity time.Duration // burst*every: the bucket size measured in time
-	now      func() time.Time
+// Defaults of the Factory's Limiter: a burst of lines per message, then one
+// per interval. A flood of 40,000 junk datagrams lasting a few seconds leaves
+// a handful of lines per message.
+const (
+	DefaultLimitBurst    = 10
+	DefaultLimitInterval = 5 * time.Second
+	// SuppressedKey is the attribute that counts the lines of a message
+	// dropped since the previous one that was written.
+	SuppressedKey = "suppressed"
+	// maxLimiterKeys bounds the limiter's memory; keys are format strings and
+	// constant messages, so this is never reached unless a caller logs data as
+	// the message. The messages beyond it share one budget.
+	maxLimiterKeys = 1024
+)
 
-	mu         sync.Mutex
-	credit     time.Duration // accumulated time; each message costs every
-	last       time.Time
-	suppressed uint64
+// Limiter bounds the log lines that others can cause (unauthenticated
+// requests, unknown users, datagrams to relay ports without a permission,
+// refused peers): per message, a burst, then one line per interval; the next
+// line written carries how many were dropped. Messages are told apart by
+// their format string (pion's) or message (slog's), never by their
+// arguments, so a flood from many addresses shares one budget. Lines below
+// INFO are not limited: DEBUG and TRACE are asked for on purpose. It is safe
+// for concurrent use.
+type Limiter struct {
+	every time.Duration
+	burst int
+	now   func() time.Time
+
+	mu   sync.Mutex
+	keys map[string]*keyLimit
 }
 
-var _ pionlog.LeveledLogger = (*RateLimited)(nil)
-
-// NewRateLimited wraps l so that it emits at most burst messages in a burst
-// and one message per every on average. A burst below 1 is treated as 1; a
-// non-positive every disables rate limiting.
-func NewRateLimited(l pionlog.LeveledLogger, every time.Duration, burst int) *RateLimited {
-	return newRateLimited(l, every, burst, time.Now)
+type keyLimit struct {
+	lim     *rate.Limiter
+	dropped uint64
 }
 
-// newRateLimited allows tests to inject a fake clock.
-func newRateLimited(l pionlog.LeveledLogger, every time.Duration, burst int, now func() time.Time) *RateLimited {
-	burst = max(burst, 1)
-	capacity := time.Duration(math.MaxInt64)
-	if every > 0 && int64(burst) <= math.MaxInt64/int64(every) {
-		capacity = every * time.Duration(burst)
-	}
-	// Start with a full bucket so the first burst of messages goes through.
-	return &RateLimited{l: l, every: every, capacity: capacity, now: now, credit: capacity, last: now()}
+// NewLimiter lets burst lines of a message through at once and one per
+// every after that. A non-positive every disables limiting.
+func NewLimiter(every time.Duration, burst int) *Limiter {
+	return &Limiter{every: every, burst: max(burst, 1), now: time.Now, keys: map[string]*keyLimit{}}
 }
 
-// allow reports whether a message may be emitted and, if so, how many
-// messages were suppressed since the last emitted one.
-func (r *RateLimited) allow() (uint64, bool) {
-	if r.every <= 0 {
+// allow reports whether a line of message key may be written and how many
+// were dropped since the last one that was.
+func (l *Limiter) allow(level slog.Level, key string) (dropped uint64, ok bool) {
+	if l == nil || l.every <= 0 || level < slog.LevelInfo {
 		return 0, true
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := r.now()
-	if elapsed := now.Sub(r.last); elapsed > 0 {
-		// Written to avoid overflowing credit+elapsed after long idle periods.
-		if elapsed >= r.capacity-r.credit {
-			r.credit = r.capacity
-		} else {
-			r.credit += elapsed
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k, found := l.keys[key]
+	if !found {
+		if len(l.keys) >= maxLimiterKeys-1 { // one is kept for the overflow
+			key = ""
+			k = l.keys[key]
 		}
-		r.last = now
+		if k == nil {
+			k = &keyLimit{lim: rate.NewLimiter(rate.Every(l.every), l.burst)}
+			l.keys[key] = k
+		}
 	}
-	if r.credit < r.every {
-		r.suppressed++
+	if !k.lim.AllowN(l.now(), 1) {
+		k.dropped++
 		return 0, false
 	}
-	r.credit -= r.every
-	n := r.suppressed
-	r.suppressed = 0
-	return n, true
+	dropped, k.dropped = k.dropped, 0
+	return dropped, true
 }
 
-// enabled lets messages below the wrapped logger's level bypass the bucket:
-// otherwise disabled Trace spam would use up the budget and hide real errors.
-func (r *RateLimited) enabled(level slog.Level) bool {
-	if e, ok := r.l.(interface{ enabled(slog.Level) bool }); ok {
-		return e.enabled(level)
-	}
-	return true
+// Limited returns a logger for scope whose INFO and higher lines go through
+// the Factory's Limiter, one budget per message. Use it for lines a remote
+// party can trigger.
+func (f *Factory) Limited(scope string) *slog.Logger {
+	l := f.Slog(scope)
+	return slog.New(&limitHandler{inner: l.Handler(), lim: f.limiter, scope: scope})
 }
 
-func (r *RateLimited) admit(level slog.Level) (uint64, bool) {
-	if !r.enabled(level) {
-		return 0, false
-	}
-	return r.allow()
+// LimitedFactory is a pion LoggerFactory whose loggers' INFO and higher lines
+// go through the Factory's Limiter, one budget per format string: for
+// pion/turn, whose lines about requests and datagrams anyone can trigger.
+func (f *Factory) LimitedFactory() pionlog.LoggerFactory { return limitedFactory{f} }
+
+type limitedFactory struct{ f *Factory }
+
+func (lf limitedFactory) NewLogger(scope string) pionlog.LeveledLogger {
+	return &leveledLogger{l: lf.f.Slog(scope), lim: lf.f.limiter, scope: scope}
 }
 
-func (r *RateLimited) log(level slog.Level, msg string) {
-	if n, ok := r.admit(level); ok {
-		r.emit(level, msg, n)
-	}
+// limitHandler drops the lines its Limiter refuses.
+type limitHandler struct {
+	inner slog.Handler
+	lim   *Limiter
+	scope string
 }
 
-// logf formats only admitted messages to keep dropped ones cheap.
-func (r *RateLimited) logf(level slog.Level, format string, args ...any) {
-	if n, ok := r.admit(level); ok {
-		r.emit(level, fmt.Sprintf(format, args...), n)
-	}
+func (h *limitHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.inner.Enabled(ctx, l)
 }
 
-func (r *RateLimited) emit(level slog.Level, msg string, suppressed uint64) {
-	if suppressed > 0 {
-		msg = fmt.Sprintf("%s (suppressed %d messages)", msg, suppressed)
+func (h *limitHandler) Handle(ctx context.Context, r slog.Record) error {
+	dropped, ok := h.lim.allow(r.Level, h.scope+"\x00"+r.Message)
+	if !ok {
+		return nil
 	}
-	switch level {
-	case LevelTrace:
-		r.l.Trace(msg)
-	case slog.LevelDebug:
-		r.l.Debug(msg)
-	case slog.LevelInfo:
-		r.l.Info(msg)
-	case slog.LevelWarn:
-		r.l.Warn(msg)
-	default:
-		r.l.Error(msg)
+	if dropped > 0 {
+		r.AddAttrs(slog.Uint64(SuppressedKey, dropped))
 	}
+	return h.inner.Handle(ctx, r)
 }
 
-// Trace logs msg at TRACE level, subject to the rate limit.
-func (r *RateLimited) Trace(msg string) { r.log(LevelTrace, msg) }
+func (h *limitHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &limitHandler{inner: h.inner.WithAttrs(as), lim: h.lim, scope: h.scope}
+}
 
-// Tracef logs a formatted message at TRACE level, subject to the rate limit.
-func (r *RateLimited) Tracef(format string, args ...any) { r.logf(LevelTrace, format, args...) }
-
-// Debug logs msg at DEBUG level, subject to the rate limit.
-func (r *RateLimited) Debug(msg string) { r.log(slog.LevelDebug, msg) }
-
-// Debugf logs a formatted message at DEBUG level, subject to the rate limit.
-func (r *RateLimited) Debugf(format string, args ...any) { r.logf(slog.LevelDebug, format, args...) }
-
-// Info logs msg at INFO level, subject to the rate limit.
-func (r *RateLimited) Info(msg string) { r.log(slog.LevelInfo, msg) }
-
-// Infof logs a formatted message at INFO level, subject to the rate limit.
-func (r *RateLimited) Infof(format string, args ...any) { r.logf(slog.LevelInfo, format, args...) }
-
-// Warn logs msg at WARN level, subject to the rate limit.
-func (r *RateLimited) Warn(msg string) { r.log(slog.LevelWarn, msg) }
-
-// Warnf logs a formatted message at WARN level, subject to the rate limit.
-func (r *RateLimited) Warnf(format string, args ...any) { r.logf(slog.LevelWarn, format, args...) }
-
-// Error logs msg at ERROR level, subject to the rate limit.
-func (r *RateLimited) Error(msg string) { r.log(slog.LevelError, msg) }
-
-// Errorf logs a formatted message at ERROR level, subject to the rate limit.
-func (r *RateLimited) Errorf(format string, args ...any) { r.logf(slog.LevelError, format, args...) }
+func (h *limitHandler) WithGroup(name string) slog.Handler {
+	return &limitHandler{inner: h.inner.WithGroup(name), lim: h.lim, scope: h.scope}
+}

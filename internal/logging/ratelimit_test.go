@@ -1,12 +1,14 @@
 package logging
 
 import (
-	"bytes"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
 // fakeClock is a manually advanced clock, safe for concurrent reads.
@@ -15,148 +17,147 @@ type fakeClock struct{ ns atomic.Int64 }
 func (c *fakeClock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
 func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
-// recorder is a LeveledLogger that records messages with their level.
-type recorder struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (r *recorder) add(level, msg string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.msgs = append(r.msgs, level+" "+msg)
-}
-
-func (r *recorder) take() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	m := r.msgs
-	r.msgs = nil
-	return m
-}
-
-func (r *recorder) Trace(m string)            { r.add("TRACE", m) }
-func (r *recorder) Tracef(f string, a ...any) { panic("RateLimited must format itself") }
-func (r *recorder) Debug(m string)            { r.add("DEBUG", m) }
-func (r *recorder) Debugf(f string, a ...any) { panic("RateLimited must format itself") }
-func (r *recorder) Info(m string)             { r.add("INFO", m) }
-func (r *recorder) Infof(f string, a ...any)  { panic("RateLimited must format itself") }
-func (r *recorder) Warn(m string)             { r.add("WARN", m) }
-func (r *recorder) Warnf(f string, a ...any)  { panic("RateLimited must format itself") }
-func (r *recorder) Error(m string)            { r.add("ERROR", m) }
-func (r *recorder) Errorf(f string, a ...any) { panic("RateLimited must format itself") }
-
-func TestRateLimited(t *testing.T) {
-	type step struct {
-		advance time.Duration
-		calls   int
-		want    []string // messages emitted by this step, in order
-	}
-	for _, tc := range []struct {
-		name  string
-		every time.Duration
-		burst int
-		steps []step
-	}{
-		{"burst then steady", time.Second, 3, []step{
-			{0, 5, []string{"INFO m", "INFO m", "INFO m"}},
-			{time.Second, 1, []string{"INFO m (suppressed 2 messages)"}},
-			{500 * time.Millisecond, 1, nil},
-			{500 * time.Millisecond, 2, []string{"INFO m (suppressed 1 messages)"}},
-			{time.Second, 1, []string{"INFO m (suppressed 1 messages)"}},
-			{time.Second, 1, []string{"INFO m"}},
-		}},
-		{"idle refills only up to burst", time.Second, 2, []step{
-			{0, 2, []string{"INFO m", "INFO m"}},
-			{time.Hour, 5, []string{"INFO m", "INFO m"}},
-			{time.Second, 1, []string{"INFO m (suppressed 3 messages)"}},
-		}},
-		{"burst below one acts as one", time.Second, 0, []step{
-			{0, 3, []string{"INFO m"}},
-			{time.Second, 1, []string{"INFO m (suppressed 2 messages)"}},
-		}},
-		{"non-positive interval disables limiting", 0, 1, []step{
-			{0, 3, []string{"INFO m", "INFO m", "INFO m"}},
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var clk fakeClock
-			rec := &recorder{}
-			rl := newRateLimited(rec, tc.every, tc.burst, clk.now)
-			for i, st := range tc.steps {
-				clk.advance(st.advance)
-				for range st.calls {
-					rl.Info("m")
-				}
-				if got := rec.take(); strings.Join(got, "|") != strings.Join(st.want, "|") {
-					t.Errorf("step %d: got %q, want %q", i, got, st.want)
-				}
-			}
-		})
-	}
-}
-
-func TestRateLimitedLevels(t *testing.T) {
-	var clk fakeClock
-	rec := &recorder{}
-	rl := newRateLimited(rec, time.Second, 5, clk.now)
-	rl.Tracef("t%d", 1)
-	rl.Debugf("d%d", 2)
-	rl.Infof("i%d", 3)
-	rl.Warnf("w%d", 4)
-	rl.Errorf("e%d", 5)
-	rl.Error("dropped") // the bucket is shared by all levels
-	clk.advance(time.Second)
-	rl.Error("e")
-	want := []string{"TRACE t1", "DEBUG d2", "INFO i3", "WARN w4", "ERROR e5", "ERROR e (suppressed 1 messages)"}
-	if got := rec.take(); strings.Join(got, "|") != strings.Join(want, "|") {
-		t.Errorf("got %q, want %q", got, want)
-	}
-}
-
-// Messages the wrapped logger would discard anyway must not use up the
-// budget, or disabled TRACE chatter would hide real errors.
-func TestRateLimitedDisabledLevelsAreFree(t *testing.T) {
-	var buf bytes.Buffer
-	f, err := New("all:INFO", "text", &buf)
+// limitedFactory returns a Factory writing to a buffer, with a limiter of
+// burst lines then one per second on a fake clock.
+func newLimitedFactory(t *testing.T, spec string, burst int) (*Factory, *fakeClock, *syncBuffer) {
+	t.Helper()
+	buf := &syncBuffer{}
+	f, err := New(spec, "text", buf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var clk fakeClock
-	rl := newRateLimited(f.NewLogger("xdp"), time.Second, 1, clk.now)
-	for range 100 {
-		rl.Tracef("pkt %d", 1)
-		rl.Debug("pkt")
+	clk := &fakeClock{}
+	f.limiter = NewLimiter(time.Second, burst)
+	f.limiter.now = clk.now
+	return f, clk, buf
+}
+
+// syncBuffer is a log sink whose lines are taken by the test.
+type syncBuffer struct {
+	testenv.LockedBuffer
+	read int
+}
+
+// take returns the lines written since the last take.
+func (s *syncBuffer) take() []string {
+	all := s.String()
+	out := strings.Split(strings.TrimSpace(all[s.read:]), "\n")
+	s.read = len(all)
+	if len(out) == 1 && out[0] == "" {
+		return nil
 	}
-	rl.Warn("real problem")
-	out := buf.String()
-	if !strings.Contains(out, "real problem") || strings.Contains(out, "suppressed") {
-		t.Errorf("unexpected output %q", out)
+	return out
+}
+
+func TestLimitedSlog(t *testing.T) {
+	f, clk, buf := newLimitedFactory(t, "all:INFO", 3)
+	log := f.Limited("auth")
+	for i := range 10 {
+		log.Info("unknown user", "user", fmt.Sprint("u", i))
+	}
+	if got := buf.take(); len(got) != 3 {
+		t.Fatalf("a burst of 10 wrote %d lines, want 3: %q", len(got), got)
+	}
+	// Another message has a budget of its own.
+	log.Warn("permission refused")
+	if got := buf.take(); len(got) != 1 {
+		t.Fatalf("another message: %q", got)
+	}
+	clk.advance(time.Second)
+	log.Info("unknown user", "user", "late")
+	got := buf.take()
+	if len(got) != 1 || !strings.Contains(got[0], "user=late") || !strings.Contains(got[0], SuppressedKey+"=7") {
+		t.Fatalf("after a second: %q, want one line with %s=7", got, SuppressedKey)
+	}
+	// DEBUG is asked for on purpose: not limited, and it uses no budget.
+	if err := f.SetLevels("all:DEBUG"); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		log.Debug("unknown user detail")
+	}
+	if got := buf.take(); len(got) != 10 {
+		t.Fatalf("DEBUG lines: %d, want 10", len(got))
+	}
+	// Lines the level hides use no budget either.
+	if err := f.SetLevels("all:WARN"); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		log.Info("hidden")
+	}
+	if err := f.SetLevels("all:INFO"); err != nil {
+		t.Fatal(err)
+	}
+	log.Info("hidden")
+	if got := buf.take(); len(got) != 1 || strings.Contains(got[0], SuppressedKey) {
+		t.Fatalf("after hidden lines: %q", got)
 	}
 }
 
-func TestRateLimitedConcurrent(t *testing.T) {
-	var clk fakeClock
-	rec := &recorder{}
-	const burst, workers, iters = 10, 8, 500
-	rl := newRateLimited(rec, time.Second, burst, clk.now)
-	// The clock is frozen while goroutines run, so the outcome is exact.
+// pion's lines are told apart by their format, not their arguments: a flood
+// from many addresses shares one budget.
+func TestLimitedFactory(t *testing.T) {
+	f, clk, buf := newLimitedFactory(t, "all:INFO", 2)
+	l := f.LimitedFactory().NewLogger("turn")
+	for i := range 100 {
+		l.Infof("No Permission or Channel exists for %v on allocation %v", fmt.Sprint("10.0.0.1:", i), "10.0.0.2:50000")
+		l.Errorf("Failed to send ChannelData from allocation %v %v", i, "boom")
+		l.Debugf("Relay socket %v received %d bytes", i, 100)
+	}
+	if got := buf.take(); len(got) != 4 {
+		t.Fatalf("%d lines, want 2 per message (DEBUG is off): %q", len(got), got)
+	}
+	clk.advance(time.Second)
+	l.Info("plain")
+	l.Infof("No Permission or Channel exists for %v on allocation %v", "x", "y")
+	got := buf.take()
+	if len(got) != 2 || strings.Contains(got[0], SuppressedKey) || !strings.Contains(got[1], SuppressedKey+"=98") {
+		t.Fatalf("after a second: %q", got)
+	}
+	// The plain Factory logger is not limited.
+	p := f.NewLogger("turn")
+	for range 5 {
+		p.Infof("No Permission or Channel exists for %v on allocation %v", "x", "y")
+	}
+	if got := buf.take(); len(got) != 5 {
+		t.Fatalf("unlimited logger wrote %d of 5", len(got))
+	}
+}
+
+func TestLimiterConcurrentAndBounded(t *testing.T) {
+	f, clk, buf := newLimitedFactory(t, "all:INFO", 10)
+	log := f.Limited("auth")
 	var wg sync.WaitGroup
-	for range workers {
+	for w := range 8 {
 		wg.Go(func() {
-			for range iters {
-				rl.Infof("x")
+			for i := range 500 {
+				log.Info("flood")
+				// Data as the message: the key space is capped, the
+				// overflow shares one budget.
+				log.Info(fmt.Sprint("junk ", w, " ", i))
 			}
 		})
 	}
 	wg.Wait()
-	if got := rec.take(); len(got) != burst {
-		t.Fatalf("emitted %d messages, want %d", len(got), burst)
+	got := buf.take()
+	flood := 0
+	for _, l := range got {
+		if strings.Contains(l, "msg=flood") {
+			flood++
+		}
+	}
+	// The clock is frozen: exactly the burst of "flood"; the junk messages
+	// got maxLimiterKeys-1 budgets of 10 and the overflow one more burst.
+	if flood != 10 || len(got) > 10*maxLimiterKeys+10 {
+		t.Fatalf("flood lines %d (want 10), total %d", flood, len(got))
+	}
+	if n := len(f.limiter.keys); n > maxLimiterKeys {
+		t.Fatalf("%d keys, want at most %d", n, maxLimiterKeys)
 	}
 	clk.advance(time.Second)
-	rl.Info("after")
-	want := "INFO after (suppressed 3990 messages)"
-	if got := rec.take(); len(got) != 1 || got[0] != want {
-		t.Errorf("got %q, want %q", got, want)
+	log.Info("flood")
+	if got := buf.take(); len(got) != 1 || !strings.Contains(got[0], SuppressedKey+"=3990") {
+		t.Fatalf("after a second: %q", got)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
+	"github.com/l7mp/stunnerd-xdp/internal/quota"
 )
 
 // Source is what the collector reads from the daemon, at scrape time.
@@ -36,6 +37,8 @@ type Source interface {
 	Steering() (*handover.Stats, error)
 	// Traffic is the listeners' and clusters' accounting.
 	Traffic() *Traffic
+	// Quota is the allocation quotas' counts.
+	Quota() quota.Stats
 }
 
 // NewRegistry returns a registry with STUNner's series, the fast path's, and
@@ -63,6 +66,7 @@ type collector struct {
 	packets, bytes, verdicts, allocs, chans, bound *prometheus.Desc
 	attached, mirrorEvents, mirrorErrors, drift    *prometheus.Desc
 	mode, label, steering, userspace, full         *prometheus.Desc
+	refused, permRefused                           *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -85,12 +89,16 @@ func newCollector(src Source) *collector {
 			"Channel bindings pion/turn holds that stay on the userspace path, by reason: nat (the kernel NATs the flow), "+
 				"no_offload_peer (--no-offload-peer or a Service CIDR), pending (no conntrack evidence yet), full (the maps are full).",
 			[]string{"reason"}, nil),
+		refused: prometheus.NewDesc("stunnerd_xdp_allocations_refused_total",
+			"Allocate requests answered 486 (Allocation Quota Reached), by reason: user_quota, total_quota, draining.", []string{"reason"}, nil),
+		permRefused: prometheus.NewDesc("stunnerd_xdp_permissions_refused_total",
+			"Permissions (CreatePermission, ChannelBind) refused because the allocation holds --max-permissions peers.", nil, nil),
 		full: prometheus.NewDesc("stunnerd_xdp_bindings_full_total", "Channel bindings the full XDP maps refused (--max-bindings).", nil, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full} {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused} {
 		ch <- d
 	}
 }
@@ -181,6 +189,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(ch, c.mirrorErrors, st.Errors)
 	counter(ch, c.drift, st.Drift)
 	counter(ch, c.full, st.Full)
+	q := c.src.Quota()
+	for _, r := range quota.Reasons {
+		counter(ch, c.refused, q.Refused[r], r.String())
+	}
+	counter(ch, c.permRefused, q.PermissionsRefused)
 	for reason, n := range c.src.UserspaceBindings() {
 		gauge(ch, c.userspace, float64(n), reason)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
+	"github.com/l7mp/stunnerd-xdp/internal/quota"
 )
 
 // mirrorSource is a daemon that never loaded XDP: a real mirror, pion's
@@ -33,6 +34,7 @@ func (s *mirrorSource) UserspaceBindings() map[string]int     { return s.m.Users
 func (s *mirrorSource) NodeLabel() nodelabel.State            { return nodelabel.Absent }
 func (s *mirrorSource) Steering() (*handover.Stats, error)    { return nil, nil }
 func (s *mirrorSource) Traffic() *Traffic                     { return s.traffic }
+func (s *mirrorSource) Quota() quota.Stats                    { return quota.Stats{} }
 func (s *mirrorSource) MirrorStats() (mirror.Stats, int) {
 	_, chans := s.m.Counts()
 	return s.m.Stats(), chans

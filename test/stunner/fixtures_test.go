@@ -80,7 +80,7 @@ func TestRenderedConfigsLoad(t *testing.T) {
 		}, ""},
 		{"offload None", func(c *stnrv1.StunnerConfig) { c.Admin.OffloadEngine = "None" }, ""},
 		{"offload TC", func(c *stnrv1.StunnerConfig) { c.Admin.OffloadEngine = "TC" }, "offload_engine TC"},
-		{"user quota", func(c *stnrv1.StunnerConfig) { c.Admin.UserQuota = 3 }, "user_quota"},
+		{"user quota", func(c *stnrv1.StunnerConfig) { c.Admin.UserQuota = 3 }, ""},
 		{"license", func(c *stnrv1.StunnerConfig) { c.Admin.LicenseConfig = &stnrv1.LicenseConfig{Key: "k", HMAC: "h"} }, "license_config"},
 		{"tcp cluster", func(c *stnrv1.StunnerConfig) { c.Clusters[0].Protocol = "TCP" }, "protocol TCP"},
 		{"tcp listener", func(c *stnrv1.StunnerConfig) { c.Listeners[0].Protocol = "TURN-TCP" }, ""},

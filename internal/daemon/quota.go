@@ -1,0 +1,109 @@
+package daemon
+
+import (
+	"net"
+	"strings"
+
+	"github.com/pion/turn/v4"
+
+	"github.com/l7mp/stunnerd-xdp/internal/quota"
+)
+
+// Quota returns the allocation quotas' and the permission limit's counts.
+func (d *Daemon) Quota() quota.Stats {
+	st := d.quota.Stats()
+	st.PermissionsRefused = d.perms.Refused()
+	return st
+}
+
+// quotaLimits are the configured quotas.
+func (c *Config) quotaLimits() quota.Limits {
+	return quota.Limits{PerUser: c.UserQuota, Total: c.TotalQuota}
+}
+
+// userID is the identity a user quota counts: the username, or for ephemeral
+// (TURN REST API) credentials, "EXPIRY:USERID", the user-id after the expiry,
+// so that fresh credentials for one user-id share its quota (as STUNner's
+// UserQuota does).
+func (a *authState) userID(username string) string {
+	if a.rest != nil {
+		if _, id, ok := strings.Cut(username, ":"); ok {
+			return id
+		}
+	}
+	return username
+}
+
+// quotaHandler is pion's QuotaHandler for one of its servers: while draining
+// and over a quota, new allocations get 486 (Allocation Quota Reached);
+// existing ones keep refreshing and relaying.
+func (d *Daemon) quotaHandler(s quota.Server) turn.QuotaHandler {
+	return func(username, _ string, src net.Addr) bool {
+		reason := quota.Draining
+		if !d.draining.Load() {
+			reason = d.quota.Reserve(s, src, d.auth.Load().userID(username))
+		} else {
+			d.quota.Refuse(reason)
+		}
+		if reason == quota.Granted {
+			return true
+		}
+		// A credential holder can ask again and again: rate-limited.
+		d.strangerLog.Info("allocation refused", "reason", reason.String(), "user", username, "client", src.String())
+		return false
+	}
+}
+
+// limitPermissions is the permission handler h of server s with the
+// per-allocation permission limit after it.
+func (d *Daemon) limitPermissions(s quota.Server, h turn.PermissionHandler) turn.PermissionHandler {
+	return func(client net.Addr, peer net.IP) bool {
+		if !h(client, peer) {
+			return false
+		}
+		if d.perms.Allow(s, client, peer) {
+			return true
+		}
+		d.strangerLog.Info("permission refused", "client", client.String(), "peer", peer.String(), "reason", "permission quota of the allocation")
+		return false
+	}
+}
+
+// withQuota tells the quota counter the outcome of what quotaHandler granted
+// on server s, and when the allocations end; and the permission limit the
+// permissions installed and gone.
+func (d *Daemon) withQuota(s quota.Server, h turn.EventHandler) turn.EventHandler {
+	permCreated, permDeleted := h.OnPermissionCreated, h.OnPermissionDeleted
+	h.OnPermissionCreated = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, peer net.IP) {
+		d.perms.Created(s, src, peer)
+		if permCreated != nil {
+			permCreated(src, dst, proto, user, realm, relay, peer)
+		}
+	}
+	h.OnPermissionDeleted = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, peer net.IP) {
+		d.perms.Deleted(s, src, peer)
+		if permDeleted != nil {
+			permDeleted(src, dst, proto, user, realm, relay, peer)
+		}
+	}
+	created, deleted, failed := h.OnAllocationCreated, h.OnAllocationDeleted, h.OnAllocationError
+	h.OnAllocationCreated = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, port int) {
+		d.quota.Created(s, src, d.auth.Load().userID(user))
+		if created != nil {
+			created(src, dst, proto, user, realm, relay, port)
+		}
+	}
+	h.OnAllocationDeleted = func(src, dst net.Addr, proto, user, realm string) {
+		d.quota.Deleted(s, src)
+		if deleted != nil {
+			deleted(src, dst, proto, user, realm)
+		}
+	}
+	h.OnAllocationError = func(src, dst net.Addr, proto, msg string) {
+		d.quota.Failed(s, src)
+		if failed != nil {
+			failed(src, dst, proto, msg)
+		}
+	}
+	return h
+}
