@@ -221,3 +221,34 @@ func chmod(t *testing.T, path string, mode os.FileMode) {
 		t.Fatal(err)
 	}
 }
+
+// TestBindMountedSubdir: the DaemonSet mounts only the node's
+// /sys/fs/bpf/stunnerd-xdp (made by the kubelet, 0755) into each pod, at a
+// path of its own. A bind mount of a bpffs directory is bpffs: the pins work
+// there, and two pods see the same maps.
+func TestBindMountedSubdir(t *testing.T) {
+	sub := filepath.Join(testenv.BPFFS(t), "stunnerd-xdp")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var pods [2]*Steering
+	for i := range pods {
+		mnt := t.TempDir()
+		if err := unix.Mount(sub, mnt, "", unix.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+		dir, err := DirFor(mnt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods[i] = mustOpen(t, dir)
+	}
+	a := listenUDP(t, "udp4", "127.0.0.1:0")
+	g := Group{Protocol: UDP, Addr: addrPort(a.LocalAddr())}
+	register(t, pods[0], a, g)
+	register(t, pods[1], listenUDP(t, "udp4", g.Addr.String()), g)
+	if ok, err := pods[0].Successor(); err != nil || !ok {
+		t.Errorf("the first pod does not see the second's registration (%v)", err)
+	}
+}
