@@ -26,16 +26,17 @@ import (
 //   - draining for a successor: a newer daemon takes the new flows; this one
 //     hands XDP over to it (HandOver) and relays its own sessions in
 //     userspace until they end;
-//   - standing in: the successor it drained for is gone (killed, crashed,
-//     rolled back) and nobody else serves: the node must not be left without
+//   - standing in: the successor it drained for is dead (killed, crashed)
+//     and no newer daemon lives on the node: the node must not be left without
 //     service, so this daemon takes new allocations again, is ready, takes
 //     the new flows back (Unretire) and XDP (TakeBack), and exits only when
 //     the grace period ends. A successor that starts again (its container
 //     restarts) puts it back to draining for it.
 //
-// The successor is looked at every successorCheck; it counts as gone after
-// successorGoneChecks looks in a row found no live socket of it, so that a
-// successor restarting a listener on a config reload does not bounce XDP.
+// A successor that is alive but draining itself (both pods deleted, a node
+// drain) is not stood in for. The successor is looked at every
+// successorCheck; it counts as gone after successorGoneChecks looks in a row
+// found no live socket of a newer daemon.
 const (
 	successorCheck      = time.Second
 	successorGoneChecks = 2
@@ -62,6 +63,17 @@ func (d *Daemon) followSuccessor() {
 		}
 		d.handOverXDP()
 	case d.xdp.HandedOver(): // even with XDP off: it marks the drain for a successor
+		// A successor that drains too (its pod deleted as well, as in a
+		// node drain) is alive: both go. Only a dead one is stood in for.
+		newer, err := d.steer.Newer()
+		if err != nil {
+			d.log.Warn("cannot tell whether a newer daemon lives on this node; staying as we are", "error", err)
+			return
+		}
+		if newer {
+			d.successorGone = 0
+			return
+		}
 		if d.successorGone++; d.successorGone < successorGoneChecks {
 			return
 		}

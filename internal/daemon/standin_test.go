@@ -67,4 +67,12 @@ func TestStandInForDeadSuccessor(t *testing.T) {
 	if na, nn := old.AllocationCount(), next.AllocationCount(); na != 2 || nn != 1 {
 		t.Errorf("allocations: old %d, next %d; want 2 and 1", na, nn)
 	}
+
+	// The successor is told to stop too (a node drain): it lives, so the old
+	// daemon keeps draining.
+	next.Drain()
+	time.Sleep((successorGoneChecks + 1) * successorCheck)
+	if !old.Draining() {
+		t.Error("the old daemon stood in for a successor that drains")
+	}
 }

@@ -88,8 +88,22 @@ func TestStandIn(t *testing.T) {
 	if ok, err := s.old.Successor(); err != nil || !ok {
 		t.Fatalf("no successor (%v)", err)
 	}
-	b.Close() // kill -9: no Unregister, no Close
+	// The successor drains too (a node drain): it takes no new flows but
+	// lives.
+	if err := s.nu.Retire(); err != nil {
+		t.Fatal(err)
+	}
 	if ok, err := s.old.Successor(); err != nil || ok {
+		t.Errorf("a retired successor takes the new flows (%v)", err)
+	}
+	if newer, err := s.old.Newer(); err != nil || !newer {
+		t.Errorf("a retired successor does not count as alive (%v)", err)
+	}
+	if newer, err := s.nu.Newer(); err != nil || newer {
+		t.Errorf("the successor sees a newer process (%v)", err)
+	}
+	b.Close() // kill -9: no Unregister, no Close
+	if newer, err := s.old.Newer(); err != nil || newer {
 		t.Fatalf("a killed successor still counts (%v)", err)
 	}
 	if err := s.old.Unretire(); err != nil {

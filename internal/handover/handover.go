@@ -31,9 +31,10 @@
 //	draining     Retire: never takes the entry; its clients keep coming
 //	             (steer_flows); a successor is a live socket of another
 //	             process named by the entry (Successor)
-//	standing in  Unretire after the successor's sockets vanished (it died
-//	             and nobody else serves): serving again until a newer
-//	             process registers, when the daemon retires it again
+//	standing in  Unretire after every socket of every newer process vanished
+//	             (Newer: the successor died, not merely retired): serving
+//	             again until a newer process registers, when the daemon
+//	             retires it again
 //
 // Liveness is the reuseport array itself: a slot holds a socket exactly as
 // long as the socket is open, which no heartbeat or clock can fake or delay.
@@ -625,6 +626,33 @@ func (s *Steering) Successor() (bool, error) {
 		// A claim purges the active entries naming the slot, so a live
 		// registration here is a socket of this group.
 		if _, alive := s.alive(activeFirst(cur)); alive {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Newer reports whether a process that registered after this one still has
+// a live socket on the node, in service or draining: a successor that retired
+// (its pod deleted too, as in a node drain) is alive, one that was killed is
+// not (its sockets left the array when they closed).
+func (s *Steering) Newer() (bool, error) {
+	var (
+		cookie uint64
+		info   bpf.SteerSlotInfo
+	)
+	for slot := uint32(0); slot < Slots; slot++ {
+		err := s.objs.SteerSockets.Lookup(slot, &cookie)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err == nil {
+			err = s.objs.SteerSlots.Lookup(slot, &info)
+		}
+		if err != nil {
+			return false, fmt.Errorf("steering array slot %d: %w", slot, err)
+		}
+		if info.Cookie == cookie && info.Generation > s.gen {
 			return true, nil
 		}
 	}
