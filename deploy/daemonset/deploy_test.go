@@ -31,7 +31,7 @@ import (
 type manifests struct {
 	namespaces      []corev1.Namespace
 	serviceAccounts []corev1.ServiceAccount
-	configMaps      []corev1.ConfigMap
+	secrets         []corev1.Secret
 	daemonSets      []appsv1.DaemonSet
 	clusterRoles    []rbacv1.ClusterRole
 	bindings        []rbacv1.ClusterRoleBinding
@@ -58,9 +58,9 @@ func render(t *testing.T, dir string) manifests {
 		case "ServiceAccount":
 			m.serviceAccounts = append(m.serviceAccounts, corev1.ServiceAccount{})
 			target = &m.serviceAccounts[len(m.serviceAccounts)-1]
-		case "ConfigMap":
-			m.configMaps = append(m.configMaps, corev1.ConfigMap{})
-			target = &m.configMaps[len(m.configMaps)-1]
+		case "Secret":
+			m.secrets = append(m.secrets, corev1.Secret{})
+			target = &m.secrets[len(m.secrets)-1]
 		case "DaemonSet":
 			m.daemonSets = append(m.daemonSets, appsv1.DaemonSet{})
 			target = &m.daemonSets[len(m.daemonSets)-1]
@@ -130,8 +130,10 @@ func TestDaemonSet(t *testing.T) {
 		if sc.Privileged != nil && *sc.Privileged {
 			t.Error("privileged by default")
 		}
+		// The smallest set on 5.11+: test/e2e TestCapabilities runs the
+		// binary with each of them dropped.
 		add := slices.Sorted(slices.Values(sc.Capabilities.Add))
-		if want := []corev1.Capability{"BPF", "NET_ADMIN", "PERFMON", "SYS_RESOURCE"}; !slices.Equal(add, want) {
+		if want := []corev1.Capability{"BPF", "NET_ADMIN", "PERFMON"}; !slices.Equal(add, want) {
 			t.Errorf("capabilities added %v, want %v", add, want)
 		}
 		if !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
@@ -139,6 +141,35 @@ func TestDaemonSet(t *testing.T) {
 		}
 		if sc.RunAsUser == nil || *sc.RunAsUser != 0 {
 			t.Error("not run as root: capabilities only reach a root process")
+		}
+		if sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+			t.Errorf("seccompProfile %+v, want RuntimeDefault", sc.SeccompProfile)
+		}
+		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Error("privilege escalation allowed")
+		}
+		if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			t.Error("root filesystem writable")
+		}
+	})
+	t.Run("credentials from a Secret", func(t *testing.T) {
+		password := stunnerConf(t, m).Auth.Credentials["password"]
+		for _, a := range c.Args {
+			if strings.Contains(a, "turn://") || strings.Contains(a, password) || strings.HasPrefix(a, "--auth") {
+				t.Errorf("credentials on the command line: %q", a)
+			}
+		}
+		for _, e := range c.Env {
+			if strings.Contains(e.Value, password) {
+				t.Errorf("credentials in the environment: %s", e.Name)
+			}
+		}
+		v := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == "config" })
+		if v < 0 || pod.Volumes[v].Secret == nil || pod.Volumes[v].Secret.SecretName != one(t, "Secret", m.secrets).Name {
+			t.Fatalf("the config volume is not the Secret: %+v", pod.Volumes)
+		}
+		if mode := pod.Volumes[v].Secret.DefaultMode; mode == nil || *mode&0o077 != 0 {
+			t.Errorf("the config's file mode %v lets others read it", mode)
 		}
 	})
 	t.Run("node name and address from the downward API", func(t *testing.T) {
@@ -211,26 +242,34 @@ func TestDaemonSet(t *testing.T) {
 				t.Errorf("container %s declares ports %v: a surge pod could not schedule", c.Name, c.Ports)
 			}
 		}
-		if dir := flagValue(c.Args, "--handover-dir"); dir == "" || !strings.HasPrefix(dir, "/sys/fs/bpf/") {
-			t.Errorf("--handover-dir %q, want a directory on the mounted bpffs", dir)
+	})
+	t.Run("bpffs: the project's directory only", func(t *testing.T) {
+		// The handover directory is the mount of the node's
+		// /sys/fs/bpf/stunnerd-xdp, made by the kubelet when missing, and
+		// nothing else of the node's bpffs is mounted.
+		dir := flagValue(c.Args, "--handover-dir")
+		vm := slices.IndexFunc(c.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.MountPath == dir })
+		if dir == "" || vm < 0 {
+			t.Fatalf("--handover-dir %q is not a volume mount", dir)
 		}
-		if slices.ContainsFunc(c.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.MountPath == "/sys/fs/bpf" && vm.ReadOnly }) {
-			t.Error("/sys/fs/bpf is read-only: the steering maps cannot be pinned")
+		if c.VolumeMounts[vm].ReadOnly {
+			t.Error("the bpffs mount is read-only: the steering maps cannot be pinned")
+		}
+		if strings.HasPrefix(dir, "/sys/") {
+			t.Errorf("--handover-dir %s: the container's /sys is a read-only sysfs, no mount point can be made there", dir)
+		}
+		v := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == c.VolumeMounts[vm].Name })
+		hp := pod.Volumes[v].HostPath
+		if hp == nil || hp.Path != "/sys/fs/bpf/stunnerd-xdp" || hp.Type == nil || *hp.Type != corev1.HostPathDirectoryOrCreate {
+			t.Errorf("the handover volume %+v, want hostPath /sys/fs/bpf/stunnerd-xdp, DirectoryOrCreate", pod.Volumes[v])
+		}
+		for _, v := range pod.Volumes {
+			if v.HostPath != nil && (v.HostPath.Path == "/sys/fs/bpf" || v.HostPath.Path == "/sys/fs/bpf/" || v.HostPath.Path == "/sys") {
+				t.Errorf("volume %s mounts the whole %s", v.Name, v.HostPath.Path)
+			}
 		}
 	})
 	t.Run("volumes", func(t *testing.T) {
-		var bpffs, config bool
-		for _, v := range pod.Volumes {
-			if v.HostPath != nil && v.HostPath.Path == "/sys/fs/bpf" {
-				bpffs = true
-			}
-			if v.ConfigMap != nil && v.ConfigMap.Name == "stunnerd-xdp-config" {
-				config = true
-			}
-		}
-		if !bpffs || !config {
-			t.Errorf("volumes: bpffs %v, config %v", bpffs, config)
-		}
 		i := slices.Index(c.Args, "-c")
 		if i < 0 || i+1 >= len(c.Args) {
 			t.Fatalf("args %v have no -c FILE", c.Args)
@@ -241,9 +280,8 @@ func TestDaemonSet(t *testing.T) {
 		}) {
 			t.Errorf("-c %s is not in the config volume's mount", file)
 		}
-		cm := one(t, "ConfigMap", m.configMaps)
-		if _, ok := cm.Data[filepath.Base(file)]; !ok {
-			t.Errorf("ConfigMap has no key %s", filepath.Base(file))
+		if _, ok := one(t, "Secret", m.secrets).StringData[filepath.Base(file)]; !ok {
+			t.Errorf("the config Secret has no key %s", filepath.Base(file))
 		}
 	})
 	t.Run("image", func(t *testing.T) {
@@ -329,10 +367,10 @@ type stunnerCluster struct {
 // expanded.
 func stunnerConf(t *testing.T, m manifests) stunnerConfig {
 	t.Helper()
-	cm := one(t, "ConfigMap", m.configMaps)
-	raw, ok := cm.Data["stunnerd.conf"]
+	sec := one(t, "Secret", m.secrets)
+	raw, ok := sec.StringData["stunnerd.conf"]
 	if !ok {
-		t.Fatalf("ConfigMap %s has no stunnerd.conf", cm.Name)
+		t.Fatalf("Secret %s has no stunnerd.conf", sec.Name)
 	}
 	// STUNner expands $VARIABLES from the environment before parsing.
 	expanded := os.Expand(raw, func(v string) string {

@@ -68,10 +68,11 @@ func TestDataplane(t *testing.T) {
 	if sc == nil || sc.Capabilities == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
 		t.Fatalf("containerSecurityContext %+v: XDP needs capabilities, which reach only root", sc)
 	}
-	for _, c := range []corev1.Capability{"BPF", "NET_ADMIN", "PERFMON"} {
-		if !slices.Contains(sc.Capabilities.Add, c) {
-			t.Errorf("capability %s missing", c)
-		}
+	if add := slices.Sorted(slices.Values(sc.Capabilities.Add)); !slices.Equal(add, []corev1.Capability{"BPF", "NET_ADMIN", "PERFMON"}) {
+		t.Errorf("capabilities added %v, want BPF, NET_ADMIN, PERFMON (test/e2e TestCapabilities)", add)
+	}
+	if sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("seccompProfile %+v, want RuntimeDefault", sc.SeccompProfile)
 	}
 	if !strings.HasPrefix(s.Image, "ghcr.io/l7mp/stunnerd-xdp") {
 		t.Errorf("image %s", s.Image)

@@ -294,8 +294,12 @@ type Daemon struct {
 	wg         sync.WaitGroup
 
 	nodeWatcher atomic.Pointer[nodelabel.Watcher]
-	draining    atomic.Bool
+	stopping    atomic.Bool   // Drain was called
+	draining    atomic.Bool   // new allocations are refused (drain.go)
 	drained     chan struct{} // closed by Drain when the last allocation is gone
+	// successorGone is how many looks in a row found the successor gone;
+	// owned by the drain goroutine (followSuccessor).
+	successorGone int
 
 	closeOnce sync.Once
 }
@@ -343,6 +347,7 @@ func Start(cfg Config) (*Daemon, error) {
 		}
 	}
 	d.startXDP()
+	d.assertSteering()
 
 	d.registry = metrics.NewRegistry(d)
 	if err := d.serveHTTP(); err != nil {

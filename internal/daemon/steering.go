@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"syscall"
+	"time"
 
 	"github.com/pion/turn/v4"
 
@@ -26,6 +27,36 @@ func (d *Daemon) openSteering() {
 		return
 	}
 	d.log.Info("listener handover on: sessions stay with their daemon, new ones go to the newest", "dir", dir)
+}
+
+// steerAssertInterval is how often the daemon re-takes the new flows of its
+// listeners where nobody newer holds them (handover.Steering.Assert): the
+// longest a node's new clients may be spread by the kernel's hash, some to a
+// draining daemon, after the daemon holding them retired or died.
+const steerAssertInterval = time.Second
+
+// assertSteering runs Assert every steerAssertInterval until the daemon
+// stops.
+func (d *Daemon) assertSteering() {
+	if d.steer == nil {
+		return
+	}
+	log := d.config().Logger.Slog("handover")
+	var failing bool
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.tick(steerAssertInterval, func() bool {
+			err := d.steer.Assert()
+			if err != nil && !failing {
+				log.Warn("cannot re-take the new flows of the listeners; retrying", "error", err)
+			} else if err == nil && failing {
+				log.Info("the listeners take the new flows again")
+			}
+			failing = err != nil
+			return false
+		})
+	}()
 }
 
 // steerSockets registers a listener's sockets for steering (a no-op without

@@ -9,6 +9,45 @@
 // (new clients, STUN Binding, TCP connections) to the socket registered last:
 // the new process takes every new session, the old one keeps its own until
 // they end.
+//
+// # Who takes the new flows
+//
+// The steer_active entry of a group names the sockets new flows go to. A
+// process holds it while it is in service and nobody newer is: its
+// generation, fixed at Open, is above every generation registered in the
+// maps before it (the start time, or one more than the newest seen, so a
+// clock step back cannot make a newer process older). Each process re-asserts
+// the entry periodically (Assert), not only at Register: the entry is taken
+// when it is missing, names an empty slot (the socket closed: its process
+// exited or was killed, kill -9 included, since the kernel empties the
+// reuseport array slot when the socket goes) or names an older generation.
+// So a newer process that lost the entry (an older one restarted during the
+// overlap, then retired and deleted it) takes it back within an interval.
+//
+// The states of one process, as the daemon drives them:
+//
+//	serving      registered, not retired: holds the entry unless a newer
+//	             serving process does
+//	draining     Retire: never takes the entry; its clients keep coming
+//	             (steer_flows); a successor is a live socket of another
+//	             process named by the entry (Successor)
+//	standing in  Unretire after every socket of every newer process vanished
+//	             (Newer: the successor died, not merely retired): serving
+//	             again until a newer process registers, when the daemon
+//	             retires it again
+//
+// Liveness is the reuseport array itself: a slot holds a socket exactly as
+// long as the socket is open, which no heartbeat or clock can fake or delay.
+//
+// # Locks and the pin directory
+//
+// Processes serialise changes under flock(2) on the directory's registry
+// subdirectory, and hold a shared flock on the directory for their lifetime
+// (the last one out removes the pins). Every flock is taken with LOCK_NB and
+// retried until a deadline (ErrLockTimeout), so a holder that hangs cannot
+// hang the others. The directories must be owned by the process's user (or
+// root) and writable by nobody else (ErrUnsafeDir): whoever can write there
+// can replace the pinned maps and steer the node's TURN traffic.
 package handover
 
 import (
@@ -27,6 +66,20 @@ import (
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/byteorder"
 )
+
+// Errors callers branch on.
+var (
+	// ErrLockTimeout: another process held the steering lock past the
+	// deadline.
+	ErrLockTimeout = errors.New("steering lock held by another process past the deadline")
+	// ErrUnsafeDir: the pin directory is a symlink, or another user owns it
+	// or can write to it.
+	ErrUnsafeDir = errors.New("unsafe steering pin directory")
+)
+
+// DefaultLockTimeout bounds every wait for a steering lock. Holders keep the
+// locks for a few map operations.
+const DefaultLockTimeout = 5 * time.Second
 
 // Slots is the number of sockets the node's processes can register together.
 const Slots = 256
@@ -82,10 +135,15 @@ type Steering struct {
 	lock *os.File // shared lock on dir for the process's lifetime
 	objs bpf.SteerObjects
 	gen  uint64 // this process's generation: newer ones take the new flows
+	// lockTimeout bounds each wait for a flock.
+	lockTimeout time.Duration
 
-	mu      sync.Mutex
-	slots   map[uint32]registration // the slots this process registered
-	retired bool                    // draining: never take new flows again
+	mu    sync.Mutex
+	slots map[uint32]registration // the slots this process registered
+	// sets holds, per group, the active entry naming this process's latest
+	// sockets of the group: what Assert writes.
+	sets    map[Group]uint32
+	retired bool // draining: take no new flows until Unretire
 
 	closeOnce sync.Once
 	closeErr  error
@@ -98,9 +156,11 @@ type registration struct {
 
 // Open loads the steering program over the pinned maps in dir, creating them
 // (and dir, which must be on a bpffs) if this is the first process.
-func Open(dir string) (*Steering, error) {
+func Open(dir string) (*Steering, error) { return openWith(dir, DefaultLockTimeout) }
+
+func openWith(dir string, lockTimeout time.Duration) (*Steering, error) {
 	for range 10 {
-		s, retry, err := open(dir)
+		s, retry, err := open(dir, lockTimeout)
 		if !retry {
 			return s, err
 		}
@@ -108,9 +168,20 @@ func Open(dir string) (*Steering, error) {
 	return nil, fmt.Errorf("steering maps in %s: the directory keeps being removed", dir)
 }
 
-func open(dir string) (*Steering, bool, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+func open(dir string, lockTimeout time.Duration) (*Steering, bool, error) {
+	reg := filepath.Join(dir, "registry")
+	if err := os.MkdirAll(reg, 0o700); err != nil {
 		return nil, false, fmt.Errorf("steering maps: %w", err)
+	}
+	// The parent may be shared (a bpffs root is 1777): its sticky bit keeps
+	// others from renaming our directory away.
+	for _, c := range []struct {
+		path   string
+		sticky bool
+	}{{filepath.Dir(dir), true}, {dir, false}, {reg, false}} {
+		if err := checkDir(c.path, c.sticky); err != nil {
+			return nil, false, fmt.Errorf("steering maps: %w", err)
+		}
 	}
 	var fs unix.Statfs_t
 	if err := unix.Statfs(dir, &fs); err != nil {
@@ -125,7 +196,7 @@ func open(dir string) (*Steering, bool, error) {
 	}
 	// The last process out removes the pins under an exclusive lock (Close);
 	// holding a shared one keeps them while we run.
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
+	if err := flock(f, unix.LOCK_SH, lockTimeout); err != nil {
 		f.Close()
 		return nil, false, fmt.Errorf("steering maps: lock %s: %w", dir, err)
 	}
@@ -133,10 +204,21 @@ func open(dir string) (*Steering, bool, error) {
 		f.Close() // removed while we waited for the lock
 		return nil, true, nil
 	}
-	s := &Steering{dir: dir, lock: f, slots: map[uint32]registration{}, gen: uint64(time.Now().UnixNano())}
+	s := &Steering{dir: dir, lock: f, lockTimeout: lockTimeout, slots: map[uint32]registration{}, sets: map[Group]uint32{}}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
-	// Under the registry lock: two first processes would both create pins.
-	if err := s.exclusive(func() error { return bpf.LoadSteerObjects(&s.objs, opts) }); err != nil {
+	// Under the registry lock: two first processes would both create pins,
+	// and a generation must be above those registered before.
+	err = s.exclusive(func() error {
+		if err := bpf.LoadSteerObjects(&s.objs, opts); err != nil {
+			return err
+		}
+		if s.gen, err = s.nextGeneration(); err != nil {
+			s.objs.Close()
+			return fmt.Errorf("steering slots: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
 		f.Close()
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
 			return nil, false, fmt.Errorf("steering maps in %s were made by an incompatible version: %w", dir, err)
@@ -144,6 +226,57 @@ func open(dir string) (*Steering, bool, error) {
 		return nil, false, fmt.Errorf("load the steering program: %w", err)
 	}
 	return s, false, nil
+}
+
+// checkDir refuses a directory another user could change: a symlink, one
+// owned by someone other than us or root, or one others can write to (unless
+// sticky is allowed and set).
+func checkDir(path string, sticky bool) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return err
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return fmt.Errorf("%w: %s is not a directory", ErrUnsafeDir, path)
+	case st.Uid != uint32(os.Geteuid()) && st.Uid != 0:
+		return fmt.Errorf("%w: %s is owned by uid %d", ErrUnsafeDir, path, st.Uid)
+	case st.Mode&0o022 != 0 && !(sticky && st.Mode&unix.S_ISVTX != 0):
+		return fmt.Errorf("%w: %s is writable by group or others (mode %o)", ErrUnsafeDir, path, st.Mode&0o7777)
+	}
+	return nil
+}
+
+// flock takes the lock without blocking in the kernel, retrying until the
+// timeout: a holder that hangs makes us fail, not hang.
+func flock(f *os.File, how int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	wait := time.Millisecond
+	for {
+		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
+		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %s after %v", ErrLockTimeout, f.Name(), timeout)
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
+// nextGeneration is the start time, or one above the newest generation any
+// process registered, whichever is greater. Under the registry lock.
+func (s *Steering) nextGeneration() (uint64, error) {
+	gen := uint64(time.Now().UnixNano())
+	var info bpf.SteerSlotInfo
+	for slot := uint32(0); slot < Slots; slot++ {
+		if err := s.objs.SteerSlots.Lookup(slot, &info); err != nil {
+			return 0, err
+		}
+		gen = max(gen, info.Generation+1)
+	}
+	return gen, nil
 }
 
 func sameFile(f *os.File, path string) bool {
@@ -192,24 +325,67 @@ func (s *Steering) RegisterSet(rcs []syscall.RawConn, g Group) ([]uint32, error)
 				return err
 			}
 		}
+		for i, slot := range slots {
+			s.slots[slot] = registration{group: g, cookie: cookies[i]}
+		}
+		s.sets[g] = first | uint32(len(rcs))<<16
 		if s.retired {
 			return nil
 		}
-		var cur uint32
-		if err := s.objs.SteerActive.Lookup(g.key(), &cur); err == nil {
-			if info, alive := s.alive(activeFirst(cur)); alive && info.Generation > s.gen {
-				return nil // a newer process took over: it keeps the new flows
-			}
-		}
-		return s.objs.SteerActive.Put(g.key(), first|uint32(len(rcs))<<16)
+		return s.assertLocked(g, s.sets[g])
 	})
 	if err != nil {
 		return nil, fmt.Errorf("steering %v: %w", g, err)
 	}
-	for i, slot := range slots {
-		s.slots[slot] = registration{group: g, cookie: cookies[i]}
-	}
 	return slots, nil
+}
+
+// assertLocked makes the sockets of the active entry v take the group's new
+// flows, unless a live socket of a newer process does. Under the registry
+// lock.
+func (s *Steering) assertLocked(g Group, v uint32) error {
+	if _, alive := s.alive(activeFirst(v)); !alive {
+		return nil // our socket closed without Unregister: nothing to steer to
+	}
+	var cur uint32
+	err := s.objs.SteerActive.Lookup(g.key(), &cur)
+	switch {
+	case err == nil && cur == v:
+		return nil
+	case err == nil:
+		if info, alive := s.alive(activeFirst(cur)); alive && info.Generation > s.gen {
+			return nil // a newer process took over: it keeps the new flows
+		}
+	case !errors.Is(err, ebpf.ErrKeyNotExist):
+		return err
+	}
+	return s.objs.SteerActive.Put(g.key(), v)
+}
+
+// Assert re-takes the new flows of every group this process serves, where
+// the active entry is missing, names a closed socket or an older process (see
+// the package comment); a retired process asserts nothing. The daemon calls
+// it periodically: the entry written at Register does not survive every
+// sequence of restarts and retirements of the others.
+func (s *Steering) Assert() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.assertAllLocked()
+}
+
+func (s *Steering) assertAllLocked() error {
+	if s.retired || len(s.sets) == 0 {
+		return nil
+	}
+	return s.exclusive(func() error {
+		var errs []error
+		for g, v := range s.sets {
+			if err := s.assertLocked(g, v); err != nil {
+				errs = append(errs, fmt.Errorf("steering %v: %w", g, err))
+			}
+		}
+		return errors.Join(errs...)
+	})
 }
 
 // claim puts the socket into a free slot and attaches the program to its
@@ -280,7 +456,7 @@ func (s *Steering) exclusive(f func() error) error {
 		return err
 	}
 	defer d.Close()
-	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX); err != nil {
+	if err := flock(d, unix.LOCK_EX, s.lockTimeout); err != nil {
 		return err
 	}
 	return f()
@@ -353,6 +529,9 @@ func (s *Steering) Unregister(slot uint32) error {
 		return nil
 	}
 	delete(s.slots, slot)
+	if v, ok := s.sets[r.group]; ok && activeHas(v, slot) {
+		delete(s.sets, r.group)
+	}
 	return s.exclusive(func() error {
 		var cookie uint64
 		err := s.objs.SteerSockets.Lookup(slot, &cookie)
@@ -424,6 +603,16 @@ func (s *Steering) Retire() error {
 	})
 }
 
+// Unretire undoes Retire: the process takes the new flows of its groups
+// again (Assert), until a newer process registers. The daemon calls it when
+// the successor it drained for is gone and no other process serves.
+func (s *Steering) Unretire() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.retired = false
+	return s.assertAllLocked()
+}
+
 // Successor reports whether a live socket of another process takes the new
 // flows of one of this process's listeners.
 func (s *Steering) Successor() (bool, error) {
@@ -444,6 +633,33 @@ func (s *Steering) Successor() (bool, error) {
 		// A claim purges the active entries naming the slot, so a live
 		// registration here is a socket of this group.
 		if _, alive := s.alive(activeFirst(cur)); alive {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Newer reports whether a process that registered after this one still has
+// a live socket on the node, in service or draining: a successor that retired
+// (its pod deleted too, as in a node drain) is alive, one that was killed is
+// not (its sockets left the array when they closed).
+func (s *Steering) Newer() (bool, error) {
+	var (
+		cookie uint64
+		info   bpf.SteerSlotInfo
+	)
+	for slot := uint32(0); slot < Slots; slot++ {
+		err := s.objs.SteerSockets.Lookup(slot, &cookie)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err == nil {
+			err = s.objs.SteerSlots.Lookup(slot, &info)
+		}
+		if err != nil {
+			return false, fmt.Errorf("steering array slot %d: %w", slot, err)
+		}
+		if info.Cookie == cookie && info.Generation > s.gen {
 			return true, nil
 		}
 	}

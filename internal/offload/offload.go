@@ -9,7 +9,7 @@
 //
 //	| # | input                                            | mode                                         |
 //	|---|--------------------------------------------------|----------------------------------------------|
-//	| 1 | drain hand-over to a newer daemon (HandOver)     | off, for good: no input below turns XDP on   |
+//	| 1 | a newer daemon serves the node (HandOver)        | off while it lives: no input below turns XDP on |
 //	| 2 | node label stunner.l7mp.io/xdp-offload=disabled  | off                                          |
 //	| 3 | node label stunner.l7mp.io/xdp-offload=enabled   | the configured mode (4-6), auto if that is off |
 //	| 4 | --xdp-mode given on the command line (Flag)      | that mode                                    |
@@ -18,7 +18,10 @@
 //
 // The label is the operator's live switch for one node, so it beats the pod
 // template's flag and the fleet-wide config; a flag written on the command
-// line pins the mode against config pushes (as every other flag does). Attach
+// line pins the mode against config pushes (as every other flag does). Row 1
+// holds from HandOver until TakeBack: a draining daemon gives the hook to its
+// successor, and takes it back if the successor dies before it (then rows 2-6
+// decide again, and the program, kept loaded, is attached again). Attach
 // failures do not change the mode: an interface that cannot take the program
 // (another daemon holds it during a rolling update, it does not exist yet) is
 // served from userspace and tried again by Retry, on a timer and on link
@@ -39,8 +42,8 @@ import (
 
 // Errors callers branch on.
 var (
-	// ErrHandedOver: an input asks for XDP after the hook was handed over to
-	// the newer daemon on the node; the mode stays off.
+	// ErrHandedOver: an input asks for XDP while the hook is handed over to
+	// the newer daemon on the node; the mode stays off until TakeBack.
 	ErrHandedOver = errors.New("XDP was handed over to the newer daemon on this node")
 	// ErrNoInterfaces: XDP is wanted but no interface carries the listener
 	// and relay addresses, and none was named.
@@ -176,8 +179,8 @@ func (m *Manager) SetLabel(o nodelabel.Offload) error {
 	return m.set(func(in *inputs) { in.label = o })
 }
 
-// HandOver turns XDP off for good: a newer daemon on the node takes the hook.
-// It reports whether the program was attached anywhere.
+// HandOver turns XDP off until TakeBack: a newer daemon on the node takes
+// the hook. It reports whether the program was attached anywhere.
 func (m *Manager) HandOver() (wasAttached bool, err error) {
 	m.mu.Lock()
 	done := m.in.handedOver
@@ -189,7 +192,21 @@ func (m *Manager) HandOver() (wasAttached bool, err error) {
 	return wasAttached, m.update(func(in *inputs) { in.handedOver = true })
 }
 
-// HandedOver reports whether HandOver was called.
+// TakeBack ends a hand-over (the newer daemon is gone): the other inputs
+// decide the mode again. It reports whether a hand-over was in force; the
+// error is the attach's (Retry keeps trying).
+func (m *Manager) TakeBack() (wasHandedOver bool, err error) {
+	m.mu.Lock()
+	wasHandedOver = m.in.handedOver
+	m.mu.Unlock()
+	if !wasHandedOver {
+		return false, nil
+	}
+	return true, m.update(func(in *inputs) { in.handedOver = false })
+}
+
+// HandedOver reports whether a hand-over is in force (HandOver without a
+// TakeBack since).
 func (m *Manager) HandedOver() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()

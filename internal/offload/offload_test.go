@@ -141,9 +141,13 @@ func TestPrecedence(t *testing.T) {
 		flag, config loader.Mode
 		label        nodelabel.Offload
 		handOver     bool
+		takeBack     bool // the successor died after the hand-over
 		want         loader.Mode
 	}{
 		{name: "1 hand-over beats an enabled label", flag: loader.ModeNative, label: nodelabel.Attach, handOver: true, want: loader.ModeOff},
+		{name: "1 taken back: the enabled label decides again", flag: loader.ModeOff, label: nodelabel.Attach, handOver: true, takeBack: true, want: loader.ModeAuto},
+		{name: "1 taken back: the flag decides again", flag: loader.ModeGeneric, handOver: true, takeBack: true, want: loader.ModeGeneric},
+		{name: "1 taken back: a disabled label still wins", flag: loader.ModeNative, label: nodelabel.Detach, handOver: true, takeBack: true, want: loader.ModeOff},
 		{name: "2 disabled label beats the flag", flag: loader.ModeGeneric, label: nodelabel.Detach, want: loader.ModeOff},
 		{name: "2 disabled label beats the config", config: loader.ModeAuto, label: nodelabel.Detach, want: loader.ModeOff},
 		{name: "3 enabled label keeps the configured mode", flag: loader.ModeGeneric, label: nodelabel.Attach, want: loader.ModeGeneric},
@@ -166,7 +170,14 @@ func TestPrecedence(t *testing.T) {
 				}
 			}
 			err := f.m.SetLabel(c.label)
-			if c.handOver && !errors.Is(err, ErrHandedOver) {
+			if c.takeBack {
+				if err != nil && c.label != nodelabel.Detach && !errors.Is(err, ErrHandedOver) {
+					t.Fatal(err)
+				}
+				if was, err := f.m.TakeBack(); !was || err != nil {
+					t.Fatalf("take back: %v, %v; want true, nil", was, err)
+				}
+			} else if c.handOver && !errors.Is(err, ErrHandedOver) {
 				t.Errorf("label after the hand-over: %v, want ErrHandedOver", err)
 			} else if !c.handOver && err != nil {
 				t.Fatal(err)
@@ -227,9 +238,11 @@ func TestFlagPinsAgainstConfig(t *testing.T) {
 	}
 }
 
-// TestHandOverIsFinal: after the hand-over no input attaches again, and
-// Retry leaves the interfaces to the successor.
-func TestHandOverIsFinal(t *testing.T) {
+// TestHandOverUntilTakeBack: while the hand-over holds no input attaches
+// again, and Retry leaves the interfaces to the successor; once the successor
+// is gone, TakeBack attaches again where the inputs want it, and a second
+// hand-over works as the first.
+func TestHandOverUntilTakeBack(t *testing.T) {
 	f := newFixture(t, "", "")
 	if err := f.m.Start(); err != nil {
 		t.Fatal(err)
@@ -249,6 +262,30 @@ func TestHandOverIsFinal(t *testing.T) {
 		t.Errorf("label asking for off after the hand-over: %v", err)
 	}
 	f.m.Retry()
+	f.want(t, loader.ModeOff)
+	if !f.m.HandedOver() {
+		t.Error("HandedOver false during the hand-over")
+	}
+
+	// The successor died: the label asks for off, so nothing attaches yet.
+	if was, err := f.m.TakeBack(); !was || err != nil {
+		t.Fatalf("take back: %v, %v; want true, nil", was, err)
+	}
+	f.want(t, loader.ModeOff)
+	if err := f.m.SetLabel(nodelabel.Default); err != nil {
+		t.Fatal(err)
+	}
+	f.want(t, loader.ModeNative)
+	if was, err := f.m.TakeBack(); was || err != nil {
+		t.Errorf("second take back: %v, %v; want false, nil", was, err)
+	}
+	if f.loads != 1 {
+		t.Errorf("%d loads: the program is kept across the hand-over", f.loads)
+	}
+	// A new successor.
+	if was, err := f.m.HandOver(); !was || err != nil {
+		t.Fatalf("hand-over after a take back: %v, %v", was, err)
+	}
 	f.want(t, loader.ModeOff)
 }
 

@@ -66,11 +66,6 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 		}
 	}
 
-	// The DaemonSet's exec probes, through each pod's own health socket.
-	probe := func(sock, what string) error {
-		return exec.Command(netns.RequireBinary(t, netns.Daemon), "probe", "--health-socket="+sock, what).Run()
-	}
-
 	// The old pod and its session.
 	a := startBinaryUntil(t, r, nil, append(common, "--health-socket="+sockA)...)
 	relay1, err := allocateFrom(t, r.Client)
@@ -131,13 +126,13 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 		t.Errorf("new daemon while the old one drains: %+v", st)
 	}
 	// The DaemonSet's exec probes: each pod answers for itself.
-	if err := probe(sockA, "ready"); err == nil {
+	if err := probe(t, sockA, "ready"); err == nil {
 		t.Error("the draining daemon's readiness probe passes")
 	}
-	if err := probe(sockA, "live"); err != nil {
+	if err := probe(t, sockA, "live"); err != nil {
 		t.Errorf("the draining daemon's liveness probe: %v", err)
 	}
-	if err := probe(sockB, "ready"); err != nil {
+	if err := probe(t, sockB, "ready"); err != nil {
 		t.Errorf("the new daemon's readiness probe: %v", err)
 	}
 	// With a successor on the node the old daemon hands XDP over at once: its
@@ -195,4 +190,102 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 	if b.Exited() {
 		t.Fatalf("new daemon exited:\n%s", b.Stderr())
 	}
+}
+
+// TestSuccessorKilled: the rolling update's new daemon is killed with SIGKILL
+// after it took over (a crash, an OOM kill) while the old one drains with a
+// session. The node must not be left without service: within 10 s the old
+// daemon stands in (docs/operations.md): it is ready again, takes new
+// allocations and takes XDP back, and its session never stops relaying. The
+// userspace twin shows the same without XDP.
+func TestSuccessorKilled(t *testing.T) {
+	if testenv.InNetns() {
+		t.Skip("parent-only test")
+	}
+	for _, mode := range []string{"native", "off"} {
+		t.Run("xdp-"+mode, func(t *testing.T) { successorKilled(t, mode) })
+	}
+}
+
+func successorKilled(t *testing.T, mode string) {
+	r := parentRig(t)
+	pins := testenv.BPFFS(t)
+	sockA, sockB := filepath.Join(t.TempDir(), "a.sock"), filepath.Join(t.TempDir(), "b.sock")
+	common := []string{"--handover-dir=" + pins, "--xdp-mode=" + mode, "--grace-period=2m"}
+	xdp := mode != "off"
+	ifaces := 0
+	if xdp {
+		ifaces = len(r.ServerIfaces())
+	}
+	startEcho(t, r.Peer, echoPeer)
+
+	a := startBinaryUntil(t, r, nil, append(common, "--health-socket="+sockA)...)
+	relay1, err := allocateFrom(t, r.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct{ sent, received int }
+	done1 := make(chan result, 1)
+	go func() {
+		s, n, _ := echoSession(t, relay1, 500, 16*time.Second)
+		done1 <- result{s, n}
+	}()
+	b := startBinaryUntil(t, r, func() error { return probe(t, sockB, "live") }, append(common, "--health-socket="+sockB)...)
+	if err := syscall.Kill(a.PID(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the new daemon takes over XDP", 8*time.Second, func() bool {
+		return len(socketStatus(t, sockB).XDP.Attached) == ifaces
+	})
+	waitFor(t, "the old daemon drains for the new one", 3*time.Second, func() bool {
+		st := socketStatus(t, sockA)
+		return st.Status == "TERMINATING" && len(st.XDP.Attached) == 0
+	})
+	relay2, err := allocateFrom(t, r.Client)
+	if err != nil {
+		t.Fatalf("allocation on the new daemon: %v", err)
+	}
+	relay2.Close()
+
+	if err := b.Kill(); err == nil {
+		t.Fatal("the new daemon survived SIGKILL")
+	}
+	killed := time.Now()
+	waitFor(t, "the old daemon takes new allocations again", 10*time.Second, func() bool {
+		relay, err := allocateFrom(t, r.Client)
+		if err != nil {
+			return false
+		}
+		relay.Close()
+		return true
+	})
+	t.Logf("the old daemon took a new allocation %v after the kill", time.Since(killed).Round(time.Millisecond))
+	waitFor(t, "the old daemon takes XDP back", 10*time.Second-time.Since(killed), func() bool {
+		return len(socketStatus(t, sockA).XDP.Attached) == ifaces
+	})
+	st := socketStatus(t, sockA)
+	if st.Status != "READY" {
+		t.Errorf("old daemon standing in: status %s, want READY", st.Status)
+	}
+	if err := probe(t, sockA, "ready"); err != nil {
+		t.Errorf("old daemon standing in: readiness probe: %v", err)
+	}
+	xdpBefore := st.XDP.XDPPackets
+	res := <-done1
+	t.Logf("old daemon's session: %d sent, %d echoed", res.sent, res.received)
+	if float64(res.received) < 0.99*float64(res.sent) {
+		t.Errorf("old daemon's session: %d of %d echoes across the successor's start and death, want 99%%", res.received, res.sent)
+	}
+	if after := socketStatus(t, sockA).XDP.XDPPackets; xdp && after <= xdpBefore {
+		t.Errorf("the old session did not move back to XDP: %d -> %d kernel packets", xdpBefore, after)
+	}
+	if a.Exited() {
+		t.Fatalf("old daemon exited:\n%s", a.Stderr())
+	}
+}
+
+// probe runs the DaemonSet's exec probe (live or ready) through a pod's own
+// health socket.
+func probe(t *testing.T, sock, what string) error {
+	return exec.Command(netns.RequireBinary(t, netns.Daemon), "probe", "--health-socket="+sock, what).Run()
 }

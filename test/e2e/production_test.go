@@ -109,10 +109,14 @@ func startBinary(t *testing.T, r *netns.Rig, args ...string) *netns.Proc {
 // flags win) and waits until up succeeds (runBinary).
 func startBinaryUntil(t *testing.T, r *netns.Rig, up func() error, args ...string) *netns.Proc {
 	t.Helper()
+	return runBinary(t, r, up, binaryArgs(args...)...)
+}
+
+// binaryArgs are the test defaults, args (later flags win) and the TURN URI.
+func binaryArgs(args ...string) []string {
 	args = append([]string{"--xdp-mode=native", "--log-format=json", "--relay-address=10.200.0.1",
 		"--metrics-addr=", "--health-addr=10.100.0.1:8086"}, args...)
-	args = append(args, fmt.Sprintf("turn://%s:%s@%s", user, password, listenAddr))
-	return runBinary(t, r, up, args...)
+	return append(args, fmt.Sprintf("turn://%s:%s@%s", user, password, listenAddr))
 }
 
 // runBinary runs the stunnerd-xdp binary in the server namespace with args and
@@ -121,7 +125,14 @@ func startBinaryUntil(t *testing.T, r *netns.Rig, up func() error, args ...strin
 // the first config is served). The daemon's log is shown when the test fails.
 func runBinary(t *testing.T, r *netns.Rig, up func() error, args ...string) *netns.Proc {
 	t.Helper()
-	p := r.Server.Start(t, netns.RequireBinary(t, netns.Daemon), args...)
+	return runCommand(t, r, up, append([]string{netns.RequireBinary(t, netns.Daemon)}, args...))
+}
+
+// runCommand is runBinary for a command line that runs the binary (under a
+// wrapper such as setpriv).
+func runCommand(t *testing.T, r *netns.Rig, up func() error, cmd []string) *netns.Proc {
+	t.Helper()
+	p := r.Server.Start(t, cmd[0], cmd[1:]...)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", p.Stderr())
