@@ -132,7 +132,7 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVarP(&o.id, "id", "i", "", "`NAMESPACE/NAME` of the gateway whose config to ask the discovery service for\n(default: $STUNNER_NAMESPACE/$STUNNER_NAME, else default/stunnerd-HOSTNAME)")
 	fs.BoolVarP(&o.dryRun, "dry-run", "d", false, "check the command line and the config (a file, or one fetched from the server), print what\nwould run, and exit without opening sockets or loading XDP")
 	fs.BoolVarP(&o.verbose, "verbose", "v", false, "verbose logging, the same as -l all:DEBUG")
-	fs.IntVarP(&o.udpThreadNum, "udp-thread-num", "u", 0, "userspace readloops per UDP listener (SO_REUSEPORT sockets); 0: one per CPU")
+	fs.IntVarP(&o.udpThreadNum, "udp-thread-num", "u", 0, "userspace readloops per UDP listener, each on its own SO_REUSEPORT socket;\n0: one per CPU, at most 16 (stunnerd reads 0 as one)")
 	fs.BoolVar(&o.forceReady, "force-ready-status", false, "keep /ready green while draining, for clusters that blackhole UDP to unready pods")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	// This project's flags.
