@@ -94,11 +94,32 @@ __attribute__((noinline)) int sum_data(struct xdp_md *ctx, __u32 off, __u32 len)
 	SUM_DATA_BIT(256)
 	SUM_DATA_BIT(128)
 	SUM_DATA_BIT(64)
-	SUM_DATA_BIT(32)
-	SUM_DATA_BIT(16)
-	SUM_DATA_BIT(8)
-	SUM_DATA_BIT(4)
 #undef SUM_DATA_BIT
+	/* Below 64 bytes a helper call costs more than adding the words here:
+	 * 8-byte loads, each added as its two memory-order 32-bit words. */
+#define SUM_DATA_WORDS(n)                                                    \
+	if ((len - done) & (n)) {                                            \
+		__u8 *__q = (__u8 *)data + (done & CHANNEL_DATA_MAX_LEN);    \
+		if ((void *)(__q + (n)) > end)                               \
+			return -1;                                           \
+		_Pragma("unroll") for (int __k = 0; __k < (n) / 8; __k++) { \
+			__u64 __v = *(__u64 *)(__q + 8 * __k);               \
+			sum += (__u32)__v;                                   \
+			sum += __v >> 32;                                    \
+		}                                                            \
+		done += (n);                                                 \
+	}
+	SUM_DATA_WORDS(32)
+	SUM_DATA_WORDS(16)
+	SUM_DATA_WORDS(8)
+#undef SUM_DATA_WORDS
+	if ((len - done) & 4) {
+		__u8 *q4 = (__u8 *)data + (done & CHANNEL_DATA_MAX_LEN);
+		if ((void *)(q4 + 4) > end)
+			return -1;
+		sum += *(__u32 *)q4;
+		done += 4;
+	}
 	/* The last 0-3 bytes; done is a multiple of 4, so the first is at an even
 	 * offset (the low byte of a memory-order word). */
 	__u8 *q = (__u8 *)data + (done & CHANNEL_DATA_MAX_LEN);
