@@ -151,16 +151,23 @@ static __always_inline __u16 csum_finish(__u64 sum)
 }
 
 /* udp_csum_update turns the UDP checksum `old` into the checksum of a datagram in
- * which the 32-bit words `from` were replaced by `to` and `sub` (an unfolded sum
- * of removed bytes) was taken away. A zero (absent) checksum stays absent: it is
- * legal on IPv4 and cannot be updated incrementally. */
-static __always_inline __u16 udp_csum_update(__u16 old, __be32 *from, __u32 from_size,
-					     __be32 *to, __u32 to_size, __u32 sub)
+ * which the nfrom 32-bit words `from` were replaced by the nto words `to` (at
+ * most 12 each) and `sub` (an unfolded sum of removed bytes) was taken away:
+ * RFC 1624's HC' = ~(~HC + ~m + m'), added here rather than by bpf_csum_diff (a
+ * helper call costs more than the few adds). A zero (absent) checksum stays
+ * absent: it is legal on IPv4 and cannot be updated incrementally. */
+static __always_inline __u16 udp_csum_update(__u16 old, const __be32 *from, int nfrom,
+					     const __be32 *to, int nto, __u32 sub)
 {
 	if (old == 0)
 		return 0;
-	__s64 diff = bpf_csum_diff(from, from_size, to, to_size, (__u16)~old);
-	__u64 sum = (__u32)diff;
+	__u64 sum = (__u16)~old;
+#pragma unroll
+	for (int i = 0; i < 12; i++) {
+		if (i < nfrom)
+			sum += (__u32)~from[i];
+	}
+	sum = sum_words(to, nto, sum);
 	/* Subtracting x in ones' complement is adding ~x, and csum_fold(sub) is ~x. */
 	sum += csum_fold(sub);
 	__u16 folded = csum_fold(sum);
