@@ -83,8 +83,8 @@ __attribute__((noinline)) int sum_data(struct xdp_md *ctx, __u32 off, __u32 len)
 			return -1;
 		done += 512;
 	}
-	/* Then one call per set bit of what is left (at most 7): a 100-byte
-	 * datagram takes 3 helper calls, not 10. */
+	/* Then one call per set bit of what is left down to 128 (a 1200-byte
+	 * datagram takes 3 helper calls). */
 #define SUM_DATA_BIT(n)                                                      \
 	if ((len - done) & (n)) {                                            \
 		if (!csum_chunk(data, end, done & CHANNEL_DATA_MAX_LEN, (n), &sum)) \
@@ -93,9 +93,8 @@ __attribute__((noinline)) int sum_data(struct xdp_md *ctx, __u32 off, __u32 len)
 	}
 	SUM_DATA_BIT(256)
 	SUM_DATA_BIT(128)
-	SUM_DATA_BIT(64)
 #undef SUM_DATA_BIT
-	/* Below 64 bytes a helper call costs more than adding the words here:
+	/* Below 128 bytes a helper call costs more than adding the words here:
 	 * 8-byte loads, each added as its two memory-order 32-bit words. */
 #define SUM_DATA_WORDS(n)                                                    \
 	if ((len - done) & (n)) {                                            \
@@ -109,6 +108,7 @@ __attribute__((noinline)) int sum_data(struct xdp_md *ctx, __u32 off, __u32 len)
 		}                                                            \
 		done += (n);                                                 \
 	}
+	SUM_DATA_WORDS(64)
 	SUM_DATA_WORDS(32)
 	SUM_DATA_WORDS(16)
 	SUM_DATA_WORDS(8)
