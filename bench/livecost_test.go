@@ -210,6 +210,12 @@ func (h *harness) stageLiveCost(t *testing.T) {
 		{name: liveLookups, sender: liveSender{cl4, sockaddrOf(listen), packet.ChannelData(0x4ffe, data, nil)}, reason: "pass_no_channel"},
 		{name: liveFIB, sender: liveSender{cl4, sockaddrOf(listen), packet.ChannelData(bNoNeigh.Channel, data, nil)}, reason: "pass_fib_no_neigh"},
 	}
+	// Debugging a program change: BENCH_LIVE_ROWS=relay measures only the
+	// relay rows (the report is then incomplete, as with BENCH_ONLY).
+	quick := os.Getenv("BENCH_LIVE_ROWS") == "relay"
+	if quick {
+		rows = rows[:6]
+	}
 	// Replies to IPv4 and IPv6 clients come from the learned listener address:
 	// let the client speak first.
 	c2p4.send(2000, 50*time.Millisecond)
@@ -240,6 +246,13 @@ func (h *harness) stageLiveCost(t *testing.T) {
 		}
 	}
 	measure(rows, results)
+	if quick {
+		for i := range results {
+			results[i].finish()
+			t.Logf("%s: relay %.0f ns/run, trivial %.0f ns/run, %.2fx (%d runs)", results[i].Name, results[i].RelayMedianNs, results[i].FloorMedianNs, results[i].Ratio, results[i].Runs)
+		}
+		return
+	}
 	// Program cost against the number of bindings: the relay rows again with
 	// 100,000 more bindings (other clients, channels, peers) in the maps.
 	many := []liveRow{rows[4], rows[5]} // the full-checksum relay rows

@@ -83,8 +83,8 @@ __attribute__((noinline)) int sum_data(struct xdp_md *ctx, __u32 off, __u32 len)
 			return -1;
 		done += 512;
 	}
-	/* Then one call per set bit of what is left (at most 7): a 100-byte
-	 * datagram takes 3 helper calls, not 10. */
+	/* Then one call per set bit of what is left down to 128 (a 1200-byte
+	 * datagram takes 3 helper calls). */
 #define SUM_DATA_BIT(n)                                                      \
 	if ((len - done) & (n)) {                                            \
 		if (!csum_chunk(data, end, done & CHANNEL_DATA_MAX_LEN, (n), &sum)) \
@@ -93,12 +93,33 @@ __attribute__((noinline)) int sum_data(struct xdp_md *ctx, __u32 off, __u32 len)
 	}
 	SUM_DATA_BIT(256)
 	SUM_DATA_BIT(128)
-	SUM_DATA_BIT(64)
-	SUM_DATA_BIT(32)
-	SUM_DATA_BIT(16)
-	SUM_DATA_BIT(8)
-	SUM_DATA_BIT(4)
 #undef SUM_DATA_BIT
+	/* Below 128 bytes a helper call costs more than adding the words here:
+	 * 8-byte loads, each added as its two memory-order 32-bit words. */
+#define SUM_DATA_WORDS(n)                                                    \
+	if ((len - done) & (n)) {                                            \
+		__u8 *__q = (__u8 *)data + (done & CHANNEL_DATA_MAX_LEN);    \
+		if ((void *)(__q + (n)) > end)                               \
+			return -1;                                           \
+		_Pragma("unroll") for (int __k = 0; __k < (n) / 8; __k++) { \
+			__u64 __v = *(__u64 *)(__q + 8 * __k);               \
+			sum += (__u32)__v;                                   \
+			sum += __v >> 32;                                    \
+		}                                                            \
+		done += (n);                                                 \
+	}
+	SUM_DATA_WORDS(64)
+	SUM_DATA_WORDS(32)
+	SUM_DATA_WORDS(16)
+	SUM_DATA_WORDS(8)
+#undef SUM_DATA_WORDS
+	if ((len - done) & 4) {
+		__u8 *q4 = (__u8 *)data + (done & CHANNEL_DATA_MAX_LEN);
+		if ((void *)(q4 + 4) > end)
+			return -1;
+		sum += *(__u32 *)q4;
+		done += 4;
+	}
 	/* The last 0-3 bytes; done is a multiple of 4, so the first is at an even
 	 * offset (the low byte of a memory-order word). */
 	__u8 *q = (__u8 *)data + (done & CHANNEL_DATA_MAX_LEN);
@@ -130,16 +151,23 @@ static __always_inline __u16 csum_finish(__u64 sum)
 }
 
 /* udp_csum_update turns the UDP checksum `old` into the checksum of a datagram in
- * which the 32-bit words `from` were replaced by `to` and `sub` (an unfolded sum
- * of removed bytes) was taken away. A zero (absent) checksum stays absent: it is
- * legal on IPv4 and cannot be updated incrementally. */
-static __always_inline __u16 udp_csum_update(__u16 old, __be32 *from, __u32 from_size,
-					     __be32 *to, __u32 to_size, __u32 sub)
+ * which the nfrom 32-bit words `from` were replaced by the nto words `to` (at
+ * most 12 each) and `sub` (an unfolded sum of removed bytes) was taken away:
+ * RFC 1624's HC' = ~(~HC + ~m + m'), added here rather than by bpf_csum_diff (a
+ * helper call costs more than the few adds). A zero (absent) checksum stays
+ * absent: it is legal on IPv4 and cannot be updated incrementally. */
+static __always_inline __u16 udp_csum_update(__u16 old, const __be32 *from, int nfrom,
+					     const __be32 *to, int nto, __u32 sub)
 {
 	if (old == 0)
 		return 0;
-	__s64 diff = bpf_csum_diff(from, from_size, to, to_size, (__u16)~old);
-	__u64 sum = (__u32)diff;
+	__u64 sum = (__u16)~old;
+#pragma unroll
+	for (int i = 0; i < 12; i++) {
+		if (i < nfrom)
+			sum += (__u32)~from[i];
+	}
+	sum = sum_words(to, nto, sum);
 	/* Subtracting x in ones' complement is adding ~x, and csum_fold(sub) is ~x. */
 	sum += csum_fold(sub);
 	__u16 folded = csum_fold(sum);

@@ -339,7 +339,7 @@ struct input {
 	__u8 ttl;                 /* TTL or hop limit */
 };
 
-/* pseudo_sum adds an address pair of the input or output to a csum_diff word
+/* pseudo_words adds an address pair of the input or output to a checksum word
  * array: 2 words for IPv4, 8 for IPv6. Returns the words written. */
 static __always_inline int pseudo_words(__be32 *w, const struct addr *s, const struct addr *d, int v4)
 {
@@ -522,8 +522,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		__builtin_memcpy(&from[n + 1], &udp->len, 2);
 		__builtin_memcpy((__u8 *)&from[n + 1] + 2, &udp->len, 2);
 		__builtin_memcpy(&from[n + 2], (__u8 *)(udp + 1), 4);
-		__u32 from_size = in->family == AF_INET ? 5 * 4 : 11 * 4;
-		rw.udp_csum = udp_csum_update(udp->check, from, from_size, to, 4 * 4, pad_sum);
+		rw.udp_csum = udp_csum_update(udp->check, from, n + 3, to, 4, pad_sum);
 	}
 
 	struct iphdr ip4 = {};
@@ -651,8 +650,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		__builtin_memcpy(&from[2], &udp->source, 4);
 		__builtin_memcpy(&from[3], &udp->len, 2);
 		__builtin_memcpy((__u8 *)&from[3] + 2, &udp->len, 2);
-		__u32 to_size = to_v4 ? 5 * 4 : 11 * 4;
-		rw.udp_csum = udp_csum_update(udp->check, from, sizeof(from), to, to_size, 0);
+		rw.udp_csum = udp_csum_update(udp->check, from, 4, to, n + 3, 0);
 	}
 
 	struct iphdr ip4 = *old;
