@@ -292,6 +292,10 @@ type Daemon struct {
 	stop       chan struct{}
 	linkEvents chan struct{} // a network interface changed: retry the attach now
 	wg         sync.WaitGroup
+	// trackMu orders track against Close: no goroutine joins wg once Close
+	// has begun waiting for it.
+	trackMu sync.Mutex
+	closing bool
 
 	nodeWatcher atomic.Pointer[nodelabel.Watcher]
 	stopping    atomic.Bool   // Drain was called
@@ -526,10 +530,30 @@ func (d *Daemon) AllocationCount() int {
 	return n
 }
 
+// track runs f on a goroutine that Close waits for. Once Close has begun it
+// runs nothing and returns false: a late caller (the label watcher's first
+// list answering after a SIGTERM) must not join a WaitGroup being waited on.
+func (d *Daemon) track(f func()) bool {
+	d.trackMu.Lock()
+	defer d.trackMu.Unlock()
+	if d.closing {
+		return false
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		f()
+	}()
+	return true
+}
+
 // Close stops the TURN server, detaches XDP and frees the maps.
 func (d *Daemon) Close() error {
 	var errs []error
 	d.closeOnce.Do(func() {
+		d.trackMu.Lock()
+		d.closing = true
+		d.trackMu.Unlock()
 		close(d.stop)
 		for _, c := range d.closers {
 			c()

@@ -43,10 +43,10 @@ func (d *Daemon) followServiceCIDRs(client kubernetes.Interface, timeout time.Du
 	stop := servicecidr.Follow(ctx, client, d.config().Logger.Slog("k8s"), func(cidrs []netip.Prefix) {
 		d.mirror.SetNoOffloadPeers(append(slices.Clone(d.config().NoOffloadPeers), cidrs...))
 	})
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
+	if !d.track(func() {
 		<-d.stop
 		stop()
-	}()
+	}) {
+		stop()
+	}
 }

@@ -15,6 +15,9 @@ import (
 // WatchNodePatiently the watch keeps trying in the background.
 var ErrNodeNotListed = errors.New("no answer from the Kubernetes API")
 
+// ErrClosed: the daemon closed before the call could take effect.
+var ErrClosed = errors.New("daemon closed")
+
 // FollowNode hands the node label's wish to the offload manager, which weighs
 // it against the other inputs (see internal/offload); sessions move between
 // paths without loss. It is the label watcher's callback.
@@ -55,15 +58,17 @@ func (d *Daemon) watchNode(client kubernetes.Interface, node string, wait time.D
 			cancel()
 			return fmt.Errorf("watch node %q: %w", node, err)
 		}
-		d.nodeWatcher.Store(w)
-		d.followServiceCIDRs(client, 30*time.Second)
-		d.wg.Add(1)
-		go func() {
-			defer d.wg.Done()
+		if !d.track(func() {
 			<-d.stop
 			w.Stop()
 			cancel()
-		}()
+		}) {
+			w.Stop()
+			cancel()
+			return fmt.Errorf("watch node %q: %w", node, ErrClosed)
+		}
+		d.nodeWatcher.Store(w)
+		d.followServiceCIDRs(client, 30*time.Second)
 		return nil
 	}
 	timer := time.NewTimer(wait)
@@ -72,15 +77,17 @@ func (d *Daemon) watchNode(client kubernetes.Interface, node string, wait time.D
 	case err := <-started:
 		return listed(err)
 	case <-timer.C:
+	case <-d.stop:
+		cancel()
+		w.Stop()
+		return fmt.Errorf("watch node %q: %w", node, ErrClosed)
 	}
 	if !patient {
 		cancel()
 		w.Stop()
 		return fmt.Errorf("watch node %q: %w in %v", node, ErrNodeNotListed, wait)
 	}
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
+	if !d.track(func() {
 		select {
 		case err := <-started:
 			if err = listed(err); err != nil {
@@ -94,6 +101,10 @@ func (d *Daemon) watchNode(client kubernetes.Interface, node string, wait time.D
 				d.log.Debug("node label watch ended before the API answered", "error", err)
 			}
 		}
-	}()
+	}) {
+		cancel()
+		w.Stop()
+		return fmt.Errorf("watch node %q: %w", node, ErrClosed)
+	}
 	return fmt.Errorf("watch node %q: %w in %v; serving with the configured XDP mode, retrying", node, ErrNodeNotListed, wait)
 }

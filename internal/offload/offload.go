@@ -51,6 +51,9 @@ var (
 	// ErrNotAttached: XDP is wanted but no interface took the program; the
 	// error wraps each interface's reason. Retry tries again.
 	ErrNotAttached = errors.New("no interface took the XDP program")
+	// ErrClosed: an input came after Close (a late label event); nothing is
+	// attached.
+	ErrClosed = errors.New("offload manager closed")
 )
 
 // Program is the loaded relay program (loader.Program).
@@ -152,6 +155,8 @@ type Manager struct {
 	// write per binding and forgets what the program learned about each.
 	offloaded bool
 	failed    map[string]string // last attach error per interface, to log each once
+	// closed: Close ran; no input loads or attaches the program again.
+	closed bool
 }
 
 // New builds a manager that serves from userspace until Start.
@@ -217,6 +222,9 @@ func (m *Manager) HandedOver() bool {
 func (m *Manager) update(change func(*inputs)) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
 	change(&m.in)
 	mode := m.in.mode()
 	if mode != m.applied {
@@ -251,7 +259,7 @@ func inputsWantXDP(in inputs) bool {
 func (m *Manager) Retry() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.applied != loader.ModeOff && m.applied != "" && len(m.missingLocked()) > 0 {
+	if !m.closed && m.applied != loader.ModeOff && m.applied != "" && len(m.missingLocked()) > 0 {
 		_ = m.applyLocked(m.applied) // applyLocked logs what changed
 	}
 }
@@ -355,6 +363,7 @@ func (m *Manager) disableLocked() error {
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.closed = true
 	err := m.disableLocked()
 	if m.prog != nil {
 		err = errors.Join(err, m.prog.Close())

@@ -401,3 +401,25 @@ func TestReconfigure(t *testing.T) {
 		t.Errorf("Maps() of a fake is %v, want nil", f.m.Maps())
 	}
 }
+
+// TestNoInputAfterClose: a label event that arrives after Close (the watcher
+// stops after the daemon) must not load or attach the program again.
+func TestNoInputAfterClose(t *testing.T) {
+	f := newFixture(t, "", "")
+	if err := f.m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.SetLabel(nodelabel.Attach); !errors.Is(err, ErrClosed) {
+		t.Errorf("label after Close: %v, want ErrClosed", err)
+	}
+	if _, err := f.m.TakeBack(); err != nil {
+		t.Errorf("take back after Close: %v", err)
+	}
+	f.m.Retry()
+	if f.loads != 1 || len(f.m.Attached()) != 0 {
+		t.Errorf("after Close: %d loads, attached %v; want 1 load and nothing attached", f.loads, f.m.Attached())
+	}
+}
