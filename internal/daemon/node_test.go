@@ -29,8 +29,8 @@ func TestWatchNodeAfterClose(t *testing.T) {
 		Users:        map[string]string{"u": "p"},
 		RelayAddress: netip.MustParseAddr("127.0.0.1"),
 		MinRelayPort: 61000, MaxRelayPort: 61999,
-		XDPMode:      loader.ModeOff,
-		Logger:       lf,
+		XDPMode: loader.ModeOff,
+		Logger:  lf,
 	})
 	if err != nil {
 		t.Fatal(err)
