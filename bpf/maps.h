@@ -110,6 +110,23 @@ struct binding_state {
 	/* Added atomically: one copy per binding whatever the number of CPUs (a
 	 * per-CPU array costs bindings x CPUs x 32 B: 2 GiB at 1M and 64). */
 	struct binding_stats stats;
+	/* The binding's rate limit as a GCRA (a token bucket in virtual time):
+	 * the bpf_ktime_get_ns instant by which everything relayed so far has
+	 * been paid for at the limit's rate, for packets and for bytes. A packet
+	 * goes while that instant is at most RATE_LIMIT_BURST_NS ahead of now.
+	 * Changed under lock; zero (as userspace installs it): nothing owed. */
+	__u64 rate_pkt_tat;
+	__u64 rate_byte_tat;
+};
+
+/* The rate limit of every binding, both directions together: written by
+ * userspace (--max-alloc-pps, --max-alloc-bps), read per packet, so a change
+ * needs no reload. Zero rates: no limit. */
+struct rate_limit {
+	__u64 pkt_cost_ns; /* NS_PER_SEC / packets per second; 0: no packet limit */
+	__u64 bytes_per_sec; /* application-data bytes; 0: no byte limit */
+	__u32 pass;        /* over the limit: 1 XDP_PASS to pion/turn, 0 XDP_DROP */
+	__u32 _pad;
 };
 
 
@@ -163,6 +180,13 @@ struct {
 	__type(value, __u32);
 	__uint(max_entries, 1);
 } fib_gen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct rate_limit);
+	__uint(max_entries, 1);
+} rate_limits SEC(".maps");
 
 /* One counter per enum reason, per CPU: no atomics on the packet path. */
 struct {

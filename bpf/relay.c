@@ -16,7 +16,9 @@
  * CHECKSUM_PARTIAL input). Anything else, and anything the program cannot do as
  * faithfully, is XDP_PASSed untouched so that the kernel hands it to pion/turn.
  * The program never answers a packet; it drops one only when its egress
- * vanished between the lookup and the redirect (the frame is rewritten by then). */
+ * vanished between the lookup and the redirect (the frame is rewritten by then)
+ * and, when the operator asked for it (--over-limit=drop), a bound packet over
+ * its binding's rate limit. */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
@@ -309,6 +311,47 @@ static __always_inline int emit(struct xdp_md *ctx, struct iphdr *ip4, struct re
 	return action;
 }
 
+/* rate_limited charges a packet of data_len application-data bytes to the
+ * binding's rate limit and tells whether it is over it (then nothing is
+ * charged). The slot's lock makes the check and the charge one step: with RSS
+ * two CPUs may relay one binding at once, and a lost update would let a flood
+ * through at twice the rate. Only bindings under a limit pay for it. */
+static __always_inline int rate_limited(struct binding_state *st, const struct rate_limit *rl, __u16 data_len)
+{
+	__u64 pkt_cost = rl->pkt_cost_ns, bps = rl->bytes_per_sec;
+	if (!pkt_cost && !bps)
+		return 0;
+	/* bpf_ktime_get_ns may not be called under the lock. */
+	__u64 now = bpf_ktime_get_ns();
+	__u64 byte_cost = bps ? (__u64)data_len * NS_PER_SEC / bps : 0;
+	int over = 0;
+	bpf_spin_lock(&st->lock);
+	__u64 pkt_tat = st->rate_pkt_tat > now ? st->rate_pkt_tat : now;
+	__u64 byte_tat = st->rate_byte_tat > now ? st->rate_byte_tat : now;
+	if ((pkt_cost && pkt_tat - now > RATE_LIMIT_BURST_NS) || (bps && byte_tat - now > RATE_LIMIT_BURST_NS)) {
+		over = 1;
+	} else {
+		st->rate_pkt_tat = pkt_tat + pkt_cost;
+		st->rate_byte_tat = byte_tat + byte_cost;
+	}
+	bpf_spin_unlock(&st->lock);
+	return over;
+}
+
+/* over_limit is next_hop's sequel for a bound packet that would be relayed:
+ * -1 when it goes on, else the action for a packet over its binding's limit.
+ * Dropping is the operator's choice (--over-limit=drop); the program drops
+ * nothing else that it could pass. */
+static __always_inline int over_limit(struct binding_state *st, __u16 data_len, __u32 *reason)
+{
+	__u32 zero = 0;
+	const struct rate_limit *rl = bpf_map_lookup_elem(&rate_limits, &zero);
+	if (!rl || !st || !rate_limited(st, rl, data_len))
+		return -1;
+	*reason = REASON_RATE_LIMITED;
+	return rl->pass ? XDP_PASS : XDP_DROP;
+}
+
 static __always_inline void count_binding(struct binding_state *st, int c2p, __u16 data_len)
 {
 	if (c2p) {
@@ -480,6 +523,8 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		*reason = r;
 		return XDP_PASS;
 	}
+	if ((r = over_limit(st, data_len, reason)) >= 0)
+		return r;
 
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + data_len);
 	__be32 from[12] = {}, to[5] = {};
@@ -626,6 +671,8 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		*reason = r;
 		return XDP_PASS;
 	}
+	if ((r = over_limit(st, data_len, reason)) >= 0)
+		return r;
 
 	__be16 channel = b->channel;
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len);

@@ -23,10 +23,12 @@ type RelayBindingState struct {
 		_   structs.HostLayout
 		Val uint32
 	}
-	Pad    uint32
-	C2pHop RelayNextHop
-	P2cHop RelayNextHop
-	Stats  RelayBindingStats
+	Pad         uint32
+	C2pHop      RelayNextHop
+	P2cHop      RelayNextHop
+	Stats       RelayBindingStats
+	RatePktTat  uint64
+	RateByteTat uint64
 }
 
 type RelayBindingStats struct {
@@ -128,6 +130,14 @@ type RelayP2cVal struct {
 	BindingId    uint32
 }
 
+type RelayRateLimit struct {
+	_           structs.HostLayout
+	PktCostNs   uint64
+	BytesPerSec uint64
+	Pass        uint32
+	Pad         uint32
+}
+
 type RelayReason uint32
 
 const (
@@ -160,7 +170,8 @@ const (
 	RelayReasonREASON_TTL_EXPIRED            RelayReason = 26
 	RelayReasonREASON_BAD_IP_CHECKSUM        RelayReason = 27
 	RelayReasonREASON_REDIRECT_FAILED        RelayReason = 28
-	RelayReasonREASON_MAX                    RelayReason = 29
+	RelayReasonREASON_RATE_LIMITED           RelayReason = 29
+	RelayReasonREASON_MAX                    RelayReason = 30
 )
 
 // Names of all BPF objects in the ELF.
@@ -172,6 +183,7 @@ const (
 	RelayMapFibGen        = "fib_gen"
 	RelayMapListenerDsts  = "listener_dsts"
 	RelayMapP2cBindings   = "p2c_bindings"
+	RelayMapRateLimits    = "rate_limits"
 	RelayMapTxPorts       = "tx_ports"
 	RelayMapVerdicts      = "verdicts"
 	RelayProgXdpTurnRelay = "xdp_turn_relay"
@@ -233,6 +245,7 @@ type RelayMapSpecs struct {
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
+	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 	Verdicts      *ebpf.MapSpec `ebpf:"verdicts"`
 }
@@ -270,6 +283,7 @@ type RelayMaps struct {
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
+	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 	Verdicts      *ebpf.Map `ebpf:"verdicts"`
 }
@@ -281,6 +295,7 @@ func (m *RelayMaps) Close() error {
 		m.FibGen,
 		m.ListenerDsts,
 		m.P2cBindings,
+		m.RateLimits,
 		m.TxPorts,
 		m.Verdicts,
 	)

@@ -95,6 +95,8 @@ type Maps struct {
 	// states are the per-binding slots: learned reply source, cached next
 	// hops and the binding's counters.
 	states *ebpf.Map
+	// rateLimits holds the one rate limit of every binding.
+	rateLimits *ebpf.Map
 
 	mu       sync.Mutex
 	bindings map[Key]entry
@@ -139,6 +141,7 @@ func New(m *bpf.RelayMaps) *Maps {
 		dsts:         m.ListenerDsts,
 		states:       m.BindingStates,
 		fibGen:       m.FibGen,
+		rateLimits:   m.RateLimits,
 		bindings:     make(map[Key]entry),
 		maxID:        m.BindingStates.MaxEntries(),
 		listenerIDs:  make(map[netip.AddrPort]uint32),
@@ -744,4 +747,42 @@ func (m *Maps) RemoveStray() (int, error) {
 		}
 	}
 	return len(stray) + len(strayP), errors.Join(errs...)
+}
+
+// RateLimit is what every binding may relay per second, both directions
+// together: the program's GCRA in the binding's state slot enforces it, with a
+// burst of RateBurst worth of the rates. Zero rates are no limit.
+type RateLimit struct {
+	// PacketsPerSecond counts datagrams.
+	PacketsPerSecond uint64
+	// BytesPerSecond counts application data (the ChannelData payload, the
+	// peer's UDP payload): what the allocation relays, not headers.
+	BytesPerSecond uint64
+	// Pass hands a packet over the limit to pion/turn (whose relay applies
+	// the same limit in userspace) instead of dropping it.
+	Pass bool
+}
+
+// RateBurst is how far ahead of its rate a binding may run (the program's
+// RATE_LIMIT_BURST_NS).
+const RateBurst = 50 * time.Millisecond
+
+// Off tells whether the limit limits nothing.
+func (r RateLimit) Off() bool { return r.PacketsPerSecond == 0 && r.BytesPerSecond == 0 }
+
+// SetRateLimit sets the rate limit of every binding, taking effect on the
+// next packet (no reload). What bindings owe so far stays in their slots.
+func (m *Maps) SetRateLimit(r RateLimit) error {
+	var v bpf.RelayRateLimit
+	if r.PacketsPerSecond > 0 {
+		v.PktCostNs = max(uint64(time.Second)/r.PacketsPerSecond, 1)
+	}
+	v.BytesPerSec = r.BytesPerSecond
+	if r.Pass {
+		v.Pass = 1
+	}
+	if err := m.rateLimits.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("set rate limit: %w", err)
+	}
+	return nil
 }

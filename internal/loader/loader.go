@@ -137,6 +137,7 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			bpf.RelayMapListenerDsts:  reuse.ListenerDsts,
 			bpf.RelayMapBindingStates: reuse.BindingStates,
 			bpf.RelayMapFibGen:        reuse.FibGen,
+			bpf.RelayMapRateLimits:    reuse.RateLimits,
 		}}
 	}
 	if err := spec.LoadAndAssign(objs, opts); err != nil {
