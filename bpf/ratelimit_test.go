@@ -1,0 +1,157 @@
+package bpf_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/model"
+	"github.com/l7mp/stunnerd-xdp/internal/packet"
+)
+
+const xdpDrop = uint32(model.Drop)
+
+// setRateLimit sets the limit in the program (its map: no reload) and in the
+// model.
+func (e *env) setRateLimit(t testing.TB, m *model.Model, r channelmap.RateLimit) {
+	t.Helper()
+	if err := e.maps.SetRateLimit(r); err != nil {
+		t.Fatal(err)
+	}
+	me := e.modelEnv()
+	me.RateLimit = r
+	m.SetEnv(me)
+}
+
+// owe sets what b owes its rate limit in its slot and in the model: BPF_PROG_RUN
+// cannot fake time, so a test moves the debt instead of the clock.
+func (e *env) owe(t testing.TB, m *model.Model, b channelmap.Binding, s model.RateState) {
+	t.Helper()
+	id, st := e.slot(t, b)
+	st.RatePktTat, st.RateByteTat = s.PacketTAT, s.ByteTAT
+	if err := e.prog.Maps().BindingStates.Put(id, st); err != nil {
+		t.Fatal(err)
+	}
+	m.SetRateState(b.Key(), s)
+}
+
+// owed reads what b owes in the kernel and checks it against the model's
+// within tolerance (the two read the clock microseconds apart).
+func (e *env) owed(t testing.TB, m *model.Model, b channelmap.Binding) model.RateState {
+	t.Helper()
+	_, st := e.slot(t, b)
+	got, want := model.RateState{PacketTAT: st.RatePktTat, ByteTAT: st.RateByteTat}, m.RateState(b.Key())
+	near := func(a, b uint64) bool { return max(a, b)-min(a, b) < uint64(5*time.Millisecond) }
+	if !near(got.PacketTAT, want.PacketTAT) || !near(got.ByteTAT, want.ByteTAT) {
+		t.Errorf("binding %v owes %+v in the kernel, %+v in the model", b.Key(), got, want)
+	}
+	return got
+}
+
+func relayed(v uint32) bool { return v == xdpRedirect || v == xdpTX }
+
+// TestRateLimit: a binding under its limit is relayed and charged; over it, a
+// packet is dropped or passed untouched (as configured) and charged nothing;
+// time pays the debt back; both directions draw on one budget; packets that
+// pass for another reason are not charged. Every packet goes through the
+// model too (e.check).
+func TestRateLimit(t *testing.T) {
+	e := newEnv(t)
+	m := e.install(t)
+	b := bindings["redirect"]
+	c2p := func() []byte {
+		return fromClient(b, "10.100.0.1", packet.ChannelData(b.Channel, data(100), nil)).Marshal()
+	}
+	p2c := fromPeer(b, data(100)).Marshal()
+	ms := uint64(time.Millisecond)
+
+	// 50 pps: a packet costs 20 ms, the burst is 50 ms: from nothing owed, 3
+	// packets go at once (owing 0, 20, 40 ms before each) and the 4th waits.
+	e.setRateLimit(t, m, channelmap.RateLimit{PacketsPerSecond: 50})
+	e.owe(t, m, b, model.RateState{})
+	for i, f := range []struct {
+		ingress string
+		frame   []byte
+	}{{"a0", c2p()}, {"b0", p2c}, {"a0", c2p()}} {
+		if got, _ := e.check(t, m, f.ingress, f.frame); !relayed(got.verdict) {
+			t.Fatalf("packet %d of the burst: %v %s, want relayed", i, model.Verdict(got.verdict), reasonName(got.reason))
+		}
+	}
+	before := e.owed(t, m, b)
+	for _, f := range []struct {
+		ingress string
+		frame   []byte
+	}{{"a0", c2p()}, {"b0", p2c}} {
+		got, _ := e.check(t, m, f.ingress, f.frame)
+		if got.verdict != xdpDrop || got.reason != bpf.RelayReasonREASON_RATE_LIMITED {
+			t.Fatalf("over the limit (%s): %v %s, want DROP rate_limited", f.ingress, model.Verdict(got.verdict), reasonName(got.reason))
+		}
+	}
+	if after := e.owed(t, m, b); after != before {
+		t.Fatalf("a dropped packet was charged: owed %+v, then %+v", before, after)
+	}
+
+	// Time passing is the debt shrinking: 70 ms owed is over the burst; 30 ms
+	// owed (as 40 ms later) goes and owes 20 ms more.
+	now := model.MonotonicNow()
+	e.owe(t, m, b, model.RateState{PacketTAT: now + 70*ms})
+	if got, _ := e.check(t, m, "a0", c2p()); got.verdict != xdpDrop {
+		t.Fatalf("70 ms owed: %v, want DROP", model.Verdict(got.verdict))
+	}
+	e.owe(t, m, b, model.RateState{PacketTAT: now + 30*ms})
+	if got, _ := e.check(t, m, "a0", c2p()); !relayed(got.verdict) {
+		t.Fatalf("30 ms owed: %v %s, want relayed", model.Verdict(got.verdict), reasonName(got.reason))
+	}
+	if o := e.owed(t, m, b); o.PacketTAT != now+50*ms {
+		t.Fatalf("after relaying with 30 ms owed: owes until now+%v, want now+50ms", time.Duration(o.PacketTAT-now))
+	}
+
+	// Pass instead of drop: the same program, the map changed. The packet
+	// leaves untouched for pion/turn, whose relay limits it the same way.
+	e.setRateLimit(t, m, channelmap.RateLimit{PacketsPerSecond: 50, Pass: true})
+	e.owe(t, m, b, model.RateState{PacketTAT: model.MonotonicNow() + 70*ms})
+	for _, f := range []struct {
+		ingress string
+		frame   []byte
+	}{{"a0", c2p()}, {"b0", p2c}} {
+		got, _ := e.check(t, m, f.ingress, f.frame)
+		if got.verdict != xdpPass || got.reason != bpf.RelayReasonREASON_RATE_LIMITED {
+			t.Fatalf("over the limit, pass (%s): %v %s, want PASS rate_limited", f.ingress, model.Verdict(got.verdict), reasonName(got.reason))
+		}
+	}
+
+	// Bytes: 1000 B/s, 100 bytes of data cost 100 ms: one packet goes, the
+	// next is over. The packet limit off.
+	e.setRateLimit(t, m, channelmap.RateLimit{BytesPerSecond: 1000})
+	e.owe(t, m, b, model.RateState{})
+	if got, _ := e.check(t, m, "b0", p2c); !relayed(got.verdict) {
+		t.Fatalf("byte limit, first packet: %v %s, want relayed", model.Verdict(got.verdict), reasonName(got.reason))
+	}
+	if got, _ := e.check(t, m, "a0", c2p()); got.verdict != xdpDrop || got.reason != bpf.RelayReasonREASON_RATE_LIMITED {
+		t.Fatalf("byte limit, second packet: %v %s, want DROP rate_limited", model.Verdict(got.verdict), reasonName(got.reason))
+	}
+	e.owed(t, m, b)
+
+	// Another binding's budget is its own; one that passes for another reason
+	// (no neighbour for its peer) is not charged.
+	other, noneigh := bindings["tx"], bindings["noneigh"]
+	e.owe(t, m, other, model.RateState{})
+	if got, _ := e.check(t, m, "a0", fromClient(other, "10.100.0.1", packet.ChannelData(other.Channel, data(100), nil)).Marshal()); got.verdict != xdpTX {
+		t.Fatalf("another binding: %v %s, want TX", model.Verdict(got.verdict), reasonName(got.reason))
+	}
+	e.owe(t, m, noneigh, model.RateState{})
+	if got, _ := e.check(t, m, "a0", fromClient(noneigh, "10.100.0.1", packet.ChannelData(noneigh.Channel, data(100), nil)).Marshal()); got.reason != bpf.RelayReasonREASON_FIB_NO_NEIGH {
+		t.Fatalf("no neighbour: %s, want pass_fib_no_neigh", reasonName(got.reason))
+	}
+	if o := e.owed(t, m, noneigh); o != (model.RateState{}) {
+		t.Fatalf("a packet passed for want of a neighbour was charged: %+v", o)
+	}
+
+	// Off: what is owed no longer matters.
+	e.setRateLimit(t, m, channelmap.RateLimit{})
+	e.owe(t, m, b, model.RateState{PacketTAT: model.MonotonicNow() + uint64(time.Second)})
+	if got, _ := e.check(t, m, "a0", c2p()); !relayed(got.verdict) {
+		t.Fatalf("limit off: %v %s, want relayed", model.Verdict(got.verdict), reasonName(got.reason))
+	}
+}
