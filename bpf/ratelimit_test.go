@@ -49,6 +49,21 @@ func (e *env) owed(t testing.TB, m *model.Model, b channelmap.Binding) model.Rat
 	return got
 }
 
+// wantLimited runs a client frame on a0 and a peer frame on b0 and wants both
+// over the limit with the given verdict.
+func (e *env) wantLimited(t testing.TB, m *model.Model, verdict uint32, c2pIngress string, c2p []byte, p2cIngress string, p2c []byte) {
+	t.Helper()
+	for _, f := range []struct {
+		ingress string
+		frame   []byte
+	}{{c2pIngress, c2p}, {p2cIngress, p2c}} {
+		got, _ := e.check(t, m, f.ingress, f.frame)
+		if got.verdict != verdict || got.reason != bpf.RelayReasonREASON_RATE_LIMITED {
+			t.Fatalf("over the limit (%s): %v %s, want %v rate_limited", f.ingress, model.Verdict(got.verdict), reasonName(got.reason), model.Verdict(verdict))
+		}
+	}
+}
+
 func relayed(v uint32) bool { return v == xdpRedirect || v == xdpTX }
 
 // TestRateLimit: a binding under its limit is relayed and charged; over it, a
@@ -79,15 +94,7 @@ func TestRateLimit(t *testing.T) {
 		}
 	}
 	before := e.owed(t, m, b)
-	for _, f := range []struct {
-		ingress string
-		frame   []byte
-	}{{"a0", c2p()}, {"b0", p2c}} {
-		got, _ := e.check(t, m, f.ingress, f.frame)
-		if got.verdict != xdpDrop || got.reason != bpf.RelayReasonREASON_RATE_LIMITED {
-			t.Fatalf("over the limit (%s): %v %s, want DROP rate_limited", f.ingress, model.Verdict(got.verdict), reasonName(got.reason))
-		}
-	}
+	e.wantLimited(t, m, xdpDrop, "a0", c2p(), "b0", p2c)
 	if after := e.owed(t, m, b); after != before {
 		t.Fatalf("a dropped packet was charged: owed %+v, then %+v", before, after)
 	}
@@ -111,15 +118,7 @@ func TestRateLimit(t *testing.T) {
 	// leaves untouched for pion/turn, whose relay limits it the same way.
 	e.setRateLimit(t, m, channelmap.RateLimit{PacketsPerSecond: 50, Pass: true})
 	e.owe(t, m, b, model.RateState{PacketTAT: model.MonotonicNow() + 70*ms})
-	for _, f := range []struct {
-		ingress string
-		frame   []byte
-	}{{"a0", c2p()}, {"b0", p2c}} {
-		got, _ := e.check(t, m, f.ingress, f.frame)
-		if got.verdict != xdpPass || got.reason != bpf.RelayReasonREASON_RATE_LIMITED {
-			t.Fatalf("over the limit, pass (%s): %v %s, want PASS rate_limited", f.ingress, model.Verdict(got.verdict), reasonName(got.reason))
-		}
-	}
+	e.wantLimited(t, m, xdpPass, "a0", c2p(), "b0", p2c)
 
 	// Bytes: 1000 B/s, 100 bytes of data cost 100 ms: one packet goes, the
 	// next is over. The packet limit off.
