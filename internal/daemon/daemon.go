@@ -70,6 +70,11 @@ type Config struct {
 	// MaxPermissions bounds the peer IPs one allocation holds permissions
 	// for (0: no limit); beyond it, CreatePermission and ChannelBind fail.
 	MaxPermissions int
+	// RateLimit is every channel binding's packet and byte rate, both
+	// directions together, in the XDP program and in pion's relay sockets
+	// alike (zero: none). Pass hands what is over it to userspace, which
+	// drops it there.
+	RateLimit channelmap.RateLimit
 
 	// MetricsAddr and HealthAddr are the endpoints' addresses (empty: off);
 	// one without a host listens on PodAddr and loopback (EndpointAddrs).
@@ -286,6 +291,7 @@ type Daemon struct {
 	dests      *destinationSync
 	steer      *handover.Steering
 	counters   *fallback.Counters
+	rateLimit  *fallback.RateLimiter
 	traffic    *metrics.Traffic
 	registry   *prometheus.Registry
 	closers    []func() // the HTTP endpoints
@@ -316,6 +322,7 @@ func Start(cfg Config) (*Daemon, error) {
 		quota:       quota.New(cfg.quotaLimits()),
 		perms:       quota.NewPermissions(cfg.MaxPermissions),
 		counters:    &fallback.Counters{},
+		rateLimit:   fallback.NewRateLimiter(cfg.RateLimit),
 		traffic:     metrics.NewTraffic(),
 		stop:        make(chan struct{}),
 		linkEvents:  make(chan struct{}, 1),

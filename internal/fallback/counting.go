@@ -60,13 +60,19 @@ func relayedData(p []byte) (int, bool) {
 }
 
 // relayConn wraps a relay socket: what pion writes there is client->peer
-// traffic it relayed (from ChannelData or Send indications).
+// traffic it relayed (from ChannelData or Send indications), what it reads
+// peer->client traffic; both are charged to the peer's rate-limit bucket.
 type relayConn struct {
 	net.PacketConn
 	counters *Counters
+	buckets  peerBuckets
 }
 
 func (c *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
+	if !c.buckets.allow(addr, len(p)) {
+		// Over the limit: lost as the network loses a datagram.
+		return len(p), nil
+	}
 	n, err := c.PacketConn.WriteTo(p, addr)
 	if err == nil {
 		c.counters.ClientToPeerPackets.Add(1)
@@ -75,11 +81,23 @@ func (c *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
 	return n, err
 }
 
+// ReadFrom skips the peer's datagrams that are over its rate limit.
+func (c *relayConn) ReadFrom(p []byte) (int, net.Addr, error) {
+	for {
+		n, addr, err := c.PacketConn.ReadFrom(p)
+		if err != nil || c.buckets.allow(addr, n) {
+			return n, addr, err
+		}
+	}
+}
+
 // RelayAddressGenerator allocates relay sockets bound to the relay address in
 // the configured port range and counts what pion relays through them.
 type RelayAddressGenerator struct {
 	turn.RelayAddressGeneratorPortRange
 	Counters *Counters
+	// RateLimiter limits each channel binding (nil: no limit).
+	RateLimiter *RateLimiter
 }
 
 // AllocatePacketConn implements turn.RelayAddressGenerator.
@@ -94,5 +112,5 @@ func (g *RelayAddressGenerator) AllocatePacketConn(network string, requestedPort
 	if w, err := udpio.NewConn(conn); err == nil {
 		conn = w
 	}
-	return &relayConn{PacketConn: conn, counters: g.Counters}, addr, nil
+	return &relayConn{PacketConn: conn, counters: g.Counters, buckets: peerBuckets{limiter: g.RateLimiter}}, addr, nil
 }
