@@ -467,6 +467,10 @@ func (d *Daemon) Registry() *prometheus.Registry { return d.registry }
 // UserspaceCounters returns what pion/turn relayed.
 func (d *Daemon) UserspaceCounters() *fallback.Counters { return d.counters }
 
+// RateLimitDropped is how many datagrams pion's relay sockets dropped over the
+// rate limit (the program counts its own as the rate_limited verdict).
+func (d *Daemon) RateLimitDropped() uint64 { return d.rateLimit.Dropped.Load() }
+
 // Traffic returns the listeners' and clusters' accounting.
 func (d *Daemon) Traffic() *metrics.Traffic { return d.traffic }
 
