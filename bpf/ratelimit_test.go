@@ -24,27 +24,39 @@ func (e *env) setRateLimit(t testing.TB, m *model.Model, r channelmap.RateLimit)
 	m.SetEnv(me)
 }
 
-// owe sets what b owes its rate limit in its slot and in the model: BPF_PROG_RUN
-// cannot fake time, so a test moves the debt instead of the clock.
+// owe sets what b's allocation owes its rate limit in its bucket and in the
+// model: BPF_PROG_RUN cannot fake time, so a test moves the debt instead of
+// the clock.
 func (e *env) owe(t testing.TB, m *model.Model, b channelmap.Binding, s model.RateState) {
 	t.Helper()
-	id, st := e.slot(t, b)
-	st.RatePktTat, st.RateByteTat = s.PacketTAT, s.ByteTAT
-	if err := e.prog.Maps().BindingStates.Put(id, st); err != nil {
+	id := e.allocID(t, b)
+	if err := e.prog.Maps().AllocRates.Put(id, bpf.RelayAllocRate{PktTat: s.PacketTAT, ByteTat: s.ByteTAT}); err != nil {
 		t.Fatal(err)
 	}
-	m.SetRateState(b.Key(), s)
+	m.SetRateState(b.Relay, s)
 }
 
-// owed reads what b owes in the kernel and checks it against the model's
-// within tolerance (the two read the clock microseconds apart).
+func (e *env) allocID(t testing.TB, b channelmap.Binding) uint32 {
+	t.Helper()
+	id, ok := e.maps.AllocID(b.Relay)
+	if !ok {
+		t.Fatalf("no allocation id for %v", b.Relay)
+	}
+	return id
+}
+
+// owed reads what b's allocation owes in the kernel and checks it against the
+// model's within tolerance (the two read the clock microseconds apart).
 func (e *env) owed(t testing.TB, m *model.Model, b channelmap.Binding) model.RateState {
 	t.Helper()
-	_, st := e.slot(t, b)
-	got, want := model.RateState{PacketTAT: st.RatePktTat, ByteTAT: st.RateByteTat}, m.RateState(b.Key())
+	var ar bpf.RelayAllocRate
+	if err := e.prog.Maps().AllocRates.Lookup(e.allocID(t, b), &ar); err != nil {
+		t.Fatal(err)
+	}
+	got, want := model.RateState{PacketTAT: ar.PktTat, ByteTAT: ar.ByteTat}, m.RateState(b.Relay)
 	near := func(a, b uint64) bool { return max(a, b)-min(a, b) < uint64(5*time.Millisecond) }
 	if !near(got.PacketTAT, want.PacketTAT) || !near(got.ByteTAT, want.ByteTAT) {
-		t.Errorf("binding %v owes %+v in the kernel, %+v in the model", b.Key(), got, want)
+		t.Errorf("allocation %v owes %+v in the kernel, %+v in the model", b.Relay, got, want)
 	}
 	return got
 }
@@ -66,9 +78,10 @@ func (e *env) wantLimited(t testing.TB, m *model.Model, verdict uint32, c2pIngre
 
 func relayed(v uint32) bool { return v == xdpRedirect || v == xdpTX }
 
-// TestRateLimit: a binding under its limit is relayed and charged; over it, a
-// packet is dropped or passed untouched (as configured) and charged nothing;
-// time pays the debt back; both directions draw on one budget; packets that
+// TestRateLimit: an allocation under its limit is relayed and charged; over
+// it, a packet is dropped or passed untouched (as configured) and charged
+// nothing; time pays the debt back; both directions and all the allocation's
+// channels draw on one budget, other allocations on their own; packets that
 // pass for another reason are not charged. Every packet goes through the
 // model too (e.check).
 func TestRateLimit(t *testing.T) {
@@ -132,7 +145,7 @@ func TestRateLimit(t *testing.T) {
 	}
 	e.owed(t, m, b)
 
-	// Another binding's budget is its own; one that passes for another reason
+	// Another allocation's budget is its own; a packet that passes for another reason
 	// (no neighbour for its peer) is not charged.
 	other, noneigh := bindings["tx"], bindings["noneigh"]
 	e.owe(t, m, other, model.RateState{})
@@ -146,6 +159,29 @@ func TestRateLimit(t *testing.T) {
 	if o := e.owed(t, m, noneigh); o != (model.RateState{}) {
 		t.Fatalf("a packet passed for want of a neighbour was charged: %+v", o)
 	}
+
+	// One allocation's channels share its budget: at 50 pps, two packets on
+	// one channel and one on another spend the burst, and the next on either
+	// is over.
+	sibling := channelmap.Binding{Client: b.Client, Listener: b.Listener, Channel: 0x4006,
+		Peer: ap("10.200.0.2:5040"), Relay: b.Relay, ReplySource: b.ReplySource}
+	bs := append(sortedBindings(), sibling)
+	e.replace(t, bs)
+	m = e.newModel(t, bs)
+	e.setRateLimit(t, m, channelmap.RateLimit{PacketsPerSecond: 50})
+	if a, s := e.allocID(t, b), e.allocID(t, sibling); a != s {
+		t.Fatalf("two channels of one allocation have buckets %d and %d", a, s)
+	}
+	onSibling := func() []byte {
+		return fromClient(sibling, "10.100.0.1", packet.ChannelData(sibling.Channel, data(100), nil)).Marshal()
+	}
+	for i, f := range [][]byte{c2p(), onSibling(), c2p()} {
+		if got, _ := e.check(t, m, "a0", f); !relayed(got.verdict) {
+			t.Fatalf("packet %d of the allocation's burst: %v %s, want relayed", i, model.Verdict(got.verdict), reasonName(got.reason))
+		}
+	}
+	e.wantLimited(t, m, xdpDrop, "a0", onSibling(), "b0", p2c)
+	e.owed(t, m, sibling)
 
 	// Off: what is owed no longer matters.
 	e.setRateLimit(t, m, channelmap.RateLimit{})

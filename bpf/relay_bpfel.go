@@ -13,6 +13,17 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type RelayAllocRate struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Pad     uint32
+	PktTat  uint64
+	ByteTat uint64
+}
+
 type RelayBindingState struct {
 	_            structs.HostLayout
 	ListenerAddr struct {
@@ -23,12 +34,10 @@ type RelayBindingState struct {
 		_   structs.HostLayout
 		Val uint32
 	}
-	Pad         uint32
-	C2pHop      RelayNextHop
-	P2cHop      RelayNextHop
-	Stats       RelayBindingStats
-	RatePktTat  uint64
-	RateByteTat uint64
+	Pad    uint32
+	C2pHop RelayNextHop
+	P2cHop RelayNextHop
+	Stats  RelayBindingStats
 }
 
 type RelayBindingStats struct {
@@ -63,6 +72,7 @@ type RelayC2pVal struct {
 	PeerPort  uint16
 	RelayPort uint16
 	BindingId uint32
+	AllocId   uint32
 }
 
 type RelayConfig struct {
@@ -128,6 +138,7 @@ type RelayP2cVal struct {
 	Channel      uint16
 	Pad          uint16
 	BindingId    uint32
+	AllocId      uint32
 }
 
 type RelayRateLimit struct {
@@ -178,6 +189,7 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	RelayMapAllocRates    = "alloc_rates"
 	RelayMapBindingStates = "binding_states"
 	RelayMapC2pBindings   = "c2p_bindings"
 	RelayMapFibGen        = "fib_gen"
@@ -240,6 +252,7 @@ type RelayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayMapSpecs struct {
+	AllocRates    *ebpf.MapSpec `ebpf:"alloc_rates"`
 	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
 	C2pBindings   *ebpf.MapSpec `ebpf:"c2p_bindings"`
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
@@ -278,6 +291,7 @@ func (o *RelayObjects) Close() error {
 //
 // It can be passed to LoadRelayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayMaps struct {
+	AllocRates    *ebpf.Map `ebpf:"alloc_rates"`
 	BindingStates *ebpf.Map `ebpf:"binding_states"`
 	C2pBindings   *ebpf.Map `ebpf:"c2p_bindings"`
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
@@ -290,6 +304,7 @@ type RelayMaps struct {
 
 func (m *RelayMaps) Close() error {
 	return _RelayClose(
+		m.AllocRates,
 		m.BindingStates,
 		m.C2pBindings,
 		m.FibGen,

@@ -42,8 +42,9 @@
 //     datagram without one for an IPv6 client passes (pion/turn sums it), and an
 //     IPv6 client datagram without one passes (Linux drops it, RFC 8200 §8.1).
 //  7. Under a rate limit (Env.RateLimit), a packet that would be relayed is
-//     charged to its binding, both directions together, as a GCRA: the binding
-//     owes the instant by which what it relayed is paid for at the limit's
+//     charged to its allocation (its relayed transport address: all its
+//     channels, both directions together), as a GCRA: the allocation owes the
+//     instant by which what it relayed is paid for at the limit's
 //     rates (one packet: 1 s / packets per second; one byte of application
 //     data: 1 s / bytes per second), and a packet goes while that instant is
 //     at most RateBurst ahead of now. A packet over the limit is charged
@@ -166,7 +167,7 @@ type Env struct {
 // RateBurst is how far ahead of its rates a binding may run.
 const RateBurst = uint64(50 * time.Millisecond)
 
-// RateState is what a binding owes its rate limit: the monotonic instants (ns,
+// RateState is what an allocation owes its rate limit: the monotonic instants (ns,
 // the program's bpf_ktime_get_ns) by which its packets and its bytes are paid
 // for. Zero: nothing.
 type RateState struct{ PacketTAT, ByteTAT uint64 }
@@ -202,7 +203,7 @@ type Model struct {
 	client map[channelmap.Key]*channelmap.Binding
 	peer   map[peerKey]*channelmap.Binding
 	order  []*channelmap.Binding
-	rate   map[channelmap.Key]RateState
+	rate   map[netip.AddrPort]RateState // by relayed transport address
 	// Now is the program's clock (CLOCK_MONOTONIC in ns) when it charges a
 	// packet to a rate limit.
 	Now func() uint64
@@ -215,15 +216,17 @@ func MonotonicNow() uint64 {
 	return uint64(ts.Nano())
 }
 
-// RateState returns what binding k owes its rate limit.
-func (m *Model) RateState(k channelmap.Key) RateState { return m.rate[k] }
+// RateState returns what the allocation relayed at relay owes its rate limit.
+func (m *Model) RateState(relay netip.AddrPort) RateState { return m.rate[unmapPort(relay)] }
 
-// SetRateState sets what binding k owes, as a test sets the program's slot.
-func (m *Model) SetRateState(k channelmap.Key, s RateState) { m.rate[k] = s }
+// SetRateState sets what the allocation relayed at relay owes, as a test sets
+// the program's bucket.
+func (m *Model) SetRateState(relay netip.AddrPort, s RateState) { m.rate[unmapPort(relay)] = s }
 
-// overLimit charges a packet with dataLen bytes of application data to binding
-// k, or tells that it is over the limit (and charges nothing).
-func (m *Model) overLimit(k channelmap.Key, dataLen int) bool {
+// overLimit charges a packet with dataLen bytes of application data to the
+// allocation relayed at k, or tells that it is over the limit (and charges
+// nothing).
+func (m *Model) overLimit(k netip.AddrPort, dataLen int) bool {
 	rl := m.env.RateLimit
 	if rl.Off() {
 		return false
@@ -258,7 +261,7 @@ type peerKey struct{ peer, relay netip.AddrPort }
 // client's family.
 func New(env Env, bindings []channelmap.Binding) (*Model, error) {
 	m := &Model{env: env, client: map[channelmap.Key]*channelmap.Binding{}, peer: map[peerKey]*channelmap.Binding{},
-		rate: map[channelmap.Key]RateState{}, Now: MonotonicNow}
+		rate: map[netip.AddrPort]RateState{}, Now: MonotonicNow}
 	for _, b := range bindings {
 		b.Client = unmapPort(b.Client)
 		b.Listener = unmapPort(b.Listener)
@@ -475,7 +478,7 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	}
 	data := msg[4 : 4+n]
 	out := outPacket{src: b.Relay, dst: b.Peer, payload: data, dataLen: n}
-	return m.send(ingress, in, out, res, key, bpf.RelayReasonREASON_RELAY_C2P_TX, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT)
+	return m.send(ingress, in, out, res, key, b.Relay, bpf.RelayReasonREASON_RELAY_C2P_TX, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT)
 }
 
 // fromPeer handles UDP to a relay port: a peer's datagram becomes ChannelData.
@@ -507,7 +510,7 @@ func (m *Model) fromPeer(ingress int, frame []byte, in datagram) Result {
 	binary.BigEndian.PutUint16(msg[2:], uint16(len(data)))
 	copy(msg[4:], data)
 	out := outPacket{src: netip.AddrPortFrom(b.ReplySource, b.Listener.Port()), dst: b.Client, payload: msg, dataLen: len(data)}
-	return m.send(ingress, in, out, Result{Verdict: Pass, Frame: frame}, b.Key(),
+	return m.send(ingress, in, out, Result{Verdict: Pass, Frame: frame}, b.Key(), b.Relay,
 		bpf.RelayReasonREASON_RELAY_P2C_TX, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT)
 }
 
@@ -521,7 +524,7 @@ type outPacket struct {
 
 // send finds the next hop of out and builds its frame, or passes the original.
 // The output is IPv6 when its destination (the client) is, else IPv4.
-func (m *Model) send(ingress int, in datagram, out outPacket, res Result, key channelmap.Key, txReason, redirectReason bpf.RelayReason) Result {
+func (m *Model) send(ingress int, in datagram, out outPacket, res Result, key channelmap.Key, relay netip.AddrPort, txReason, redirectReason bpf.RelayReason) Result {
 	var (
 		hop    *nextHop
 		reason bpf.RelayReason
@@ -536,7 +539,7 @@ func (m *Model) send(ingress int, in datagram, out outPacket, res Result, key ch
 		res.Reason = reason
 		return res
 	}
-	if m.overLimit(key, out.dataLen) {
+	if m.overLimit(relay, out.dataLen) {
 		res.Reason = bpf.RelayReasonREASON_RATE_LIMITED
 		if !m.env.RateLimit.Pass {
 			res.Verdict = Drop
