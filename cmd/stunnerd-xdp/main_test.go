@@ -78,7 +78,7 @@ func TestBuildConfigErrors(t *testing.T) {
 // TestRateLimitFlags: the limit reaches the daemon's config as given, in
 // datagrams and bytes per second; pass is chosen only by name.
 func TestRateLimitFlags(t *testing.T) {
-	o, _, err := parseFlags([]string{"--max-channel-pps", "2000", "--max-channel-bps", "125000", "--over-limit", "pass", "turn://u:p@10.0.0.1:3478"}, io.Discard)
+	o, _, err := parseFlags([]string{"--max-alloc-pps", "2000", "--max-alloc-bps", "125000", "--over-limit", "pass", "turn://u:p@10.0.0.1:3478"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

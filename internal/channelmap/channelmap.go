@@ -805,7 +805,7 @@ type RateLimit struct {
 	Pass bool
 }
 
-// RateBurst is how far ahead of its rate a binding may run (the program's
+// RateBurst is how far ahead of its rates an allocation may run (the program's
 // RATE_LIMIT_BURST_NS).
 const RateBurst = 50 * time.Millisecond
 

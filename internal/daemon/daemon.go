@@ -70,9 +70,9 @@ type Config struct {
 	// MaxPermissions bounds the peer IPs one allocation holds permissions
 	// for (0: no limit); beyond it, CreatePermission and ChannelBind fail.
 	MaxPermissions int
-	// RateLimit is every channel binding's packet and byte rate, both
-	// directions together, in the XDP program and in pion's relay sockets
-	// alike (zero: none). Pass hands what is over it to userspace, which
+	// RateLimit is every allocation's packet and byte rate, all its channels
+	// and both directions together, in the XDP program and in pion's relay
+	// sockets alike (zero: none). Pass hands what is over it to userspace, which
 	// drops it there.
 	RateLimit channelmap.RateLimit
 

@@ -61,15 +61,15 @@ func relayedData(p []byte) (int, bool) {
 
 // relayConn wraps a relay socket: what pion writes there is client->peer
 // traffic it relayed (from ChannelData or Send indications), what it reads
-// peer->client traffic; both are charged to the peer's rate-limit bucket.
+// peer->client traffic; both are charged to the allocation's rate limit.
 type relayConn struct {
 	net.PacketConn
 	counters *Counters
-	buckets  peerBuckets
+	budget   allocBucket
 }
 
 func (c *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
-	if !c.buckets.allow(addr, len(p)) {
+	if !c.budget.allow(len(p)) {
 		// Over the limit: lost as the network loses a datagram.
 		return len(p), nil
 	}
@@ -81,11 +81,11 @@ func (c *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
 	return n, err
 }
 
-// ReadFrom skips the peer's datagrams that are over its rate limit.
+// ReadFrom skips the peers' datagrams that are over the allocation's limit.
 func (c *relayConn) ReadFrom(p []byte) (int, net.Addr, error) {
 	for {
 		n, addr, err := c.PacketConn.ReadFrom(p)
-		if err != nil || c.buckets.allow(addr, n) {
+		if err != nil || c.budget.allow(n) {
 			return n, addr, err
 		}
 	}
@@ -96,7 +96,7 @@ func (c *relayConn) ReadFrom(p []byte) (int, net.Addr, error) {
 type RelayAddressGenerator struct {
 	turn.RelayAddressGeneratorPortRange
 	Counters *Counters
-	// RateLimiter limits each channel binding (nil: no limit).
+	// RateLimiter limits each allocation (nil: no limit).
 	RateLimiter *RateLimiter
 }
 
@@ -112,5 +112,5 @@ func (g *RelayAddressGenerator) AllocatePacketConn(network string, requestedPort
 	if w, err := udpio.NewConn(conn); err == nil {
 		conn = w
 	}
-	return &relayConn{PacketConn: conn, counters: g.Counters, buckets: peerBuckets{limiter: g.RateLimiter}}, addr, nil
+	return &relayConn{PacketConn: conn, counters: g.Counters, budget: allocBucket{limiter: g.RateLimiter}}, addr, nil
 }

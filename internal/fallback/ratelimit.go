@@ -1,8 +1,6 @@
 package fallback
 
 import (
-	"net"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,10 +17,9 @@ import (
 const maxDatagram = 65535
 
 // RateLimiter is the userspace twin of the program's rate limit: every relay
-// socket keeps a bucket per peer address (a relay socket is an allocation,
-// allocation and peer a channel binding: the program's unit), charged by
-// datagrams in both directions together, with the same rates and a burst of
-// channelmap.RateBurst worth of them. Over the limit, a datagram is dropped
+// socket (one allocation: the program's unit) keeps one bucket, charged by the
+// datagrams it sends to and reads from every peer, with the same rates and a
+// burst of channelmap.RateBurst worth of them. Over the limit, a datagram is dropped
 // whatever --over-limit says: pass only moves the decision to userspace.
 type RateLimiter struct {
 	limit atomic.Pointer[channelmap.RateLimit]
@@ -40,14 +37,14 @@ func NewRateLimiter(r channelmap.RateLimit) *RateLimiter {
 // Set changes the limit; buckets start afresh at the new rates.
 func (l *RateLimiter) Set(r channelmap.RateLimit) { l.limit.Store(&r) }
 
-// peerBucket is one binding's budget, for the limit it was made under.
-type peerBucket struct {
+// bucket is one allocation's budget, for the limit it was made under.
+type bucket struct {
 	limit          *channelmap.RateLimit
 	packets, bytes *rate.Limiter
 }
 
-func newPeerBucket(r *channelmap.RateLimit) *peerBucket {
-	b := &peerBucket{limit: r}
+func newBucket(r *channelmap.RateLimit) *bucket {
+	b := &bucket{limit: r}
 	burst := channelmap.RateBurst.Seconds()
 	if r.PacketsPerSecond > 0 {
 		b.packets = rate.NewLimiter(rate.Limit(r.PacketsPerSecond), int(float64(r.PacketsPerSecond)*burst)+1)
@@ -60,7 +57,7 @@ func newPeerBucket(r *channelmap.RateLimit) *peerBucket {
 
 // allow charges a datagram of n bytes of data, or tells it is over (then
 // nothing is charged).
-func (b *peerBucket) allow(now time.Time, n int) bool {
+func (b *bucket) allow(now time.Time, n int) bool {
 	if b.packets != nil && b.bytes != nil {
 		// Both or neither: a packet the byte budget refuses must not spend a
 		// packet token.
@@ -81,45 +78,31 @@ func (b *peerBucket) allow(now time.Time, n int) bool {
 	return b.bytes == nil || b.bytes.AllowN(now, n)
 }
 
-// peerBuckets are one relay socket's buckets, by peer.
-type peerBuckets struct {
+// allocBucket is one relay socket's (one allocation's) budget.
+type allocBucket struct {
 	limiter *RateLimiter
 	mu      sync.Mutex
-	peers   map[netip.AddrPort]*peerBucket
+	bucket  *bucket
 }
 
-// allow tells whether a datagram of n bytes to or from peer is within the
-// limit, and charges it.
-func (p *peerBuckets) allow(peer net.Addr, n int) bool {
-	if p == nil || p.limiter == nil {
+// allow tells whether a datagram of n bytes to or from a peer is within the
+// allocation's limit, and charges it.
+func (a *allocBucket) allow(n int) bool {
+	if a.limiter == nil {
 		return true
 	}
-	r := p.limiter.limit.Load()
+	r := a.limiter.limit.Load()
 	if r.Off() {
 		return true
 	}
-	ua, ok := peer.(*net.UDPAddr)
-	if !ok {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.bucket == nil || a.bucket.limit != r {
+		a.bucket = newBucket(r)
+	}
+	if a.bucket.allow(time.Now(), n) {
 		return true
 	}
-	key := unmapAddrPort(ua.AddrPort())
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	b := p.peers[key]
-	if b == nil || b.limit != r {
-		if p.peers == nil {
-			p.peers = map[netip.AddrPort]*peerBucket{}
-		}
-		b = newPeerBucket(r)
-		p.peers[key] = b
-	}
-	if b.allow(time.Now(), n) {
-		return true
-	}
-	p.limiter.Dropped.Add(1)
+	a.limiter.Dropped.Add(1)
 	return false
-}
-
-func unmapAddrPort(a netip.AddrPort) netip.AddrPort {
-	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 }

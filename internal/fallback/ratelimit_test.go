@@ -18,34 +18,38 @@ func listenUDP(t *testing.T) net.PacketConn {
 	return c
 }
 
-// TestRelayConnRateLimit: the relay socket's wrapper gives each peer the
-// program's budget (at 50 pps a burst of 50 ms: 3 datagrams, as the program's
-// GCRA lets through), shared by both directions, and drops what is over it.
+// TestRelayConnRateLimit: a relay socket (an allocation) has the program's
+// budget (at 50 pps a burst of 50 ms: 3 datagrams, as the program's GCRA lets
+// through), shared by both directions and every peer; what is over it is
+// dropped; another allocation's socket has its own.
 func TestRelayConnRateLimit(t *testing.T) {
 	limiter := NewRateLimiter(channelmap.RateLimit{PacketsPerSecond: 50})
 	counters := &Counters{}
-	relay := &relayConn{PacketConn: listenUDP(t), counters: counters, buckets: peerBuckets{limiter: limiter}}
+	relay := &relayConn{PacketConn: listenUDP(t), counters: counters, budget: allocBucket{limiter: limiter}}
+	other := &relayConn{PacketConn: listenUDP(t), counters: counters, budget: allocBucket{limiter: limiter}}
 	peerA, peerB := listenUDP(t), listenUDP(t)
-
-	// Two writes to A, then A sends three: one more is within its budget.
-	for i := 0; i < 2; i++ {
-		if _, err := relay.WriteTo([]byte("to-a"), peerA.LocalAddr()); err != nil {
-			t.Fatal(err)
+	write := func(c *relayConn, to net.PacketConn, n int) {
+		t.Helper()
+		for i := 0; i < n; i++ {
+			if _, err := c.WriteTo([]byte("data"), to.LocalAddr()); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+
+	// One write to A and one to B, then A sends three: one more is within
+	// the allocation's budget.
+	write(relay, peerA, 1)
+	write(relay, peerB, 1)
 	for i := 0; i < 3; i++ {
 		if _, err := peerA.WriteTo([]byte{byte(i)}, relay.LocalAddr()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// B's budget is its own: all three of its writes go.
-	for i := 0; i < 3; i++ {
-		if _, err := relay.WriteTo([]byte("to-b"), peerB.LocalAddr()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// Another allocation's budget is its own: all three of its writes go.
+	write(other, peerB, 3)
 	if got := counters.ClientToPeerPackets.Load(); got != 5 {
-		t.Fatalf("%d datagrams written to peers, want 5 (2 to A, 3 to B)", got)
+		t.Fatalf("%d datagrams written to peers, want 5 (1 to A, 1 to B, 3 from the other allocation)", got)
 	}
 	buf := make([]byte, 64)
 	_ = relay.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
@@ -53,23 +57,21 @@ func TestRelayConnRateLimit(t *testing.T) {
 	if err != nil || n != 1 || buf[0] != 0 || from.String() != peerA.LocalAddr().String() {
 		t.Fatalf("first read from A: %d %x from %v, %v; want its first datagram", n, buf[:n], from, err)
 	}
-	// The other two are over A's budget (its 4th and 5th datagrams): skipped,
-	// so the read times out well before A's budget refills (20 ms a datagram).
+	// The other two are over the budget (the allocation's 4th and 5th
+	// datagrams): skipped, so the read times out well before the budget
+	// refills (20 ms a datagram).
 	_ = relay.SetReadDeadline(time.Now().Add(5 * time.Millisecond))
 	if n, _, err := relay.ReadFrom(buf); err == nil {
-		t.Fatalf("read %x from A over its limit", buf[:n])
+		t.Fatalf("read %x from A over the limit", buf[:n])
 	}
-	if got := limiter.Dropped.Load(); got != 2 {
-		t.Fatalf("%d datagrams dropped, want 2", got)
+	write(relay, peerB, 1)
+	if got, dropped := counters.ClientToPeerPackets.Load(), limiter.Dropped.Load(); got != 5 || dropped != 3 {
+		t.Fatalf("%d written, %d dropped; want 5 and 3 (B's second write is over the shared budget)", got, dropped)
 	}
 
 	// Off: nothing is dropped.
 	limiter.Set(channelmap.RateLimit{})
-	for i := 0; i < 10; i++ {
-		if _, err := relay.WriteTo([]byte("to-a"), peerA.LocalAddr()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write(relay, peerA, 10)
 	if got := counters.ClientToPeerPackets.Load(); got != 15 {
 		t.Fatalf("limit off: %d datagrams written, want 15", got)
 	}

@@ -160,7 +160,7 @@ type Env struct {
 	// Destinations are the destinations the listeners accept: the address and
 	// port on the wire -> the listener socket the kernel delivers it to.
 	Destinations map[netip.AddrPort]netip.AddrPort
-	// RateLimit is every binding's (the rate_limits map); zero: none.
+	// RateLimit is every allocation's (the rate_limits map); zero: none.
 	RateLimit channelmap.RateLimit
 }
 
