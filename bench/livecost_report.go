@@ -77,7 +77,7 @@ func (r *Report) writeLiveCost(b *strings.Builder) {
 			bt.add("the relay path after them: next hop, checksum, resize, rewrite, redirect, counters", f(c2p.RelayMedianNs-fib.RelayMedianNs, 0))
 			bt.add("total (client→peer, full checksum)", f(c2p.RelayMedianNs, 0))
 			if rl := byName[liveC2P4Rate]; rl.Runs > 0 {
-				bt.add("the same with a rate limit on (ktime, the slot's lock, the charge): what limiting costs", f(rl.RelayMedianNs-c2p.RelayMedianNs, 0))
+				bt.add("the same with a rate limit on (ktime, the allocation bucket's lock and lookup, the charge): what limiting costs", f(rl.RelayMedianNs-c2p.RelayMedianNs, 0))
 			}
 			if nc := byName[liveC2P4NoCache]; nc.Runs > 0 {
 				bt.add("the same with the next-hop cache off (bpf_fib_lookup on every packet): what the cache saves", f(nc.RelayMedianNs-c2p.RelayMedianNs, 0))
