@@ -58,6 +58,13 @@ func TestTotalsLiveAndRemoved(t *testing.T) {
 // loadMaps loads the program (not attached) and wraps its maps.
 func loadMaps(t testing.TB, maxBindings uint32) (*channelmap.Maps, *ebpf.Map) {
 	t.Helper()
+	m, maps := loadRelayMaps(t, maxBindings)
+	return m, maps.BindingStates
+}
+
+// loadRelayMaps is loadMaps with all the program's maps.
+func loadRelayMaps(t testing.TB, maxBindings uint32) (*channelmap.Maps, *bpf.RelayMaps) {
+	t.Helper()
 	testenv.RequireRoot(t)
 	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: maxBindings},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -65,7 +72,7 @@ func loadMaps(t testing.TB, maxBindings uint32) (*channelmap.Maps, *ebpf.Map) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { prog.Close() })
-	return channelmap.New(prog.Maps()), prog.Maps().BindingStates
+	return channelmap.New(prog.Maps()), prog.Maps()
 }
 
 // TestAccountTotalsGrowAcrossRemovalAndPeerMoves: the totals by account hold
