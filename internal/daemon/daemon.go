@@ -322,12 +322,12 @@ func Start(cfg Config) (*Daemon, error) {
 		quota:       quota.New(cfg.quotaLimits()),
 		perms:       quota.NewPermissions(cfg.MaxPermissions),
 		counters:    &fallback.Counters{},
-		rateLimit:   fallback.NewRateLimiter(cfg.RateLimit),
 		traffic:     metrics.NewTraffic(),
 		stop:        make(chan struct{}),
 		linkEvents:  make(chan struct{}, 1),
 		drained:     make(chan struct{}),
 	}
+	d.rateLimit = fallback.NewRateLimiter(cfg.RateLimit, d.counters)
 	d.cfg.Store(&cfg)
 	d.traffic.SetListeners(cfg.trafficListeners())
 	d.mirror = mirror.New(cfg.Logger.Slog("control"))
@@ -469,7 +469,7 @@ func (d *Daemon) UserspaceCounters() *fallback.Counters { return d.counters }
 
 // RateLimitDropped is how many datagrams pion's relay sockets dropped over the
 // rate limit (the program counts its own as the rate_limited verdict).
-func (d *Daemon) RateLimitDropped() uint64 { return d.rateLimit.Dropped.Load() }
+func (d *Daemon) RateLimitDropped() uint64 { return d.counters.RateLimited.Load() }
 
 // Traffic returns the listeners' and clusters' accounting.
 func (d *Daemon) Traffic() *metrics.Traffic { return d.traffic }

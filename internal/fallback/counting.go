@@ -19,6 +19,8 @@ import (
 type Counters struct {
 	ClientToPeerPackets, ClientToPeerBytes atomic.Uint64
 	PeerToClientPackets, PeerToClientBytes atomic.Uint64
+	// RateLimited counts the datagrams dropped over the allocation rate limit.
+	RateLimited atomic.Uint64
 }
 
 // ListenerConn wraps pion's listener socket: what pion writes to clients as

@@ -22,14 +22,14 @@ const maxDatagram = 65535
 // burst of channelmap.RateBurst worth of them. Over the limit, a datagram is dropped
 // whatever --over-limit says: pass only moves the decision to userspace.
 type RateLimiter struct {
-	limit atomic.Pointer[channelmap.RateLimit]
-	// Dropped counts the datagrams dropped over the limit.
-	Dropped atomic.Uint64
+	limit    atomic.Pointer[channelmap.RateLimit]
+	counters *Counters // RateLimited counts the drops
 }
 
-// NewRateLimiter returns a limiter with limit r (zero rates: none).
-func NewRateLimiter(r channelmap.RateLimit) *RateLimiter {
-	l := &RateLimiter{}
+// NewRateLimiter returns a limiter with limit r (zero rates: none) that counts
+// its drops in counters.
+func NewRateLimiter(r channelmap.RateLimit, counters *Counters) *RateLimiter {
+	l := &RateLimiter{counters: counters}
 	l.Set(r)
 	return l
 }
@@ -103,6 +103,6 @@ func (a *allocBucket) allow(n int) bool {
 	if a.bucket.allow(time.Now(), n) {
 		return true
 	}
-	a.limiter.Dropped.Add(1)
+	a.limiter.counters.RateLimited.Add(1)
 	return false
 }

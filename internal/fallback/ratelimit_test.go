@@ -23,8 +23,8 @@ func listenUDP(t *testing.T) net.PacketConn {
 // through), shared by both directions and every peer; what is over it is
 // dropped; another allocation's socket has its own.
 func TestRelayConnRateLimit(t *testing.T) {
-	limiter := NewRateLimiter(channelmap.RateLimit{PacketsPerSecond: 50})
 	counters := &Counters{}
+	limiter := NewRateLimiter(channelmap.RateLimit{PacketsPerSecond: 50}, counters)
 	relay := &relayConn{PacketConn: listenUDP(t), counters: counters, budget: allocBucket{limiter: limiter}}
 	other := &relayConn{PacketConn: listenUDP(t), counters: counters, budget: allocBucket{limiter: limiter}}
 	peerA, peerB := listenUDP(t), listenUDP(t)
@@ -65,7 +65,7 @@ func TestRelayConnRateLimit(t *testing.T) {
 		t.Fatalf("read %x from A over the limit", buf[:n])
 	}
 	write(relay, peerB, 1)
-	if got, dropped := counters.ClientToPeerPackets.Load(), limiter.Dropped.Load(); got != 5 || dropped != 3 {
+	if got, dropped := counters.ClientToPeerPackets.Load(), counters.RateLimited.Load(); got != 5 || dropped != 3 {
 		t.Fatalf("%d written, %d dropped; want 5 and 3 (B's second write is over the shared budget)", got, dropped)
 	}
 
