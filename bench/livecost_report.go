@@ -32,6 +32,12 @@ const (
 	// The next-hop cache's worth: the relay rows with it off (FIB generation 0).
 	liveC2P4NoCache = "client→peer, IPv4 client, full checksum, next-hop cache off (bpf_fib_lookup on every packet)"
 	liveP2C4NoCache = "peer→client, IPv4 client, full checksum, next-hop cache off (bpf_fib_lookup on every packet)"
+	// The rate limit's cost: the full-checksum relay rows with a packet and a
+	// byte limit far above the offered rate (every packet charged, none over),
+	// and a row whose every packet is over the limit and dropped.
+	liveC2P4Rate     = "client→peer, IPv4 client, full checksum, rate limit on (under it: charged and relayed)"
+	liveP2C4Rate     = "peer→client, IPv4 client, full checksum, rate limit on (under it: charged and relayed)"
+	liveC2P4RateDrop = "client→peer, IPv4 client, over the rate limit (rate_limited: XDP_DROP)"
 )
 
 // writeLiveCost writes the live program cost section, the cost breakdown and
@@ -70,6 +76,9 @@ func (r *Report) writeLiveCost(b *strings.Builder) {
 			bt.add("checks and bpf_fib_lookup ending in no neighbour (a failing lookup costs more than a successful one)", f(fib.RelayMedianNs-l.RelayMedianNs, 0))
 			bt.add("the relay path after them: next hop, checksum, resize, rewrite, redirect, counters", f(c2p.RelayMedianNs-fib.RelayMedianNs, 0))
 			bt.add("total (client→peer, full checksum)", f(c2p.RelayMedianNs, 0))
+			if rl := byName[liveC2P4Rate]; rl.Runs > 0 {
+				bt.add("the same with a rate limit on (ktime, the allocation bucket's lock and lookup, the charge): what limiting costs", f(rl.RelayMedianNs-c2p.RelayMedianNs, 0))
+			}
 			if nc := byName[liveC2P4NoCache]; nc.Runs > 0 {
 				bt.add("the same with the next-hop cache off (bpf_fib_lookup on every packet): what the cache saves", f(nc.RelayMedianNs-c2p.RelayMedianNs, 0))
 			}

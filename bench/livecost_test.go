@@ -21,7 +21,14 @@ import (
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
-var liveCostNames = []string{liveC2P4, liveP2C4, liveC2P6, liveP2C6, liveC2P4Full, liveP2C4Full, liveParse, liveLookups, liveFIB}
+var liveCostNames = []string{liveC2P4, liveP2C4, liveC2P6, liveP2C6, liveC2P4Full, liveP2C4Full, liveC2P4Rate, liveP2C4Rate, liveC2P4RateDrop,
+	liveParse, liveLookups, liveFIB}
+
+// underLimit is a rate limit far above rate: both buckets are checked and
+// charged on every packet, and none is over.
+func underLimit(rate float64) channelmap.RateLimit {
+	return channelmap.RateLimit{PacketsPerSecond: uint64(100 * rate), BytesPerSecond: uint64(100 * rate * 1500)}
+}
 
 // liveSender is one socket's datagrams: payload to dst.
 type liveSender struct {
@@ -60,7 +67,8 @@ type liveRow struct {
 	reason    string
 	offloadNS *netns.NS // sender namespace and interface whose tx checksum offload goes off for the row
 	offloadIf string
-	noCache   bool // the next-hop cache off for the row
+	noCache   bool                 // the next-hop cache off for the row
+	rateLimit channelmap.RateLimit // set for the row, off after it
 }
 
 // udpSocket opens a UDP socket bound to addr in ns with a small receive buffer
@@ -205,6 +213,12 @@ func (h *harness) stageLiveCost(t *testing.T) {
 			offloadNS: r.Client, offloadIf: r.ClientIf.Name, noCache: true},
 		{name: liveP2C4NoCache, sender: p2c4, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect",
 			offloadNS: r.Peer, offloadIf: r.PeerIf.Name, noCache: true},
+		{name: liveC2P4Rate, sender: c2p4, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect",
+			offloadNS: r.Client, offloadIf: r.ClientIf.Name, rateLimit: underLimit(h.cfg.liveRate)},
+		{name: liveP2C4Rate, sender: p2c4, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect",
+			offloadNS: r.Peer, offloadIf: r.PeerIf.Name, rateLimit: underLimit(h.cfg.liveRate)},
+		{name: liveC2P4RateDrop, sender: c2p4, reason: "rate_limited", offloadNS: r.Client, offloadIf: r.ClientIf.Name,
+			rateLimit: channelmap.RateLimit{PacketsPerSecond: 1}},
 		{name: liveParse, sender: liveSender{cl4, sockaddrOf(netip.AddrPortFrom(listen.Addr(), 3479)), packet.ChannelData(b4.Channel, data, nil)},
 			reason: "pass_not_ours"},
 		{name: liveLookups, sender: liveSender{cl4, sockaddrOf(listen), packet.ChannelData(0x4ffe, data, nil)}, reason: "pass_no_channel"},
@@ -293,6 +307,14 @@ func (h *harness) liveInterval(t *testing.T, prog *loader.Program, maps *channel
 			t.Fatal(err)
 		}
 	}
+	if err := maps.SetRateLimit(row.rateLimit); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := maps.SetRateLimit(channelmap.RateLimit{}); err != nil {
+			t.Fatal(err)
+		}
+	}()
 	row.sender.send(h.cfg.liveRate, 20*time.Millisecond) // warm up
 	v0, err := maps.Verdicts()
 	if err != nil {

@@ -23,6 +23,12 @@
  * would leave with 0 is pion/turn's (which sends with its own TTL). */
 #define MIN_RELAY_TTL 2
 
+/* A rate-limited allocation may run ahead of its rate by this much time's worth
+ * of packets and bytes (its burst): 50 ms absorbs a video frame's packets
+ * without letting a flood through. Userspace applies the same (internal/fallback). */
+#define RATE_LIMIT_BURST_NS 50000000ULL
+#define NS_PER_SEC 1000000000ULL
+
 /* How many UDP listener ports one program serves (set at load time). */
 #define MAX_LISTENER_PORTS 8
 
@@ -75,6 +81,9 @@ enum reason {
 	REASON_BAD_IP_CHECKSUM,        /* IPv4 header checksum does not verify */
 	REASON_REDIRECT_FAILED,        /* egress left the devmap after the lookup: the
 	                                  rewritten frame is dropped (XDP_DROP) */
+	REASON_RATE_LIMITED,           /* the allocation is over its rate limit: dropped
+	                                  (XDP_DROP) or passed to pion/turn as
+	                                  rate_limit.pass says */
 	REASON_MAX,
 };
 

@@ -11,8 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/model"
 	"github.com/l7mp/stunnerd-xdp/internal/packet"
 )
 
@@ -116,6 +118,12 @@ func FuzzRelayBindingsVsModel(f *testing.F) {
 		{[]byte{0x86, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, data(10)},                        // v6 unreachable
 		{[]byte{0x88, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, data(10)},                        // v6 no route
 		{[]byte{0x80, 0, 0, 0x20, 0x10, 1, 0, 0, 0, 0x21, 0x11, 1}, 2, 0, 1, data(3)}, // v4 and v6 twins of one port
+		// A rate-limit byte after the bindings (see fuzzRateLimit).
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 1}, 0, 0, 1, data(100)},     // packet limit, under it: relayed
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 1 | 4}, 0, 0, 1, data(100)}, // over it: dropped
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 2 | 4}, 1, 0, 0, data(100)}, // over it, pass
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 3 | 4}, 1, 0, 0, data(100)}, // byte limit, over it
+		{[]byte{0, 0, 0, 0x50, 0x20, 1, 1 | 4}, 0, 0, 1, data(10)},  // over it, no neighbour: the FIB first
 	}
 	for _, s := range seeds {
 		ingress := uint8(0)
@@ -132,12 +140,41 @@ func FuzzRelayBindingsVsModel(f *testing.F) {
 		bs := decodeBindings(spec)
 		e.replace(t, bs)
 		m := e.newModel(t, bs)
+		e.fuzzRateLimit(t, m, spec, bs)
 		if len(payload) > maxRunFrame-64 {
 			payload = payload[:maxRunFrame-64]
 		}
 		name := ifaceNames[int(ingress)%len(ifaceNames)]
 		e.check(t, m, name, fuzzFrame(bs, pick, dst, flags, payload))
 	})
+}
+
+// fuzzRateLimit reads a rate-limit byte after the binding specs (a spec whose
+// length is not a multiple of 6): bits 0-1 the limit (off, packets and drop,
+// packets and pass, bytes and drop), bit 2 whether every binding owes 10 s
+// (every packet over the limit) or nothing (the first under it). The outcome
+// does not depend on when the program reads the clock.
+func (e *env) fuzzRateLimit(t *testing.T, m *model.Model, spec []byte, bs []channelmap.Binding) {
+	var rl channelmap.RateLimit
+	var b byte
+	if len(spec)%6 != 0 {
+		b = spec[len(spec)-1]
+	}
+	switch b & 3 {
+	case 1:
+		rl = channelmap.RateLimit{PacketsPerSecond: 1000}
+	case 2:
+		rl = channelmap.RateLimit{PacketsPerSecond: 1000, Pass: true}
+	case 3:
+		rl = channelmap.RateLimit{BytesPerSecond: 100000}
+	}
+	e.setRateLimit(t, m, rl)
+	if b&4 != 0 {
+		owed := model.MonotonicNow() + uint64(10*time.Second)
+		for _, bd := range bs {
+			e.owe(t, m, bd, model.RateState{PacketTAT: owed, ByteTAT: owed})
+		}
+	}
 }
 
 // Address pools of the environment (see ifaceTable): neighbours on each

@@ -46,6 +46,7 @@ struct c2p_val {
 	__be16 peer_port;
 	__be16 relay_port;
 	__u32 binding_id; /* index into binding_states */
+	__u32 alloc_id;   /* the allocation's, index into alloc_rates */
 };
 
 /* A peer's datagram to a relayed transport address. The relay address is part of
@@ -64,6 +65,7 @@ struct p2c_val {
 	__be16 channel;
 	__u16 _pad;
 	__u32 binding_id;
+	__u32 alloc_id;
 };
 
 /* A binding's next hop in one direction as bpf_fib_lookup resolved it, reused
@@ -110,6 +112,31 @@ struct binding_state {
 	/* Added atomically: one copy per binding whatever the number of CPUs (a
 	 * per-CPU array costs bindings x CPUs x 32 B: 2 GiB at 1M and 64). */
 	struct binding_stats stats;
+};
+
+/* Per allocation (relayed transport address), indexed by the alloc_id that
+ * userspace gives all its bindings: its rate limit as a GCRA (a token bucket
+ * in virtual time): the bpf_ktime_get_ns instant by which everything it
+ * relayed so far is paid for at the limit's rates, for packets and for bytes.
+ * A packet goes while that instant is at most RATE_LIMIT_BURST_NS ahead of
+ * now. Zero (as userspace hands a slot out): nothing owed. */
+struct alloc_rate {
+	/* The check and the charge are one step: with RSS, an allocation's
+	 * channels and directions arrive on several CPUs at once. */
+	struct bpf_spin_lock lock;
+	__u32 _pad;
+	__u64 pkt_tat;
+	__u64 byte_tat;
+};
+
+/* The rate limit of every allocation, all its channels and both directions
+ * together: written by userspace (--max-alloc-pps, --max-alloc-bps), read per packet, so a change
+ * needs no reload. Zero rates: no limit. */
+struct rate_limit {
+	__u64 pkt_cost_ns; /* NS_PER_SEC / packets per second; 0: no packet limit */
+	__u64 bytes_per_sec; /* application-data bytes; 0: no byte limit */
+	__u32 pass;        /* over the limit: 1 XDP_PASS to pion/turn, 0 XDP_DROP */
+	__u32 _pad;
 };
 
 
@@ -163,6 +190,20 @@ struct {
 	__type(value, __u32);
 	__uint(max_entries, 1);
 } fib_gen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct alloc_rate);
+	__uint(max_entries, 131072);
+} alloc_rates SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct rate_limit);
+	__uint(max_entries, 1);
+} rate_limits SEC(".maps");
 
 /* One counter per enum reason, per CPU: no atomics on the packet path. */
 struct {

@@ -16,7 +16,9 @@
  * CHECKSUM_PARTIAL input). Anything else, and anything the program cannot do as
  * faithfully, is XDP_PASSed untouched so that the kernel hands it to pion/turn.
  * The program never answers a packet; it drops one only when its egress
- * vanished between the lookup and the redirect (the frame is rewritten by then). */
+ * vanished between the lookup and the redirect (the frame is rewritten by then)
+ * and, when the operator asked for it (--over-limit=drop), a bound packet over
+ * its allocation's rate limit. */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
@@ -309,6 +311,48 @@ static __always_inline int emit(struct xdp_md *ctx, struct iphdr *ip4, struct re
 	return action;
 }
 
+/* rate_limited charges a packet of data_len application-data bytes to the
+ * allocation's rate limit and tells whether it is over it (then nothing is
+ * charged). Only allocations under a limit pay for it. */
+static __always_inline int rate_limited(struct alloc_rate *ar, const struct rate_limit *rl, __u16 data_len)
+{
+	__u64 pkt_cost = rl->pkt_cost_ns, bps = rl->bytes_per_sec;
+	if (!pkt_cost && !bps)
+		return 0;
+	/* bpf_ktime_get_ns may not be called under the lock. */
+	__u64 now = bpf_ktime_get_ns();
+	__u64 byte_cost = bps ? (__u64)data_len * NS_PER_SEC / bps : 0;
+	int over = 0;
+	bpf_spin_lock(&ar->lock);
+	__u64 pkt_tat = ar->pkt_tat > now ? ar->pkt_tat : now;
+	__u64 byte_tat = ar->byte_tat > now ? ar->byte_tat : now;
+	if ((pkt_cost && pkt_tat - now > RATE_LIMIT_BURST_NS) || (bps && byte_tat - now > RATE_LIMIT_BURST_NS)) {
+		over = 1;
+	} else {
+		ar->pkt_tat = pkt_tat + pkt_cost;
+		ar->byte_tat = byte_tat + byte_cost;
+	}
+	bpf_spin_unlock(&ar->lock);
+	return over;
+}
+
+/* over_limit is next_hop's sequel for a bound packet that would be relayed:
+ * -1 when it goes on, else the action for a packet over its allocation's
+ * limit. Dropping is the operator's choice (--over-limit=drop); the program
+ * drops nothing else that it could pass. */
+static __always_inline int over_limit(__u32 alloc_id, __u16 data_len, __u32 *reason)
+{
+	__u32 zero = 0;
+	const struct rate_limit *rl = bpf_map_lookup_elem(&rate_limits, &zero);
+	if (!rl || (!rl->pkt_cost_ns && !rl->bytes_per_sec))
+		return -1;
+	struct alloc_rate *ar = bpf_map_lookup_elem(&alloc_rates, &alloc_id);
+	if (!ar || !rate_limited(ar, rl, data_len))
+		return -1;
+	*reason = REASON_RATE_LIMITED;
+	return rl->pass ? XDP_PASS : XDP_DROP;
+}
+
 static __always_inline void count_binding(struct binding_state *st, int c2p, __u16 data_len)
 {
 	if (c2p) {
@@ -453,7 +497,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	/* Learn the address the client's packets arrive at on the wire: replies must
 	 * come from it (behind a DNAT it is a VIP that userspace never sees). The
 	 * reply direction's next hop was resolved from the old one. */
-	__u32 binding_id = b->binding_id;
+	__u32 binding_id = b->binding_id, alloc_id = b->alloc_id;
 	struct binding_state *st = bpf_map_lookup_elem(&binding_states, &binding_id);
 	if (st && !addr_eq(&st->listener_addr, &in->daddr)) {
 		st->listener_addr = in->daddr;
@@ -480,6 +524,8 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		*reason = r;
 		return XDP_PASS;
 	}
+	if ((r = over_limit(alloc_id, data_len, reason)) >= 0)
+		return r;
 
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + data_len);
 	__be32 from[12] = {}, to[5] = {};
@@ -580,7 +626,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		*reason = REASON_NO_PEER_BINDING;
 		return XDP_PASS;
 	}
-	__u32 binding_id = b->binding_id;
+	__u32 binding_id = b->binding_id, alloc_id = b->alloc_id;
 	struct binding_state *st = bpf_map_lookup_elem(&binding_states, &binding_id);
 	int to_v4 = addr_is_v4(&b->client_addr);
 	if (!st || (to_v4 ? addr_v4(&st->listener_addr) == 0 : addr_is_zero(&st->listener_addr))) {
@@ -625,6 +671,8 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		*reason = r;
 		return XDP_PASS;
 	}
+	if ((r = over_limit(alloc_id, data_len, reason)) >= 0)
+		return r;
 
 	__be16 channel = b->channel;
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len);

@@ -13,6 +13,17 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type RelayAllocRate struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Pad     uint32
+	PktTat  uint64
+	ByteTat uint64
+}
+
 type RelayBindingState struct {
 	_            structs.HostLayout
 	ListenerAddr struct {
@@ -61,6 +72,7 @@ type RelayC2pVal struct {
 	PeerPort  uint16
 	RelayPort uint16
 	BindingId uint32
+	AllocId   uint32
 }
 
 type RelayConfig struct {
@@ -126,6 +138,15 @@ type RelayP2cVal struct {
 	Channel      uint16
 	Pad          uint16
 	BindingId    uint32
+	AllocId      uint32
+}
+
+type RelayRateLimit struct {
+	_           structs.HostLayout
+	PktCostNs   uint64
+	BytesPerSec uint64
+	Pass        uint32
+	Pad         uint32
 }
 
 type RelayReason uint32
@@ -160,18 +181,21 @@ const (
 	RelayReasonREASON_TTL_EXPIRED            RelayReason = 26
 	RelayReasonREASON_BAD_IP_CHECKSUM        RelayReason = 27
 	RelayReasonREASON_REDIRECT_FAILED        RelayReason = 28
-	RelayReasonREASON_MAX                    RelayReason = 29
+	RelayReasonREASON_RATE_LIMITED           RelayReason = 29
+	RelayReasonREASON_MAX                    RelayReason = 30
 )
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	RelayMapAllocRates    = "alloc_rates"
 	RelayMapBindingStates = "binding_states"
 	RelayMapC2pBindings   = "c2p_bindings"
 	RelayMapFibGen        = "fib_gen"
 	RelayMapListenerDsts  = "listener_dsts"
 	RelayMapP2cBindings   = "p2c_bindings"
+	RelayMapRateLimits    = "rate_limits"
 	RelayMapTxPorts       = "tx_ports"
 	RelayMapVerdicts      = "verdicts"
 	RelayProgXdpTurnRelay = "xdp_turn_relay"
@@ -228,11 +252,13 @@ type RelayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayMapSpecs struct {
+	AllocRates    *ebpf.MapSpec `ebpf:"alloc_rates"`
 	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
 	C2pBindings   *ebpf.MapSpec `ebpf:"c2p_bindings"`
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
+	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 	Verdicts      *ebpf.MapSpec `ebpf:"verdicts"`
 }
@@ -265,22 +291,26 @@ func (o *RelayObjects) Close() error {
 //
 // It can be passed to LoadRelayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayMaps struct {
+	AllocRates    *ebpf.Map `ebpf:"alloc_rates"`
 	BindingStates *ebpf.Map `ebpf:"binding_states"`
 	C2pBindings   *ebpf.Map `ebpf:"c2p_bindings"`
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
+	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 	Verdicts      *ebpf.Map `ebpf:"verdicts"`
 }
 
 func (m *RelayMaps) Close() error {
 	return _RelayClose(
+		m.AllocRates,
 		m.BindingStates,
 		m.C2pBindings,
 		m.FibGen,
 		m.ListenerDsts,
 		m.P2cBindings,
+		m.RateLimits,
 		m.TxPorts,
 		m.Verdicts,
 	)

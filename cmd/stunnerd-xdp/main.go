@@ -19,6 +19,7 @@ import (
 
 	flag "github.com/spf13/pflag"
 
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
@@ -74,6 +75,8 @@ type options struct {
 	pprofAddr                                            string
 	minPort, maxPort                                     uint
 	maxBindings                                          uint
+	maxAllocPPS, maxAllocBPS                             uint64
+	overLimit                                            string
 	forceReady, verbose, dryRun                          bool
 	udpThreadNum, userQuota, totalQuota, maxPermissions  int
 	gracePeriod                                          time.Duration
@@ -147,6 +150,13 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 		"is USERID); over it, Allocate gets 486 Allocation Quota Reached; 0: no quota (default: the config's\nadmin.user_quota; given, it wins)")
 	fs.IntVar(&o.totalQuota, "total-quota", 0, "allocations the daemon holds at once, over all listeners; over it, Allocate gets 486; 0: no quota")
 	fs.IntVar(&o.maxPermissions, "max-permissions", 0, "peer IPs one allocation may hold permissions for; beyond it CreatePermission and ChannelBind\nto a new peer IP fail (refreshes do not); 0: no limit")
+	fs.Uint64Var(&o.maxAllocPPS, "max-alloc-pps", 0, "datagrams per second one allocation may relay, all its channels and both directions together,\n"+
+		"in the kernel and in userspace alike (a burst of 50 ms worth); 0: no limit")
+	fs.Uint64Var(&o.maxAllocBPS, "max-alloc-bps", 0, "application-data BYTES (not bits) per second one allocation may relay, all its channels and\n"+
+		"both directions together, like coturn's max-bps (a burst of 50 ms worth); 0: no limit")
+	fs.StringVar(&o.overLimit, "over-limit", "drop", "what the XDP program does with a datagram over --max-alloc-pps/-bps: drop (XDP_DROP,\n"+
+		"counted as rate_limited) or pass (to the stack and pion/turn, whose own limiter sees only the excess:\n"+
+		"a binding may then reach twice the limit; drop holds it)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off); without a host it listens on the pod's\n"+
 		"address ($POD_IP, else $STUNNER_ADDR) and loopback, not on every address of the node")
 	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live, /ready and /status (empty: off); without a host, as --metrics-addr")
@@ -294,6 +304,14 @@ func flagsConfig(o options) (daemon.Config, error) {
 	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
 	cfg.UDPThreadNum = o.udpThreadNum
 	cfg.UserQuota, cfg.TotalQuota, cfg.MaxPermissions = o.userQuota, o.totalQuota, o.maxPermissions
+	cfg.RateLimit = channelmap.RateLimit{PacketsPerSecond: o.maxAllocPPS, BytesPerSecond: o.maxAllocBPS}
+	switch o.overLimit {
+	case "", "drop":
+	case "pass":
+		cfg.RateLimit.Pass = true
+	default:
+		return cfg, fmt.Errorf("--over-limit %q: want drop or pass", o.overLimit)
+	}
 	cfg.AllowPeers, cfg.DenyPeers, cfg.NoOffloadPeers = o.allowPeers, o.denyPeers, o.noOffloadPeers
 	return cfg, nil
 }

@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"net/netip"
 	"strings"
 	"testing"
 
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 )
 
@@ -61,6 +63,7 @@ func TestBuildConfigErrors(t *testing.T) {
 		"port too big":      func(o *options) { o.maxPort = 70000 },
 		"empty iface":       func(o *options) { o.xdpIfaces = "eth0,," },
 		"zero bindings":     func(o *options) { o.maxBindings = 0 },
+		"bad over-limit":    func(o *options) { o.overLimit = "shape" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := good
@@ -69,6 +72,27 @@ func TestBuildConfigErrors(t *testing.T) {
 				t.Fatal("no error")
 			}
 		})
+	}
+}
+
+// TestRateLimitFlags: the limit reaches the daemon's config as given, in
+// datagrams and bytes per second; pass is chosen only by name.
+func TestRateLimitFlags(t *testing.T) {
+	o, _, err := parseFlags([]string{"--max-alloc-pps", "2000", "--max-alloc-bps", "125000", "--over-limit", "pass", "turn://u:p@10.0.0.1:3478"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.log, o.logFormat = "all:INFO", "text"
+	cfg, err := buildConfig(o, "turn://u:p@10.0.0.1:3478")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (channelmap.RateLimit{PacketsPerSecond: 2000, BytesPerSecond: 125000, Pass: true}); cfg.RateLimit != want {
+		t.Fatalf("rate limit %+v, want %+v", cfg.RateLimit, want)
+	}
+	o, _, _ = parseFlags([]string{"turn://u:p@10.0.0.1:3478"}, io.Discard)
+	if cfg, err := buildConfig(o, "turn://u:p@10.0.0.1:3478"); err != nil || !cfg.RateLimit.Off() || cfg.RateLimit.Pass {
+		t.Fatalf("default: %+v, %v; want no limit, drop", cfg.RateLimit, err)
 	}
 }
 

@@ -95,6 +95,9 @@ type Maps struct {
 	// states are the per-binding slots: learned reply source, cached next
 	// hops and the binding's counters.
 	states *ebpf.Map
+	// rateLimits holds the one rate limit of every allocation; allocRates
+	// the allocations' buckets, by alloc id.
+	rateLimits, allocRates *ebpf.Map
 
 	mu       sync.Mutex
 	bindings map[Key]entry
@@ -112,12 +115,24 @@ type Maps struct {
 	listenerIDs  map[netip.AddrPort]uint32
 	listenerAddr map[uint32]netip.AddrPort
 	dstTable     map[bpf.RelayDstKey]uint32 // what the kernel's destination map holds
-	now          func() time.Time
+	// Allocation ids, by relayed transport address: every binding of one
+	// allocation charges the same rate-limit bucket. Counted references.
+	allocs    map[netip.AddrPort]*allocRef
+	allocFree []uint32
+	nextAlloc uint32
+	now       func() time.Time
+}
+
+// allocRef is an allocation's id and how many installed bindings hold it.
+type allocRef struct {
+	id   uint32
+	refs int
 }
 
 type entry struct {
 	binding Binding
 	id      uint32
+	allocID uint32
 	gen     uint64
 	account string
 }
@@ -139,6 +154,9 @@ func New(m *bpf.RelayMaps) *Maps {
 		dsts:         m.ListenerDsts,
 		states:       m.BindingStates,
 		fibGen:       m.FibGen,
+		rateLimits:   m.RateLimits,
+		allocRates:   m.AllocRates,
+		allocs:       make(map[netip.AddrPort]*allocRef),
 		bindings:     make(map[Key]entry),
 		maxID:        m.BindingStates.MaxEntries(),
 		listenerIDs:  make(map[netip.AddrPort]uint32),
@@ -304,6 +322,25 @@ func (m *Maps) Upsert(b Binding) error {
 			return err
 		}
 	}
+	// The allocation's id: the same as before unless the binding moved to
+	// another relay. A reference taken here is dropped on every failure.
+	allocID := old.allocID
+	newAlloc := !exists || old.binding.Relay != b.Relay
+	if newAlloc {
+		var err error
+		if allocID, err = m.acquireAlloc(b.Relay); err != nil {
+			if !exists {
+				m.free(id)
+			}
+			return fmt.Errorf("binding %v: %w", b, err)
+		}
+	}
+	installed := false
+	defer func() {
+		if newAlloc && !installed {
+			m.releaseAlloc(b.Relay)
+		}
+	}()
 	pk := p2cKey(b)
 	if !exists {
 		// A fresh slot: nothing learned, no next hop cached (the id may have
@@ -321,6 +358,7 @@ func (m *Maps) Upsert(b Binding) error {
 	cv.PeerPort = byteorder.Htons(b.Peer.Port())
 	cv.RelayPort = byteorder.Htons(b.Relay.Port())
 	cv.BindingId = id
+	cv.AllocId = allocID
 
 	var pv bpf.RelayP2cVal
 	pv.ClientAddr.B = addr16(b.Client.Addr())
@@ -328,6 +366,7 @@ func (m *Maps) Upsert(b Binding) error {
 	pv.ListenerPort = byteorder.Htons(b.Listener.Port())
 	pv.Channel = byteorder.Htons(b.Channel)
 	pv.BindingId = id
+	pv.AllocId = allocID
 
 	moved := exists && p2cKey(old.binding) != pk
 	if moved {
@@ -351,7 +390,11 @@ func (m *Maps) Upsert(b Binding) error {
 		m.fail(k, exists, id)
 		return err
 	}
-	e := entry{binding: b, id: id, gen: old.gen, account: m.accountOf(b)}
+	installed = true
+	if exists && newAlloc {
+		m.releaseAlloc(old.binding.Relay)
+	}
+	e := entry{binding: b, id: id, allocID: allocID, gen: old.gen, account: m.accountOf(b)}
 	if exists && e.account != old.account {
 		// Traffic so far was the old account's: it must not move to the new one.
 		m.drain(id, old.account)
@@ -478,6 +521,7 @@ func (m *Maps) free(id uint32) {
 // (what the program learned belongs to the binding) and puts the id in
 // quarantine. Called with mu held, after both map entries are gone.
 func (m *Maps) retire(e entry) {
+	m.releaseAlloc(e.binding.Relay)
 	m.drain(e.id, e.account)
 	_ = m.states.Put(e.id, bpf.RelayBindingState{})
 	m.freed = append(m.freed, freedID{id: e.id, at: m.now(), account: e.account})
@@ -744,4 +788,98 @@ func (m *Maps) RemoveStray() (int, error) {
 		}
 	}
 	return len(stray) + len(strayP), errors.Join(errs...)
+}
+
+// RateLimit is what every allocation may relay per second, all its channels
+// and both directions together: the program's GCRA in the allocation's bucket
+// (alloc_rates) enforces it, with a
+// burst of RateBurst worth of the rates. Zero rates are no limit.
+type RateLimit struct {
+	// PacketsPerSecond counts datagrams.
+	PacketsPerSecond uint64
+	// BytesPerSecond counts application data (the ChannelData payload, the
+	// peer's UDP payload): what the allocation relays, not headers.
+	BytesPerSecond uint64
+	// Pass hands a packet over the limit to pion/turn (whose relay applies
+	// the same limit in userspace) instead of dropping it.
+	Pass bool
+}
+
+// RateBurst is how far ahead of its rates an allocation may run (the program's
+// RATE_LIMIT_BURST_NS).
+const RateBurst = 50 * time.Millisecond
+
+// Off tells whether the limit limits nothing.
+func (r RateLimit) Off() bool { return r.PacketsPerSecond == 0 && r.BytesPerSecond == 0 }
+
+// SetRateLimit sets the rate limit of every allocation, taking effect on the
+// next packet (no reload). What allocations owe so far stays in their buckets.
+func (m *Maps) SetRateLimit(r RateLimit) error {
+	var v bpf.RelayRateLimit
+	if r.PacketsPerSecond > 0 {
+		v.PktCostNs = max(uint64(time.Second)/r.PacketsPerSecond, 1)
+	}
+	v.BytesPerSec = r.BytesPerSecond
+	if r.Pass {
+		v.Pass = 1
+	}
+	if err := m.rateLimits.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("set rate limit: %w", err)
+	}
+	return nil
+}
+
+// acquireAlloc returns the id of the allocation relayed at relay, taking a
+// reference; a new allocation's bucket starts with nothing owed. Called with
+// mu held.
+func (m *Maps) acquireAlloc(relay netip.AddrPort) (uint32, error) {
+	if r := m.allocs[relay]; r != nil {
+		r.refs++
+		return r.id, nil
+	}
+	var id uint32
+	reuse := len(m.allocFree) > 0
+	switch {
+	case reuse:
+		id = m.allocFree[len(m.allocFree)-1]
+	case m.nextAlloc < m.maxID: // at most one allocation per binding
+		id = m.nextAlloc
+	default:
+		return 0, ErrFull
+	}
+	// A packet in flight may still charge a reused bucket: a few ns of debt.
+	if err := m.allocRates.Put(id, bpf.RelayAllocRate{}); err != nil {
+		return 0, fmt.Errorf("clear the rate bucket of allocation %v: %w", relay, err)
+	}
+	if reuse {
+		m.allocFree = m.allocFree[:len(m.allocFree)-1]
+	} else {
+		m.nextAlloc++
+	}
+	m.allocs[relay] = &allocRef{id: id, refs: 1}
+	return id, nil
+}
+
+// releaseAlloc drops a reference to relay's allocation id. Called with mu held.
+func (m *Maps) releaseAlloc(relay netip.AddrPort) {
+	r := m.allocs[relay]
+	if r == nil {
+		return
+	}
+	if r.refs--; r.refs == 0 {
+		delete(m.allocs, relay)
+		m.allocFree = append(m.allocFree, r.id)
+	}
+}
+
+// AllocID returns the rate-limit bucket id of the allocation relayed at relay
+// (false: no binding of it installed).
+func (m *Maps) AllocID(relay netip.AddrPort) (uint32, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.allocs[unmap(relay)]
+	if r == nil {
+		return 0, false
+	}
+	return r.id, true
 }

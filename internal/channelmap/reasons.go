@@ -34,6 +34,9 @@ var ReasonNames = map[bpf.RelayReason]string{
 	bpf.RelayReasonREASON_TTL_EXPIRED:            "pass_ttl_expired",
 	bpf.RelayReasonREASON_BAD_IP_CHECKSUM:        "pass_bad_ip_checksum",
 	bpf.RelayReasonREASON_REDIRECT_FAILED:        "drop_redirect_failed",
+	// Dropped or passed as --over-limit says: a label for both, because the
+	// choice is the operator's and one series shows the binding was over.
+	bpf.RelayReasonREASON_RATE_LIMITED: "rate_limited",
 }
 
 // ReasonName is the metric label of Verdicts()[i].

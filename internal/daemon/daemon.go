@@ -70,6 +70,11 @@ type Config struct {
 	// MaxPermissions bounds the peer IPs one allocation holds permissions
 	// for (0: no limit); beyond it, CreatePermission and ChannelBind fail.
 	MaxPermissions int
+	// RateLimit is every allocation's packet and byte rate, all its channels
+	// and both directions together, in the XDP program and in pion's relay
+	// sockets alike (zero: none). Pass hands what is over it to userspace, which
+	// drops it there.
+	RateLimit channelmap.RateLimit
 
 	// MetricsAddr and HealthAddr are the endpoints' addresses (empty: off);
 	// one without a host listens on PodAddr and loopback (EndpointAddrs).
@@ -286,6 +291,7 @@ type Daemon struct {
 	dests      *destinationSync
 	steer      *handover.Steering
 	counters   *fallback.Counters
+	rateLimit  *fallback.RateLimiter
 	traffic    *metrics.Traffic
 	registry   *prometheus.Registry
 	closers    []func() // the HTTP endpoints
@@ -325,6 +331,7 @@ func Start(cfg Config) (*Daemon, error) {
 		linkEvents:  make(chan struct{}, 1),
 		drained:     make(chan struct{}),
 	}
+	d.rateLimit = fallback.NewRateLimiter(cfg.RateLimit, d.counters)
 	d.cfg.Store(&cfg)
 	d.traffic.SetListeners(cfg.trafficListeners())
 	d.mirror = mirror.New(cfg.Logger.Slog("control"))
@@ -463,6 +470,10 @@ func (d *Daemon) Registry() *prometheus.Registry { return d.registry }
 
 // UserspaceCounters returns what pion/turn relayed.
 func (d *Daemon) UserspaceCounters() *fallback.Counters { return d.counters }
+
+// RateLimitDropped is how many datagrams pion's relay sockets dropped over the
+// rate limit (the program counts its own as the rate_limited verdict).
+func (d *Daemon) RateLimitDropped() uint64 { return d.counters.RateLimited.Load() }
 
 // Traffic returns the listeners' and clusters' accounting.
 func (d *Daemon) Traffic() *metrics.Traffic { return d.traffic }

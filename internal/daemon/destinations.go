@@ -45,6 +45,10 @@ func (d *Daemon) syncDestinations() {
 	if m := d.xdp.Maps(); d.dests.maps.Swap(m) != m {
 		if m != nil {
 			m.SetAccount(d.traffic.Account)
+			// New maps start without a limit; a reload keeps them, and this.
+			if err := m.SetRateLimit(d.config().RateLimit); err != nil {
+				d.log.Warn("XDP rate limit not set: the kernel relays without it", "error", err)
+			}
 		}
 		d.dests.tracker.Resync()
 	}

@@ -79,7 +79,8 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 			MinPort:      cfg.MinRelayPort,
 			MaxPort:      cfg.MaxRelayPort,
 		},
-		Counters: d.counters,
+		Counters:    d.counters,
+		RateLimiter: d.rateLimit,
 	})
 	gen := &portFilterGenerator{RelayAddressGenerator: relay, ps: &ls.ports}
 	sc := turn.ServerConfig{

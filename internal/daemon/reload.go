@@ -59,7 +59,7 @@ func (d *Daemon) Reconfigure(next Config) error {
 	next.SocketBuffer, next.ReconcileInterval, next.ChannelBindTimeout = cur.SocketBuffer, cur.ReconcileInterval, cur.ChannelBindTimeout
 	next.PodAddr, next.PprofAddr = cur.PodAddr, cur.PprofAddr
 	// The command line does not change under a running process.
-	next.XDPMode = cur.XDPMode
+	next.XDPMode, next.RateLimit = cur.XDPMode, cur.RateLimit
 
 	realmChanged := next.Realm != cur.Realm
 	d.cfg.Store(&next)

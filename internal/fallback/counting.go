@@ -19,6 +19,8 @@ import (
 type Counters struct {
 	ClientToPeerPackets, ClientToPeerBytes atomic.Uint64
 	PeerToClientPackets, PeerToClientBytes atomic.Uint64
+	// RateLimited counts the datagrams dropped over the allocation rate limit.
+	RateLimited atomic.Uint64
 }
 
 // ListenerConn wraps pion's listener socket: what pion writes to clients as
@@ -60,13 +62,19 @@ func relayedData(p []byte) (int, bool) {
 }
 
 // relayConn wraps a relay socket: what pion writes there is client->peer
-// traffic it relayed (from ChannelData or Send indications).
+// traffic it relayed (from ChannelData or Send indications), what it reads
+// peer->client traffic; both are charged to the allocation's rate limit.
 type relayConn struct {
 	net.PacketConn
 	counters *Counters
+	budget   allocBucket
 }
 
 func (c *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
+	if !c.budget.allow(len(p)) {
+		// Over the limit: lost as the network loses a datagram.
+		return len(p), nil
+	}
 	n, err := c.PacketConn.WriteTo(p, addr)
 	if err == nil {
 		c.counters.ClientToPeerPackets.Add(1)
@@ -75,11 +83,23 @@ func (c *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
 	return n, err
 }
 
+// ReadFrom skips the peers' datagrams that are over the allocation's limit.
+func (c *relayConn) ReadFrom(p []byte) (int, net.Addr, error) {
+	for {
+		n, addr, err := c.PacketConn.ReadFrom(p)
+		if err != nil || c.budget.allow(n) {
+			return n, addr, err
+		}
+	}
+}
+
 // RelayAddressGenerator allocates relay sockets bound to the relay address in
 // the configured port range and counts what pion relays through them.
 type RelayAddressGenerator struct {
 	turn.RelayAddressGeneratorPortRange
 	Counters *Counters
+	// RateLimiter limits each allocation (nil: no limit).
+	RateLimiter *RateLimiter
 }
 
 // AllocatePacketConn implements turn.RelayAddressGenerator.
@@ -94,5 +114,5 @@ func (g *RelayAddressGenerator) AllocatePacketConn(network string, requestedPort
 	if w, err := udpio.NewConn(conn); err == nil {
 		conn = w
 	}
-	return &relayConn{PacketConn: conn, counters: g.Counters}, addr, nil
+	return &relayConn{PacketConn: conn, counters: g.Counters, budget: allocBucket{limiter: g.RateLimiter}}, addr, nil
 }

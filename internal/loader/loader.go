@@ -124,7 +124,7 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	if err := spec.Variables[bpf.RelayVarCfg].Set(c); err != nil {
 		return fmt.Errorf("set program config: %w", err)
 	}
-	for _, name := range []string{bpf.RelayMapC2pBindings, bpf.RelayMapP2cBindings, bpf.RelayMapBindingStates} {
+	for _, name := range []string{bpf.RelayMapC2pBindings, bpf.RelayMapP2cBindings, bpf.RelayMapBindingStates, bpf.RelayMapAllocRates} {
 		spec.Maps[name].MaxEntries = cfg.MaxBindings
 	}
 	var opts *ebpf.CollectionOptions
@@ -137,6 +137,8 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			bpf.RelayMapListenerDsts:  reuse.ListenerDsts,
 			bpf.RelayMapBindingStates: reuse.BindingStates,
 			bpf.RelayMapFibGen:        reuse.FibGen,
+			bpf.RelayMapRateLimits:    reuse.RateLimits,
+			bpf.RelayMapAllocRates:    reuse.AllocRates,
 		}}
 	}
 	if err := spec.LoadAndAssign(objs, opts); err != nil {

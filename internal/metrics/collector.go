@@ -66,7 +66,7 @@ type collector struct {
 	packets, bytes, verdicts, allocs, chans, bound *prometheus.Desc
 	attached, mirrorEvents, mirrorErrors, drift    *prometheus.Desc
 	mode, label, steering, userspace, full         *prometheus.Desc
-	refused, permRefused                           *prometheus.Desc
+	refused, permRefused, userRateLimited          *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -93,12 +93,14 @@ func newCollector(src Source) *collector {
 			"Allocate requests answered 486 (Allocation Quota Reached), by reason: user_quota, total_quota, draining.", []string{"reason"}, nil),
 		permRefused: prometheus.NewDesc("stunnerd_xdp_permissions_refused_total",
 			"Permissions (CreatePermission, ChannelBind) refused because the allocation holds --max-permissions peers.", nil, nil),
+		userRateLimited: prometheus.NewDesc("stunnerd_xdp_userspace_rate_limited_total",
+			"Datagrams pion's relay sockets dropped over the allocation rate limit (--max-alloc-pps/-bps; the XDP program counts its own as verdict rate_limited).", nil, nil),
 		full: prometheus.NewDesc("stunnerd_xdp_bindings_full_total", "Channel bindings the full XDP maps refused (--max-bindings).", nil, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused} {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited} {
 		ch <- d
 	}
 }
@@ -106,6 +108,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	u := c.src.UserspaceCounters()
 	counter(ch, c.packets, u.ClientToPeerPackets.Load(), "userspace", "client_to_peer")
+	counter(ch, c.userRateLimited, u.RateLimited.Load())
 	counter(ch, c.packets, u.PeerToClientPackets.Load(), "userspace", "peer_to_client")
 	counter(ch, c.bytes, u.ClientToPeerBytes.Load(), "userspace", "client_to_peer")
 	counter(ch, c.bytes, u.PeerToClientBytes.Load(), "userspace", "peer_to_client")

@@ -41,12 +41,25 @@
 //     - 1), found by an IPv6 FIB lookup. IPv6 requires a UDP checksum: a peer
 //     datagram without one for an IPv6 client passes (pion/turn sums it), and an
 //     IPv6 client datagram without one passes (Linux drops it, RFC 8200 §8.1).
+//  7. Under a rate limit (Env.RateLimit), a packet that would be relayed is
+//     charged to its allocation (its relayed transport address: all its
+//     channels, both directions together), as a GCRA: the allocation owes the
+//     instant by which what it relayed is paid for at the limit's
+//     rates (one packet: 1 s / packets per second; one byte of application
+//     data: 1 s / bytes per second), and a packet goes while that instant is
+//     at most RateBurst ahead of now. A packet over the limit is charged
+//     nothing and dropped, or passed untouched when the limit says so. Packets
+//     that pass for any other reason are not charged: pion/turn's limiter
+//     counts those.
 package model
 
 import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
@@ -56,8 +69,10 @@ import (
 // compares directly with what BPF_PROG_RUN returns.
 type Verdict uint32
 
-// The verdicts the program gives. It never drops (XDP_DROP, XDP_ABORTED).
+// The verdicts the program gives. It drops (XDP_DROP) only what is over a
+// rate limit that says so.
 const (
+	Drop     Verdict = 1 // XDP_DROP: over the rate limit
 	Pass     Verdict = 2 // XDP_PASS: the kernel and pion/turn get the frame
 	TX       Verdict = 3 // XDP_TX: out of the ingress interface
 	Redirect Verdict = 4 // XDP_REDIRECT: out of another attached interface
@@ -65,6 +80,8 @@ const (
 
 func (v Verdict) String() string {
 	switch v {
+	case Drop:
+		return "DROP"
 	case Pass:
 		return "PASS"
 	case TX:
@@ -143,7 +160,17 @@ type Env struct {
 	// Destinations are the destinations the listeners accept: the address and
 	// port on the wire -> the listener socket the kernel delivers it to.
 	Destinations map[netip.AddrPort]netip.AddrPort
+	// RateLimit is every allocation's (the rate_limits map); zero: none.
+	RateLimit channelmap.RateLimit
 }
+
+// RateBurst is how far ahead of its rates a binding may run.
+const RateBurst = uint64(50 * time.Millisecond)
+
+// RateState is what an allocation owes its rate limit: the monotonic instants (ns,
+// the program's bpf_ktime_get_ns) by which its packets and its bytes are paid
+// for. Zero: nothing.
+type RateState struct{ PacketTAT, ByteTAT uint64 }
 
 // Learned is a side effect of a client packet: the address it was sent to
 // becomes the source of the binding's replies. The unspecified address means
@@ -176,6 +203,52 @@ type Model struct {
 	client map[channelmap.Key]*channelmap.Binding
 	peer   map[peerKey]*channelmap.Binding
 	order  []*channelmap.Binding
+	rate   map[netip.AddrPort]RateState // by relayed transport address
+	// Now is the program's clock (CLOCK_MONOTONIC in ns) when it charges a
+	// packet to a rate limit.
+	Now func() uint64
+}
+
+// MonotonicNow is CLOCK_MONOTONIC in ns: bpf_ktime_get_ns's clock.
+func MonotonicNow() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}
+
+// RateState returns what the allocation relayed at relay owes its rate limit.
+func (m *Model) RateState(relay netip.AddrPort) RateState { return m.rate[unmapPort(relay)] }
+
+// SetRateState sets what the allocation relayed at relay owes, as a test sets
+// the program's bucket.
+func (m *Model) SetRateState(relay netip.AddrPort, s RateState) { m.rate[unmapPort(relay)] = s }
+
+// overLimit charges a packet with dataLen bytes of application data to the
+// allocation relayed at k, or tells that it is over the limit (and charges
+// nothing).
+func (m *Model) overLimit(k netip.AddrPort, dataLen int) bool {
+	rl := m.env.RateLimit
+	if rl.Off() {
+		return false
+	}
+	now := m.Now()
+	st := m.rate[k]
+	pkt, bytes := max(st.PacketTAT, now), max(st.ByteTAT, now)
+	var pktCost, byteCost uint64
+	if rl.PacketsPerSecond > 0 {
+		pktCost = max(uint64(time.Second)/rl.PacketsPerSecond, 1)
+		if pkt-now > RateBurst {
+			return true
+		}
+	}
+	if rl.BytesPerSecond > 0 {
+		byteCost = uint64(dataLen) * uint64(time.Second) / rl.BytesPerSecond
+		if bytes-now > RateBurst {
+			return true
+		}
+	}
+	m.rate[k] = RateState{PacketTAT: pkt + pktCost, ByteTAT: bytes + byteCost}
+	return false
 }
 
 type peerKey struct{ peer, relay netip.AddrPort }
@@ -187,7 +260,8 @@ type peerKey struct{ peer, relay netip.AddrPort }
 // peers IPv4, clients IPv4 or IPv6 with a reply source (when known) of the
 // client's family.
 func New(env Env, bindings []channelmap.Binding) (*Model, error) {
-	m := &Model{env: env, client: map[channelmap.Key]*channelmap.Binding{}, peer: map[peerKey]*channelmap.Binding{}}
+	m := &Model{env: env, client: map[channelmap.Key]*channelmap.Binding{}, peer: map[peerKey]*channelmap.Binding{},
+		rate: map[netip.AddrPort]RateState{}, Now: MonotonicNow}
 	for _, b := range bindings {
 		b.Client = unmapPort(b.Client)
 		b.Listener = unmapPort(b.Listener)
@@ -404,7 +478,7 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	}
 	data := msg[4 : 4+n]
 	out := outPacket{src: b.Relay, dst: b.Peer, payload: data, dataLen: n}
-	return m.send(ingress, in, out, res, key, bpf.RelayReasonREASON_RELAY_C2P_TX, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT)
+	return m.send(ingress, in, out, res, key, b.Relay, bpf.RelayReasonREASON_RELAY_C2P_TX, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT)
 }
 
 // fromPeer handles UDP to a relay port: a peer's datagram becomes ChannelData.
@@ -436,7 +510,7 @@ func (m *Model) fromPeer(ingress int, frame []byte, in datagram) Result {
 	binary.BigEndian.PutUint16(msg[2:], uint16(len(data)))
 	copy(msg[4:], data)
 	out := outPacket{src: netip.AddrPortFrom(b.ReplySource, b.Listener.Port()), dst: b.Client, payload: msg, dataLen: len(data)}
-	return m.send(ingress, in, out, Result{Verdict: Pass, Frame: frame}, b.Key(),
+	return m.send(ingress, in, out, Result{Verdict: Pass, Frame: frame}, b.Key(), b.Relay,
 		bpf.RelayReasonREASON_RELAY_P2C_TX, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT)
 }
 
@@ -450,7 +524,7 @@ type outPacket struct {
 
 // send finds the next hop of out and builds its frame, or passes the original.
 // The output is IPv6 when its destination (the client) is, else IPv4.
-func (m *Model) send(ingress int, in datagram, out outPacket, res Result, key channelmap.Key, txReason, redirectReason bpf.RelayReason) Result {
+func (m *Model) send(ingress int, in datagram, out outPacket, res Result, key channelmap.Key, relay netip.AddrPort, txReason, redirectReason bpf.RelayReason) Result {
 	var (
 		hop    *nextHop
 		reason bpf.RelayReason
@@ -463,6 +537,13 @@ func (m *Model) send(ingress int, in datagram, out outPacket, res Result, key ch
 	}
 	if hop == nil {
 		res.Reason = reason
+		return res
+	}
+	if m.overLimit(relay, out.dataLen) {
+		res.Reason = bpf.RelayReasonREASON_RATE_LIMITED
+		if !m.env.RateLimit.Pass {
+			res.Verdict = Drop
+		}
 		return res
 	}
 	res.Verdict, res.Reason = Redirect, redirectReason

@@ -24,6 +24,13 @@ const (
 // guide: iperf2 -> turncat -> TURN -> iperf2 server.
 func iperfThroughTurncat(t *testing.T, r rig) netns.IperfResult {
 	t.Helper()
+	return iperfThroughTurncatAt(t, r, iperfRate, iperfSeconds)
+}
+
+// iperfThroughTurncatAt is iperfThroughTurncat at rate datagrams per second
+// for seconds.
+func iperfThroughTurncatAt(t *testing.T, r rig, rate, seconds int) netns.IperfResult {
+	t.Helper()
 	clBefore, peerBefore := r.client.Snmp(t), r.peer.Snmp(t)
 	defer func() {
 		clAfter, peerAfter := r.client.Snmp(t), r.peer.Snmp(t)
@@ -34,7 +41,7 @@ func iperfThroughTurncat(t *testing.T, r rig) netns.IperfResult {
 	server := r.peer.StartIperfServer(t, iperfPeerPort, "-e", "-i", "1", "-w", "4M")
 	startTurncat(t, r, iperfPeerPort)
 	out := r.client.Run(t, "iperf", "-c", "127.0.0.1", "-p", "5000", "-u", "-l", strconv.Itoa(iperfSize),
-		"-b", fmt.Sprintf("%dpps", iperfRate), "-t", strconv.Itoa(iperfSeconds), "-e")
+		"-b", fmt.Sprintf("%dpps", rate), "-t", strconv.Itoa(seconds), "-e")
 	t.Logf("iperf client:\n%s", out)
 	res, err := server.IperfReport(5 * time.Second)
 	if err != nil {
