@@ -69,6 +69,18 @@ func (s *Stats) add(o Stats) {
 	s.PeerToClientBytes += o.PeerToClientBytes
 }
 
+// since is what a slot counted from base (its value at an earlier read) to s.
+func (s Stats) since(base Stats) Stats {
+	sub := func(a, b uint64) uint64 {
+		if a < b {
+			return 0 // the slot only grows while its binding lives
+		}
+		return a - b
+	}
+	return Stats{sub(s.ClientToPeerPackets, base.ClientToPeerPackets), sub(s.ClientToPeerBytes, base.ClientToPeerBytes),
+		sub(s.PeerToClientPackets, base.PeerToClientPackets), sub(s.PeerToClientBytes, base.PeerToClientBytes)}
+}
+
 // ErrFull is returned when every binding slot is in use (see --max-bindings),
 // or the destination table is full.
 var ErrFull = errors.New("binding maps are full")
@@ -132,6 +144,10 @@ type allocRef struct {
 type entry struct {
 	binding Binding
 	id      uint32
+	// base is the slot's counters when they were last folded into the totals
+	// (an account change): what the binding counts now is the slot less base.
+	// The program owns the slot; userspace only reads it while it is live.
+	base Stats
 	allocID uint32
 	gen     uint64
 	account string
@@ -394,10 +410,10 @@ func (m *Maps) Upsert(b Binding) error {
 	if exists && newAlloc {
 		m.releaseAlloc(old.binding.Relay)
 	}
-	e := entry{binding: b, id: id, allocID: allocID, gen: old.gen, account: m.accountOf(b)}
+	e := entry{binding: b, id: id, allocID: allocID, gen: old.gen, account: m.accountOf(b), base: old.base}
 	if exists && e.account != old.account {
 		// Traffic so far was the old account's: it must not move to the new one.
-		m.drain(id, old.account)
+		e.base = m.fold(id, old.account, old.base)
 	}
 	if !exists || e.account != old.account {
 		m.gen++
@@ -507,8 +523,9 @@ func (m *Maps) allocID() (uint32, error) {
 	f := m.freed[0]
 	m.freed = m.freed[1:]
 	// Packets that were in flight when the slot's binding went counted into
-	// it after retire: they belong to the totals, not to the new owner.
-	m.drain(f.id, f.account)
+	// it after retire: they belong to the totals, not to the new owner (whose
+	// Upsert clears the slot).
+	m.fold(f.id, f.account, Stats{})
 	return f.id, nil
 }
 
@@ -522,29 +539,29 @@ func (m *Maps) free(id uint32) {
 // quarantine. Called with mu held, after both map entries are gone.
 func (m *Maps) retire(e entry) {
 	m.releaseAlloc(e.binding.Relay)
-	m.drain(e.id, e.account)
+	m.fold(e.id, e.account, e.base)
 	_ = m.states.Put(e.id, bpf.RelayBindingState{})
 	m.freed = append(m.freed, freedID{id: e.id, at: m.now(), account: e.account})
 }
 
-// drain moves a slot's counters into the retired totals (overall and the
-// account's) and zeroes them; the rest of the slot (the learned reply source,
-// the cached next hops) stays. A packet the program counts between the read
-// and the write is lost to the totals.
-func (m *Maps) drain(id uint32, account string) {
-	var st bpf.RelayBindingState
-	if err := m.states.Lookup(id, &st); err != nil {
-		return
+// fold adds what slot id counted since base to the totals (overall and the
+// account's) and returns the slot's counters now, the next base. It only
+// reads the slot: writing a live binding's slot back would race the program's
+// updates of what it learned (reply source, cached next hops). On a read
+// error nothing is folded and base stays.
+func (m *Maps) fold(id uint32, account string, base Stats) Stats {
+	s, err := m.bindingStats(id)
+	if err != nil {
+		return base
 	}
-	s := statsOf(st.Stats)
-	m.retired.add(s)
+	d := s.since(base)
+	m.retired.add(d)
 	if m.byAccount != nil {
 		a := m.byAccount[account]
-		a.add(s)
+		a.add(d)
 		m.byAccount[account] = a
 	}
-	st.Stats = bpf.RelayBindingStats{}
-	_ = m.states.Put(id, st)
+	return s
 }
 
 // SetAccount has the maps keep their counters by account: account(b) names
@@ -564,7 +581,7 @@ func (m *Maps) SetAccount(account func(Binding) string) {
 	for k, e := range m.bindings {
 		if a := account(e.binding); a != e.account {
 			if !first {
-				m.drain(e.id, e.account)
+				e.base = m.fold(e.id, e.account, e.base)
 			}
 			m.gen++
 			e.account, e.gen = a, m.gen
@@ -583,7 +600,7 @@ func (m *Maps) AccountTotals() (map[string]Stats, error) {
 			out = map[string]Stats{}
 		}
 		a := out[e.account]
-		a.add(s)
+		a.add(s.since(e.base))
 		out[e.account] = a
 	})
 	if out == nil {
@@ -658,7 +675,7 @@ func (m *Maps) Stats(k Key) (Stats, error) {
 // including bindings already removed (see eachLive for the cost).
 func (m *Maps) Totals() (Stats, error) {
 	var total Stats
-	err := m.eachLive(func() { total = m.retired }, func(_ entry, s Stats) { total.add(s) })
+	err := m.eachLive(func() { total = m.retired }, func(e entry, s Stats) { total.add(s.since(e.base)) })
 	return total, err
 }
 

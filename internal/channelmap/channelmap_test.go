@@ -126,11 +126,23 @@ func TestAccountTotalsGrowAcrossRemovalAndPeerMoves(t *testing.T) {
 		}
 	}
 	want("live", 2, 1)
-	// b0's channel moves to the other account's peer: its two stay.
+	// b0's channel moves to the other account's peer: its two stay, and
+	// what the program learned (the reply source) stays in the slot.
+	var st bpf.RelayBindingState
+	if err := states.Lookup(uint32(0), &st); err != nil {
+		t.Fatal(err)
+	}
+	st.ListenerAddr.B[15] = 7
+	if err := states.Put(uint32(0), st); err != nil {
+		t.Fatal(err)
+	}
 	moved := b0
 	moved.Peer = netip.MustParseAddrPort("10.201.0.9:5000")
 	if err := m.Upsert(moved); err != nil {
 		t.Fatal(err)
+	}
+	if err := states.Lookup(uint32(0), &st); err != nil || st.ListenerAddr.B[15] != 7 {
+		t.Errorf("the learned reply source did not survive the account change: %v (%v)", st.ListenerAddr.B, err)
 	}
 	bump(0)
 	want("moved", 2, 2)
