@@ -147,7 +147,7 @@ type entry struct {
 	// base is the slot's counters when they were last folded into the totals
 	// (an account change): what the binding counts now is the slot less base.
 	// The program owns the slot; userspace only reads it while it is live.
-	base Stats
+	base    Stats
 	allocID uint32
 	gen     uint64
 	account string
