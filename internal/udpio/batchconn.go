@@ -27,9 +27,13 @@ const (
 	// listenerSources and relaySources bound the caches of source addresses
 	// (a full cache starts over): a listener hears many clients, a relay
 	// socket a few peers, and spoofed sources must not grow either without
-	// bound.
-	listenerSources = 1 << 14
+	// bound. An entry is about 160 B and a miss costs one allocation, so a
+	// listener socket keeps 2,048 (about 330 KB; a listener has up to 64
+	// sockets, one per read loop).
+	listenerSources = 1 << 11
 	relaySources    = 64
+	// zoneNames bounds the cache of interface names of link-local sources.
+	zoneNames = 16
 )
 
 // ErrNotUDP: the connection is not a *net.UDPConn.
@@ -61,9 +65,14 @@ type BatchConn struct {
 type sources struct {
 	m   map[addrKey]*net.UDPAddr
 	max int
+	// zones caches the names of scope ids: looking one up is a netlink dump,
+	// which a stranger on the link must not trigger per datagram.
+	zones map[uint32]string
 }
 
-func newSources(limit int) sources { return sources{m: map[addrKey]*net.UDPAddr{}, max: limit} }
+func newSources(limit int) sources {
+	return sources{m: map[addrKey]*net.UDPAddr{}, max: limit, zones: map[uint32]string{}}
+}
 
 // addrKey tells apart what Go's own ReadFrom would return differently: an
 // IPv4 source on an IPv4 socket (a 4-byte IP) and the same source mapped on
@@ -166,9 +175,25 @@ func (m sources) get(sa *unix.RawSockaddrInet6) *net.UDPAddr {
 	if len(m.m) >= m.max {
 		clear(m.m)
 	}
-	a := &net.UDPAddr{IP: k.ap.Addr().AsSlice(), Port: int(port), Zone: zoneName(k.scope)}
+	a := &net.UDPAddr{IP: k.ap.Addr().AsSlice(), Port: int(port), Zone: m.zone(k.scope)}
 	m.m[k] = a
 	return a
+}
+
+// zone is zoneName, cached.
+func (m sources) zone(scope uint32) string {
+	if scope == 0 {
+		return ""
+	}
+	if z, ok := m.zones[scope]; ok {
+		return z
+	}
+	if len(m.zones) >= zoneNames {
+		clear(m.zones)
+	}
+	z := zoneName(scope)
+	m.zones[scope] = z
+	return z
 }
 
 // zoneName is the zone Go's net package gives a scope id.
