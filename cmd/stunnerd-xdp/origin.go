@@ -145,14 +145,14 @@ func (c *cdsClient) get(ctx context.Context) ([]byte, error) {
 
 // watch streams the gateway's configs to out until ctx ends, reconnecting
 // with backoff: the server sends the current config on every connection.
-func (c *cdsClient) watch(ctx context.Context, out chan<- []byte) {
+func (c *cdsClient) watch(ctx context.Context, out chan []byte) {
 	backoff := cdsMinBackoff
 	for ctx.Err() == nil {
-		connected, err := c.stream(ctx, out)
+		served, err := c.stream(ctx, out)
 		if ctx.Err() != nil {
 			return
 		}
-		if connected {
+		if served {
 			backoff = cdsMinBackoff
 		}
 		c.log.Warn("config discovery connection lost, reconnecting", "server", c.base.String(), "error", fmt.Sprint(err), "in", backoff.String())
@@ -165,8 +165,11 @@ func (c *cdsClient) watch(ctx context.Context, out chan<- []byte) {
 	}
 }
 
-// stream runs one websocket connection; connected says whether it got that far.
-func (c *cdsClient) stream(ctx context.Context, out chan<- []byte) (connected bool, err error) {
+// stream runs one websocket connection; served says whether it brought a
+// config (a server that accepts and hangs up at once is backed off from).
+// It never blocks on out: out (one slot) keeps the newest config, so the
+// reader keeps answering pings while the daemon is busy with a reload.
+func (c *cdsClient) stream(ctx context.Context, out chan []byte) (served bool, err error) {
 	u := c.url(true)
 	// The server's origin check wants an http:// origin of its own host.
 	hdr := http.Header{"Origin": {(&url.URL{Scheme: c.base.Scheme, Host: c.base.Host}).String()}}
@@ -208,18 +211,30 @@ func (c *cdsClient) stream(ctx context.Context, out chan<- []byte) (connected bo
 	for {
 		typ, msg, err := conn.ReadMessage()
 		if err != nil {
-			return true, err
+			return served, err
 		}
 		_ = conn.SetReadDeadline(time.Now().Add(cdsPongWait))
 		if typ != websocket.TextMessage || len(msg) == 0 {
 			continue
 		}
-		select {
-		case out <- msg:
-		case <-ctx.Done():
-			return true, ctx.Err()
-		}
+		served = true
+		latest(out, msg)
 	}
+}
+
+// latest puts msg in out (one slot, this goroutine its only sender), replacing
+// a config the daemon has not taken yet: only the newest matters.
+func latest(out chan []byte, msg []byte) {
+	select {
+	case out <- msg:
+		return
+	default:
+	}
+	select {
+	case <-out:
+	default:
+	}
+	out <- msg
 }
 
 // watchFile polls a config file and sends its content when it changes: a
