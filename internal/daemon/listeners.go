@@ -153,6 +153,9 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		qs := d.quota.NewServer()
 		scs[i].QuotaHandler = d.quotaHandler(qs)
 		scs[i].EventHandler = d.withQuota(qs, scs[i].EventHandler)
+		// Outermost, so that every hook above sees one allocation per
+		// five-tuple at a time.
+		scs[i].EventHandler = new(replacements).wrap(scs[i].EventHandler)
 		for j, c := range scs[i].PacketConnConfigs {
 			scs[i].PacketConnConfigs[j].PermissionHandler = d.limitPermissions(qs, c.PermissionHandler)
 		}

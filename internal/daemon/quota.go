@@ -95,6 +95,8 @@ func (d *Daemon) withQuota(s quota.Server, h turn.EventHandler) turn.EventHandle
 	}
 	h.OnAllocationDeleted = func(src, dst net.Addr, proto, user, realm string) {
 		d.quota.Deleted(s, src)
+		// Permissions it held whose hooks replacements dropped go with it.
+		d.perms.Forget(s, src)
 		if deleted != nil {
 			deleted(src, dst, proto, user, realm)
 		}
