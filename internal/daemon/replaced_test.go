@@ -1,14 +1,23 @@
 package daemon
 
 import (
+	"encoding/binary"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/pion/stun/v3"
+	"github.com/pion/turn/v4"
+
+	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
 // TestReplacedAllocation replays what pion reports when a five-tuple
@@ -76,3 +85,157 @@ func TestReplacedAllocation(t *testing.T) {
 	h.OnAllocationDeleted(client, server, "UDP", "u", "r")
 	check("new allocation deleted", 0, false, 0)
 }
+
+// rawTURN is a client that sends the requests turn.Client cannot (a short
+// LIFETIME, an Allocate again on the same socket).
+type rawTURN struct {
+	t      *testing.T
+	conn   net.PacketConn
+	server net.Addr
+	user   string
+	key    stun.MessageIntegrity
+	realm  stun.Realm
+	nonce  stun.Nonce
+}
+
+// do sends a request of method with attrs (authenticated once a nonce is
+// known) and returns the response.
+func (c *rawTURN) do(method stun.Method, attrs ...stun.Setter) *stun.Message {
+	c.t.Helper()
+	setters := append([]stun.Setter{stun.TransactionID, stun.NewType(method, stun.ClassRequest)}, attrs...)
+	if c.nonce != nil {
+		setters = append(setters, stun.NewUsername(c.user), c.realm, c.nonce, c.key)
+	}
+	req := stun.MustBuild(append(setters, stun.Fingerprint)...)
+	if _, err := c.conn.WriteTo(req.Raw, c.server); err != nil {
+		c.t.Fatal(err)
+	}
+	buf := make([]byte, 1500)
+	for {
+		if err := c.conn.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			c.t.Fatal(err)
+		}
+		n, _, err := c.conn.ReadFrom(buf)
+		if err != nil {
+			c.t.Fatalf("%v response: %v", method, err)
+		}
+		res := &stun.Message{Raw: append([]byte(nil), buf[:n]...)}
+		if err := res.Decode(); err != nil || res.TransactionID != req.TransactionID {
+			continue
+		}
+		return res
+	}
+}
+
+// allocate allocates for lifetime and returns the relayed address.
+func (c *rawTURN) allocate(lifetime time.Duration) net.Addr {
+	c.t.Helper()
+	transport := stun.RawAttribute{Type: stun.AttrRequestedTransport, Value: []byte{17, 0, 0, 0}}
+	lt := make([]byte, 4)
+	binary.BigEndian.PutUint32(lt, uint32(lifetime/time.Second))
+	attrs := []stun.Setter{transport, stun.RawAttribute{Type: stun.AttrLifetime, Value: lt}}
+	res := c.do(stun.MethodAllocate, attrs...)
+	if c.nonce == nil { // 401: learn the realm and nonce, then authenticate
+		c.nonce, c.realm = stun.Nonce{}, stun.Realm{}
+		if err := c.nonce.GetFrom(res); err != nil {
+			c.t.Fatalf("Allocate: no nonce in %v", res)
+		}
+		if err := c.realm.GetFrom(res); err != nil {
+			c.t.Fatalf("Allocate: no realm in %v", res)
+		}
+		res = c.do(stun.MethodAllocate, attrs...)
+	}
+	var relay stun.XORMappedAddress
+	if res.Type.Class != stun.ClassSuccessResponse || relay.GetFromAs(res, stun.AttrXORRelayedAddress) != nil {
+		c.t.Fatalf("Allocate: %v", res)
+	}
+	return &net.UDPAddr{IP: relay.IP, Port: relay.Port}
+}
+
+// TestReplacedAllocationPion makes the race of TestReplacedAllocation happen
+// in a real pion/turn server: the client's allocation expires, pion's close
+// of it is held in its permission hook until the same client has allocated
+// again, then both allocations end. The quota must count none, as pion holds
+// none.
+func TestReplacedAllocationPion(t *testing.T) {
+	lf, err := logging.New("all:WARN", "text", &testenv.LockedBuffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &Daemon{quota: quota.New(quota.Limits{}), perms: quota.NewPermissions(0), strangerLog: lf.Slog("test")}
+	d.auth.Store(&authState{})
+	qs := d.quota.NewServer()
+	// The old allocation's close waits in its permission hook (as it may
+	// wait for the scheduler) until the client has allocated again.
+	var created atomic.Int32
+	again, closing := make(chan struct{}), make(chan struct{})
+	var closingOnce sync.Once
+	inner := turn.EventHandler{
+		OnAllocationCreated: func(_, _ net.Addr, _, _, _ string, _ net.Addr, _ int) {
+			if created.Add(1) == 2 {
+				close(again)
+			}
+		},
+		OnPermissionDeleted: func(_, _ net.Addr, _, _, _ string, _ net.Addr, _ net.IP) {
+			if created.Load() == 1 {
+				closingOnce.Do(func() { close(closing) })
+				select {
+				case <-again:
+				case <-time.After(5 * time.Second):
+				}
+			}
+		},
+	}
+	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := turn.GenerateAuthKey("u", "r", "p")
+	srv, err := turn.NewServer(turn.ServerConfig{
+		Realm:         "r",
+		AuthHandler:   func(user, _ string, _ net.Addr) ([]byte, bool) { return key, user == "u" },
+		QuotaHandler:  d.quotaHandler(qs),
+		EventHandler:  new(replacements).wrap(d.withQuota(qs, inner)),
+		LoggerFactory: lf.LimitedFactory(),
+		PacketConnConfigs: []turn.PacketConnConfig{{
+			PacketConn: conn,
+			RelayAddressGenerator: &turn.RelayAddressGeneratorStatic{
+				RelayAddress: net.IPv4(127, 0, 0, 1), Address: "127.0.0.1",
+			},
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	cc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c := &rawTURN{t: t, conn: cc, server: conn.LocalAddr(), user: "u", key: stun.NewLongTermIntegrity("u", "r", "p")}
+
+	c.allocate(time.Second)
+	peer := stun.XORMappedAddress{IP: net.IPv4(127, 0, 0, 1), Port: 9}
+	if res := c.do(stun.MethodCreatePermission, &peerAttr{peer}); res.Type.Class != stun.ClassSuccessResponse {
+		t.Fatalf("CreatePermission: %v", res)
+	}
+	select {
+	case <-closing:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the allocation did not expire")
+	}
+	c.allocate(time.Second) // pion has taken the old one out of its map
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.AllocationCount() != 0 || d.quota.Stats().Allocations != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("pion holds %d allocations, the quota counts %d", srv.AllocationCount(), d.quota.Stats().Allocations)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// peerAttr adds an XOR-PEER-ADDRESS.
+type peerAttr struct{ a stun.XORMappedAddress }
+
+func (p *peerAttr) AddTo(m *stun.Message) error { return p.a.AddToAs(m, stun.AttrXORPeerAddress) }
