@@ -239,3 +239,32 @@ func TestReplacedAllocationPion(t *testing.T) {
 type peerAttr struct{ a stun.XORMappedAddress }
 
 func (p *peerAttr) AddTo(m *stun.Message) error { return p.a.AddToAs(m, stun.AttrXORPeerAddress) }
+
+// TestQuotaCountCheck: the periodic check warns of a server whose quota
+// count exceeds what pion holds, once the excess has lasted two checks, and
+// not of live allocations counted right.
+func TestQuotaCountCheck(t *testing.T) {
+	d, listen := startQuota(t, 0, 0)
+	conn, err := allocateUser(t, listen, "alice", "a", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	seen := map[quota.Server][2]int{}
+	for i := range 2 {
+		if w := d.checkQuotaCounts(seen); len(w) != 0 {
+			t.Fatalf("check %d warned of %v with the counts right", i, w)
+		}
+	}
+	// A slot the counter holds for an allocation no pion server has.
+	d.lmu.Lock()
+	qs := d.listeners["udp"].quotas[0]
+	d.lmu.Unlock()
+	d.quota.Created(qs, &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 9}, "alice")
+	if w := d.checkQuotaCounts(seen); len(w) != 0 {
+		t.Fatalf("first check warned of %v: the excess may be a deletion half-reported", w)
+	}
+	if w := d.checkQuotaCounts(seen); len(w) != 1 || w[0] != "udp" {
+		t.Fatalf("second check warned of %v, want [udp]", w)
+	}
+}
