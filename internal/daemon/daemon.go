@@ -397,7 +397,12 @@ func (d *Daemon) startXDP() {
 		xlog.Warn("serving from userspace; retrying the attach", "error", err, "every", cfg.XDPRetryInterval.String())
 	}
 	d.syncDestinations()
-	d.wg.Add(2)
+	d.wg.Add(3)
+	go func() {
+		defer d.wg.Done()
+		seen := map[quota.Server][2]int{}
+		d.tick(quotaCheckInterval, func() bool { d.checkQuotaCounts(seen); return false })
+	}()
 	go func() {
 		defer d.wg.Done()
 		d.xdpRetry(cfg.XDPRetryInterval)

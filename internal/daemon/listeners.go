@@ -17,6 +17,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
+	"github.com/l7mp/stunnerd-xdp/internal/quota"
 	"github.com/l7mp/stunnerd-xdp/internal/udpio"
 )
 
@@ -49,8 +50,10 @@ func newAuthState(cfg Config, lf *logging.Factory) *authState {
 type listenerServer struct {
 	l       config.ResolvedListener
 	servers []*turn.Server
-	policy  atomic.Pointer[peerpolicy.Policy]
-	ports   portState
+	// quotas[i] is servers[i]'s identity for the quota counter.
+	quotas []quota.Server
+	policy atomic.Pointer[peerpolicy.Policy]
+	ports  portState
 
 	// The sockets' steering slots, when the node's daemons share the port.
 	group   handover.Group
@@ -152,8 +155,12 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		// The quotas count across every listener and read loop; the
 		// permission limit per allocation.
 		qs := d.quota.NewServer()
+		ls.quotas = append(ls.quotas, qs)
 		scs[i].QuotaHandler = d.quotaHandler(qs)
 		scs[i].EventHandler = d.withQuota(qs, scs[i].EventHandler)
+		// Outermost, so that every hook above sees one allocation per
+		// five-tuple at a time.
+		scs[i].EventHandler = new(replacements).wrap(scs[i].EventHandler)
 		for j, c := range scs[i].PacketConnConfigs {
 			scs[i].PacketConnConfigs[j].PermissionHandler = d.limitPermissions(qs, c.PermissionHandler)
 		}

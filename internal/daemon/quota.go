@@ -3,6 +3,7 @@ package daemon
 import (
 	"net"
 	"strings"
+	"time"
 
 	"github.com/pion/turn/v4"
 
@@ -95,6 +96,8 @@ func (d *Daemon) withQuota(s quota.Server, h turn.EventHandler) turn.EventHandle
 	}
 	h.OnAllocationDeleted = func(src, dst net.Addr, proto, user, realm string) {
 		d.quota.Deleted(s, src)
+		// Permissions it held whose hooks replacements dropped go with it.
+		d.perms.Forget(s, src)
 		if deleted != nil {
 			deleted(src, dst, proto, user, realm)
 		}
@@ -106,4 +109,40 @@ func (d *Daemon) withQuota(s quota.Server, h turn.EventHandler) turn.EventHandle
 		}
 	}
 	return h
+}
+
+// quotaCheckInterval is how often the quota counts are compared with pion's.
+const quotaCheckInterval = time.Minute
+
+// checkQuotaCounts warns of the pion servers for which the quota counts
+// more live allocations than the server holds, on two checks in a row with
+// the same counts (a hook runs after pion's map changes, so one check may
+// catch a deletion half-reported): slots leaked by a sequence of hooks the
+// counter does not follow. seen carries the previous check's excess; it
+// returns the listeners warned of.
+func (d *Daemon) checkQuotaCounts(seen map[quota.Server][2]int) []string {
+	d.lmu.Lock()
+	defer d.lmu.Unlock()
+	var warned []string
+	now := map[quota.Server][2]int{}
+	for _, ls := range d.listeners {
+		for i, srv := range ls.servers {
+			qs := ls.quotas[i]
+			counts := [2]int{d.quota.Live(qs), srv.AllocationCount()}
+			if counts[0] <= counts[1] {
+				continue
+			}
+			if seen[qs] == counts {
+				d.log.Warn("the quota counts allocations pion does not hold: their slots stay taken until a restart",
+					"listener", ls.l.Name, "counted", counts[0], "pion", counts[1])
+				warned = append(warned, ls.l.Name)
+			}
+			now[qs] = counts
+		}
+	}
+	clear(seen)
+	for k, v := range now {
+		seen[k] = v
+	}
+	return warned
 }

@@ -78,6 +78,13 @@ func (p *Permissions) Deleted(s Server, client net.Addr, peer net.IP) {
 	}
 }
 
+// Forget drops what the allocation of client on s held: it is gone.
+func (p *Permissions) Forget(s Server, client net.Addr) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.held, pendingKey{s, client.String()})
+}
+
 // Refused counts the permissions refused for the limit.
 func (p *Permissions) Refused() uint64 { return p.refused.Load() }
 

@@ -204,6 +204,20 @@ func (c *Counter) Stats() Stats {
 	return st
 }
 
+// Live returns the live allocations counted for server s (not the
+// reservations), to compare with what the server holds.
+func (c *Counter) Live(s Server) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for k := range c.live {
+		if k.server == s {
+			n++
+		}
+	}
+	return n
+}
+
 // User returns user's live and reserved allocations.
 func (c *Counter) User(user string) int {
 	c.mu.Lock()
