@@ -122,28 +122,14 @@ func TestBootHealthPortBusy(t *testing.T) {
 }
 
 // A first start that fails (the pod this one replaces still holds the TURN
-// port) is tried again with the same config: a file origin sends no other
+// port; no handover dir, so the listener binds it exclusively) is tried again with the same config: a file origin sends no other
 // when the port comes free. It used to stay unready until the file changed.
 func TestBootRetriesFailedStart(t *testing.T) {
-	// A free port below the relay range (and the kernel's ephemeral ports).
-	port := 20000 + rand.IntN(10000)
-	held, err := net.ListenPacket("udp4", fmt.Sprintf("127.0.0.1:%d", port))
-	for ; err != nil && port < 32000; port++ {
-		held, err = net.ListenPacket("udp4", fmt.Sprintf("127.0.0.1:%d", port+1))
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
+	held, port := holdTURNPort(t)
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "health.sock")
-	file := filepath.Join(dir, "stunnerd.conf")
-	doc := fmt.Sprintf(`{"version":"v1","admin":{},"auth":{"type":"static","credentials":{"username":"u","password":"p"}},
-"listeners":[{"name":"udp","protocol":"TURN-UDP","address":"127.0.0.1","port":%d}]}`, port)
-	if err := os.WriteFile(file, []byte(doc), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r := startOrigin(t, "-c", file, "-w", "--log=all:INFO", "--xdp-mode=off", "--grace-period=1s",
+	file := writeConfig(t, dir, port)
+	r := startOrigin(t, "-c", file, "-w", "--log=all:INFO", "--xdp-mode=off", "--handover-dir=", "--grace-period=1s",
 		"--health-addr=", "--metrics-addr=", "--health-socket="+sock)
 	r.waitFor("the failed start", 10*time.Second, func() bool {
 		return strings.Contains(r.log.String(), "address already in use")
@@ -156,4 +142,56 @@ func TestBootRetriesFailedStart(t *testing.T) {
 	r.waitFor("ready once the TURN port is free", 10*time.Second, func() bool { return probeSocket(sock, "ready") })
 	waitAllocates(t, fmt.Sprintf("127.0.0.1:%d", port), "p")
 	r.stop()
+}
+
+// holdTURNPort binds a free UDP port on loopback below the relay range (and
+// the kernel's ephemeral ports), as the pod being replaced holds its TURN port.
+func holdTURNPort(t *testing.T) (net.PacketConn, int) {
+	t.Helper()
+	port := 20000 + rand.IntN(10000)
+	held, err := net.ListenPacket("udp4", fmt.Sprintf("127.0.0.1:%d", port))
+	for ; err != nil && port < 32000; port++ {
+		held, err = net.ListenPacket("udp4", fmt.Sprintf("127.0.0.1:%d", port+1))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = held.Close() })
+	return held, port
+}
+
+// writeConfig writes a config of one TURN-UDP listener on 127.0.0.1:port.
+func writeConfig(t *testing.T, dir string, port int) string {
+	t.Helper()
+	file := filepath.Join(dir, "stunnerd.conf")
+	doc := fmt.Sprintf(`{"version":"v1","admin":{},"auth":{"type":"static","credentials":{"username":"u","password":"p"}},
+"listeners":[{"name":"udp","protocol":"TURN-UDP","address":"127.0.0.1","port":%d}]}`, port)
+	if err := os.WriteFile(file, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// Without -w, a node label client that cannot be built exits 1, as with a
+// TURN URI, and closes the daemon it had started: its ports are free.
+func TestOriginLabelClientFailureCloses(t *testing.T) {
+	held, port := holdTURNPort(t)
+	held.Close()
+	dir := t.TempDir()
+	r := startOrigin(t, "-c", writeConfig(t, dir, port), "--log=all:INFO", "--xdp-mode=off", "--handover-dir=",
+		"--health-addr=", "--metrics-addr=", "--node-name=node-1", "--kubeconfig="+filepath.Join(dir, "no-kubeconfig"))
+	select {
+	case code := <-r.exit:
+		r.exit <- code
+		if code != 1 {
+			t.Fatalf("exit %d, want 1\n%s", code, r.log)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("still running with a node label client that cannot be built\n%s", r.log)
+	}
+	c, err := net.ListenPacket("udp4", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatalf("the TURN port is still held after the exit: %v\n%s", err, r.log)
+	}
+	c.Close()
 }
