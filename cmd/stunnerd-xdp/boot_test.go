@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -194,4 +195,27 @@ func TestOriginLabelClientFailureCloses(t *testing.T) {
 		t.Fatalf("the TURN port is still held after the exit: %v\n%s", err, r.log)
 	}
 	c.Close()
+}
+
+// A start that keeps failing is tried 1 s, 2 s, 4 s ... later, never more
+// than 30 s; a new config starts the count over.
+func TestStartRetryBackoff(t *testing.T) {
+	a := &applier{}
+	var got []time.Duration
+	for range 7 {
+		a.scheduleRetry()
+		got = append(got, a.retryWait)
+	}
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 30 * time.Second, 30 * time.Second}
+	if !slices.Equal(got, want) {
+		t.Errorf("waits %v, want %v", got, want)
+	}
+	a.cancelRetry()
+	if a.retryC() != nil {
+		t.Error("a cancelled retry still fires")
+	}
+	if a.scheduleRetry(); a.retryWait != time.Second {
+		t.Errorf("after a new config the first wait is %v, want 1s", a.retryWait)
+	}
+	a.cancelRetry()
 }
