@@ -235,7 +235,7 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	if o.configOrigin != "" {
-		return runOrigin(o, stderr)
+		return runOrigin(o, stderr, make(chan os.Signal, 2))
 	}
 	cfg, err := buildConfig(o, fs.Arg(0))
 	if err != nil {

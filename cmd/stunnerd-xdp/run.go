@@ -101,8 +101,9 @@ func drain(o options, d *daemon.Daemon, log *slog.Logger, s os.Signal, sigs <-ch
 	return 0
 }
 
-// runOrigin serves the configs of a file or a config discovery service.
-func runOrigin(o options, stderr io.Writer) int {
+// runOrigin serves the configs of a file or a config discovery service until
+// a signal on sigs (SIGTERM and SIGINT are notified to it).
+func runOrigin(o options, stderr io.Writer, sigs chan os.Signal) int {
 	org, err := parseOrigin(o.configOrigin)
 	if err != nil {
 		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
@@ -160,13 +161,19 @@ func runOrigin(o options, stderr io.Writer) int {
 	if o.dryRun {
 		return a.dryRun(<-configs)
 	}
-	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	if err := a.boot.start(o.healthAddr, o.healthSocket); err != nil {
+	// Every way out without drain closes the daemon (Close is idempotent).
+	defer func() {
+		if a.d != nil {
+			_ = a.d.Close()
+		}
+	}()
+	if err := a.boot.start(o.healthAddr, o.healthSocket, log); err != nil {
 		log.Error("cannot serve health checks while waiting for a config", "error", err)
 		return 1
 	}
 	defer a.boot.stop()
+	defer a.cancelRetry()
 	dnsTick := time.NewTicker(config.DNSInterval)
 	defer dnsTick.Stop()
 	for {
@@ -178,6 +185,8 @@ func runOrigin(o options, stderr io.Writer) int {
 				}
 				return 1
 			}
+		case <-a.retryC():
+			a.retryStart()
 		case <-dnsTick.C:
 			a.refreshDNS(ctx)
 		case s := <-sigs:
@@ -203,12 +212,24 @@ type applier struct {
 	last    *config.Resolved
 	lastCfg daemon.Config
 	warned  map[string]bool
+	// retry restarts the daemon on last after a failed start (with -w): a
+	// port may be held by the pod this one replaces, and a file origin
+	// sends nothing new when it lets go. retryWait is its backoff.
+	retry     *time.Timer
+	retryWait time.Duration
 }
+
+// Backoff of a failed start's retries.
+const (
+	startRetryFirst = time.Second
+	startRetryMax   = 30 * time.Second
+)
 
 // apply parses one config and starts or reconfigures the daemon with it.
 func (a *applier) apply(b []byte) error {
 	r, err := config.Parse(b)
 	if errors.Is(err, config.ErrZeroConfig) {
+		a.cancelRetry()
 		if !a.o.watch {
 			a.log.Error("the config is empty: nothing to serve, and without -w no other config follows", "error", err)
 			return fmt.Errorf("%w: %w", errUsage, err)
@@ -230,6 +251,7 @@ func (a *applier) apply(b []byte) error {
 			a.log.Warn("config: " + w)
 		}
 	}
+	a.cancelRetry() // a new config replaces the one that could not start
 	a.last = r
 	return a.run(r, true)
 }
@@ -277,8 +299,13 @@ func (a *applier) start(cfg daemon.Config, r *config.Resolved) error {
 	a.boot.stop()
 	d, err := daemon.Start(cfg)
 	if err != nil {
-		a.log.Error("cannot start on this config, waiting for another", "error", err)
-		if berr := a.boot.start(a.o.healthAddr, a.o.healthSocket); berr != nil {
+		if a.o.watch {
+			a.scheduleRetry()
+			a.log.Error("cannot start on this config, retrying until another comes", "error", err, "retry-in", a.retryWait.String())
+		} else {
+			a.log.Error("cannot start on this config", "error", err)
+		}
+		if berr := a.boot.start(a.o.healthAddr, a.o.healthSocket, a.log); berr != nil {
 			a.log.Error("health checks", "error", berr)
 		}
 		return err
@@ -289,6 +316,39 @@ func (a *applier) start(cfg daemon.Config, r *config.Resolved) error {
 	}
 	a.log.Info("serving: ready", "listeners", len(cfg.Listeners), "config", r.Name)
 	return nil
+}
+
+// scheduleRetry arms the retry of a failed start, waiting twice as long as
+// the last time, up to startRetryMax.
+func (a *applier) scheduleRetry() {
+	a.retryWait = min(max(2*a.retryWait, startRetryFirst), startRetryMax)
+	a.retry = time.NewTimer(a.retryWait)
+}
+
+// cancelRetry drops a pending retry and its backoff.
+func (a *applier) cancelRetry() {
+	if a.retry != nil {
+		a.retry.Stop()
+		a.retry = nil
+	}
+	a.retryWait = 0
+}
+
+// retryC fires when a failed start is due for another try; nil otherwise.
+func (a *applier) retryC() <-chan time.Time {
+	if a.retry == nil {
+		return nil
+	}
+	return a.retry.C
+}
+
+// retryStart tries the last config again (its DNS names resolved anew).
+func (a *applier) retryStart() {
+	a.retry = nil
+	if a.d != nil || a.last == nil {
+		return
+	}
+	_ = a.run(a.last, true) // a failure is logged and schedules the next try
 }
 
 // logOffload says once, at start, what admin.offload_engine made of the XDP
@@ -350,13 +410,13 @@ func equalPolicy(x, y config.ResolvedListener) bool {
 }
 
 // bootstrapHealth answers the kubelet while there is no daemon yet: live, not
-// ready (stunnerd's zero config).
+// ready (stunnerd's zero config). Its TCP port is the daemon's, so a busy one
+// is retried as the daemon does.
 type bootstrapHealth struct {
-	srvs []*http.Server
-	sock string
+	e *daemon.Endpoints
 }
 
-func (b *bootstrapHealth) start(addr, sock string) error {
+func (b *bootstrapHealth) start(addr, sock string, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -369,40 +429,21 @@ func (b *bootstrapHealth) start(addr, sock string) error {
 	}
 	mux.HandleFunc("/ready", waiting)
 	mux.HandleFunc("/status", waiting)
-	addrs, err := daemon.EndpointAddrs(addr, podAddr())
-	if err != nil {
+	b.e = daemon.NewEndpoints(log)
+	if err := b.e.ServeTCP(addr, podAddr(), mux, "health"); err != nil {
+		b.stop()
 		return err
 	}
-	type endpoint struct{ network, addr string }
-	var eps []endpoint
-	for _, a := range addrs {
-		eps = append(eps, endpoint{"tcp", a})
-	}
-	if sock != "" {
-		eps = append(eps, endpoint{"unix", sock})
-	}
-	for _, l := range eps {
-		if l.network == "unix" {
-			_ = os.Remove(l.addr)
-			b.sock = l.addr
-		}
-		ln, err := net.Listen(l.network, l.addr)
-		if err != nil {
-			b.stop()
-			return err
-		}
-		b.srvs = append(b.srvs, daemon.Serve(ln, mux))
+	if err := b.e.ServeUnix(sock, mux); err != nil {
+		b.stop()
+		return err
 	}
 	return nil
 }
 
 func (b *bootstrapHealth) stop() {
-	for _, s := range b.srvs {
-		_ = s.Close()
-	}
-	b.srvs = nil
-	if b.sock != "" {
-		_ = os.Remove(b.sock)
-		b.sock = ""
+	if b.e != nil {
+		b.e.Close()
+		b.e = nil
 	}
 }

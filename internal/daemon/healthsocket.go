@@ -7,10 +7,10 @@ import (
 	"os"
 )
 
-// serveUnix serves the health endpoints on a unix socket: it answers for this
+// ServeUnix serves the health endpoints on a unix socket: it answers for this
 // process only, which is what a probe needs while two daemons share the node's
 // network namespace (`stunnerd-xdp probe` is its client).
-func (d *Daemon) serveUnix(path string, h http.Handler) error {
+func (e *Endpoints) ServeUnix(path string, h http.Handler) error {
 	if path == "" {
 		return nil
 	}
@@ -21,8 +21,9 @@ func (d *Daemon) serveUnix(path string, h http.Handler) error {
 	if err != nil {
 		return fmt.Errorf("health socket: %w", err)
 	}
-	srv := Serve(ln, h)
-	d.closers = append(d.closers, func() { _ = srv.Close() })
-	d.log.Info("health socket listening", "path", path)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.add(ln, h)
+	e.log.Info("health socket listening", "path", path)
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -65,48 +66,57 @@ func EndpointAddrs(addr string, pod netip.Addr) ([]string, error) {
 	return out, nil
 }
 
-// serve starts an HTTP server on each of addr's EndpointAddrs; while a port
-// is taken (the previous daemon on this node is still draining) it retries in
-// the background.
-func (d *Daemon) serve(addr string, h http.Handler, what string) error {
-	addrs, err := EndpointAddrs(addr, d.config().PodAddr)
+// Endpoints are HTTP servers with one lifetime: the daemon's, or those of
+// cmd/stunnerd-xdp answering the kubelet before the first config. A TCP port
+// that is taken (the previous daemon on this node is still draining) is
+// retried in the background until Close.
+type Endpoints struct {
+	log  *slog.Logger
+	mu   sync.Mutex // a retried listen and Close may race
+	srvs []*http.Server
+	lns  []net.Listener // closed by Close itself, see add
+	stop chan struct{}  // closed by Close: later listens give up
+	wg   sync.WaitGroup
+}
+
+// NewEndpoints returns an empty set logging to log.
+func NewEndpoints(log *slog.Logger) *Endpoints {
+	return &Endpoints{log: log, stop: make(chan struct{})}
+}
+
+// ServeTCP serves h on each of addr's EndpointAddrs (pod is the pod's
+// address).
+func (e *Endpoints) ServeTCP(addr string, pod netip.Addr, h http.Handler, what string) error {
+	addrs, err := EndpointAddrs(addr, pod)
 	if err != nil {
 		return fmt.Errorf("%s endpoint %q: %w", what, addr, err)
 	}
 	for _, a := range addrs {
-		if err := d.serveOn(a, h, what); err != nil {
+		if err := e.serveOn(a, h, what); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (d *Daemon) serveOn(addr string, h http.Handler, what string) error {
-	var mu sync.Mutex // a retried listen and Close may race
-	var srv *http.Server
-	d.closers = append(d.closers, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if srv != nil {
-			_ = srv.Close()
-		}
-		srv = &http.Server{} // later listens give up
-	})
+func (e *Endpoints) serveOn(addr string, h http.Handler, what string) error {
 	listen := func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if srv != nil {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		select {
+		case <-e.stop:
 			return nil // closed
+		default:
 		}
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			return err
 		}
-		srv = Serve(ln, h)
+		e.add(ln, h)
 		if host, _, _ := net.SplitHostPort(addr); host == "" || net.ParseIP(host).IsUnspecified() {
-			d.log.Warn(what+" endpoint listening on every address of the node, public ones included: give it a host to narrow it", "addr", ln.Addr().String())
+			e.log.Warn(what+" endpoint listening on every address of the node, public ones included: give it a host to narrow it", "addr", ln.Addr().String())
 		} else {
-			d.log.Info(what+" endpoint listening", "addr", ln.Addr().String())
+			e.log.Info(what+" endpoint listening", "addr", ln.Addr().String())
 		}
 		return nil
 	}
@@ -117,13 +127,41 @@ func (d *Daemon) serveOn(addr string, h http.Handler, what string) error {
 	if !errors.Is(err, syscall.EADDRINUSE) {
 		return fmt.Errorf("%s endpoint on %s: %w", what, addr, err)
 	}
-	d.log.Warn(what+" endpoint busy, retrying until it is free (another stunnerd-xdp on this node?)", "addr", addr)
-	d.wg.Add(1)
+	e.log.Warn(what+" endpoint busy, retrying until it is free (another stunnerd-xdp on this node?)", "addr", addr)
+	e.wg.Add(1)
 	go func() {
-		defer d.wg.Done()
-		d.tick(time.Second, func() bool { return listen() == nil })
+		defer e.wg.Done()
+		tickUntil(e.stop, time.Second, nil, func() bool { return listen() == nil })
 	}()
 	return nil
+}
+
+// add serves h on ln. Its caller holds mu.
+func (e *Endpoints) add(ln net.Listener, h http.Handler) {
+	e.srvs = append(e.srvs, Serve(ln, h))
+	// A server closed before its goroutine reaches Serve closes ln only
+	// then: a unix socket would be unlinked after Close returned, under the
+	// next server on the same path.
+	e.lns = append(e.lns, ln)
+}
+
+// Close stops the servers and the retries.
+func (e *Endpoints) Close() {
+	e.mu.Lock()
+	select {
+	case <-e.stop:
+	default:
+		close(e.stop)
+	}
+	for _, s := range e.srvs {
+		_ = s.Close()
+	}
+	for _, ln := range e.lns {
+		_ = ln.Close() // a unix socket is unlinked once, here
+	}
+	e.srvs, e.lns = nil, nil
+	e.mu.Unlock()
+	e.wg.Wait()
 }
 
 // servePprof serves Go's profiles on a loopback address (validate checks).
@@ -149,9 +187,11 @@ func (d *Daemon) servePprof(addr string) error {
 
 func (d *Daemon) serveHTTP() error {
 	cfg := d.config() // the endpoints' addresses need a restart to change
+	e := NewEndpoints(d.log)
+	d.closers = append(d.closers, e.Close)
 	mm := http.NewServeMux()
 	mm.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{}))
-	if err := d.serve(cfg.MetricsAddr, mm, "metrics"); err != nil {
+	if err := e.ServeTCP(cfg.MetricsAddr, cfg.PodAddr, mm, "metrics"); err != nil {
 		return err
 	}
 	hm := http.NewServeMux()
@@ -174,10 +214,10 @@ func (d *Daemon) serveHTTP() error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(d.Status())
 	})
-	if err := d.serve(cfg.HealthAddr, hm, "health"); err != nil {
+	if err := e.ServeTCP(cfg.HealthAddr, cfg.PodAddr, hm, "health"); err != nil {
 		return err
 	}
-	if err := d.serveUnix(cfg.HealthSocket, hm); err != nil {
+	if err := e.ServeUnix(cfg.HealthSocket, hm); err != nil {
 		return err
 	}
 	return d.servePprof(cfg.PprofAddr)

@@ -5,6 +5,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -95,5 +98,35 @@ func TestPprofLoopbackOnly(t *testing.T) {
 		if err := cfg.validate(); (err == nil) != c.ok {
 			t.Errorf("pprof on %q: %v, want ok=%v", c.addr, err, c.ok)
 		}
+	}
+}
+
+// A health socket closed and served again at once (the bootstrap endpoints
+// of cmd/stunnerd-xdp around a failed start) stays: the first server's
+// listener must not unlink the path under the second one later.
+func TestEndpointsUnixReopen(t *testing.T) {
+	lf, err := logging.New("all:WARN", "text", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One P: the servers' goroutines run only when this one blocks, so a
+	// Close comes before its server's Serve, as on a loaded node.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	sock := filepath.Join(t.TempDir(), "health.sock")
+	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	var last *Endpoints
+	for range 20 {
+		if last != nil {
+			last.Close()
+		}
+		last = NewEndpoints(lf.Slog("test"))
+		if err := last.ServeUnix(sock, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer last.Close()
+	time.Sleep(100 * time.Millisecond) // the servers' goroutines have run
+	if _, err := os.Stat(sock); err != nil {
+		t.Fatalf("the socket of the running server is gone: %v", err)
 	}
 }
