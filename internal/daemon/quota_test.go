@@ -173,7 +173,9 @@ func TestQuotaFailedAllocate(t *testing.T) {
 			t.Fatalf("with the only relay port taken: %v, want 508", err)
 		}
 	}
-	if st := d.Quota(); st.Allocations != 1 || st.Refused[quota.UserQuota] != 0 {
+	// pion reports a failed Allocate after it answered it: wait for that.
+	waitQuota(t, d, 1)
+	if st := d.Quota(); st.Refused[quota.UserQuota] != 0 {
 		t.Fatalf("quota stats %+v: failed allocations kept their slots", st)
 	}
 }
