@@ -192,14 +192,14 @@ func TestOpenRefusesUnsafeDir(t *testing.T) {
 		{"symlink", func(t *testing.T, dir string) {
 			// bpffs takes no dots in names nor directory renames: make the
 			// target beside it.
-			real := dir + "-real"
-			if err := os.MkdirAll(filepath.Join(real, "registry"), 0o700); err != nil {
+			target := dir + "-real"
+			if err := os.MkdirAll(filepath.Join(target, "registry"), 0o700); err != nil {
 				t.Fatal(err)
 			}
 			if err := os.RemoveAll(dir); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.Symlink(real, dir); err != nil {
+			if err := os.Symlink(target, dir); err != nil {
 				t.Fatal(err)
 			}
 		}},

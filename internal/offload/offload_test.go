@@ -170,16 +170,17 @@ func TestPrecedence(t *testing.T) {
 				}
 			}
 			err := f.m.SetLabel(c.label)
-			if c.takeBack {
+			switch {
+			case c.takeBack:
 				if err != nil && c.label != nodelabel.Detach && !errors.Is(err, ErrHandedOver) {
 					t.Fatal(err)
 				}
 				if was, err := f.m.TakeBack(); !was || err != nil {
 					t.Fatalf("take back: %v, %v; want true, nil", was, err)
 				}
-			} else if c.handOver && !errors.Is(err, ErrHandedOver) {
+			case c.handOver && !errors.Is(err, ErrHandedOver):
 				t.Errorf("label after the hand-over: %v, want ErrHandedOver", err)
-			} else if !c.handOver && err != nil {
+			case !c.handOver && err != nil:
 				t.Fatal(err)
 			}
 			f.want(t, c.want)
