@@ -24,8 +24,10 @@ const (
 	httpReadHeaderTimeout = 5 * time.Second
 	httpReadTimeout       = 10 * time.Second
 	httpWriteTimeout      = 30 * time.Second // a scrape of a full node
-	httpIdleTimeout       = 60 * time.Second
-	httpMaxHeaderBytes    = 16 << 10
+	// A kept-alive idle connection holds one of httpMaxConns: scrapers come
+	// back every 15-60 s and can reconnect, holders must not starve them.
+	httpIdleTimeout    = 5 * time.Second
+	httpMaxHeaderBytes = 16 << 10
 )
 
 // Serve serves h on ln with the endpoints' timeouts and connection limit
