@@ -29,6 +29,10 @@
 #define RATE_LIMIT_BURST_NS 50000000ULL
 #define NS_PER_SEC 1000000000ULL
 
+/* Entries of each per-CPU flow cache (a power of two): 4,096 of client->peer
+ * and 4,096 of peer->client flows take 512 KiB per CPU. */
+#define FLOW_CACHE_SLOTS 4096
+
 /* How many UDP listener ports one program serves (set at load time). */
 #define MAX_LISTENER_PORTS 8
 

@@ -47,6 +47,7 @@ struct c2p_val {
 	__be16 relay_port;
 	__u32 binding_id; /* index into binding_states */
 	__u32 alloc_id;   /* the allocation's, index into alloc_rates */
+	__u32 gen;        /* the slot's generation when installed */
 };
 
 /* A peer's datagram to a relayed transport address. The relay address is part of
@@ -66,6 +67,7 @@ struct p2c_val {
 	__u16 _pad;
 	__u32 binding_id;
 	__u32 alloc_id;
+	__u32 gen; /* the slot's generation when installed */
 };
 
 /* A binding's next hop in one direction as bpf_fib_lookup resolved it, reused
@@ -106,7 +108,10 @@ struct binding_state {
 	 * at once, and a torn entry would pair one lookup's MAC with another's
 	 * device. Readers take it too, unless cfg.tso (then the seq counts). */
 	struct bpf_spin_lock lock;
-	__u32 _pad;
+	/* Set by userspace when it gives the slot to a binding (unique per
+	 * install, never 0), 0 when it takes the slot back: a flow cached for
+	 * another generation is not this binding's. */
+	__u32 gen;
 	struct next_hop c2p_hop;
 	struct next_hop p2c_hop;
 	/* Added atomically: one copy per binding whatever the number of CPUs (a
@@ -151,6 +156,11 @@ struct config {
 	 * hops are read without the lock, under their sequence count. */
 	__u8 tso;
 	__u8 _pad;
+	/* The flow caches: a random seed for their index hash (a stranger
+	 * cannot aim at another client's entry) and their size less one (a
+	 * power of two). */
+	__u32 flow_seed;
+	__u32 flow_mask;
 };
 
 /* Sized by the loader from --max-bindings; max_entries here are the defaults. */
@@ -204,6 +214,64 @@ struct {
 	__type(value, struct rate_limit);
 	__uint(max_entries, 1);
 } rate_limits SEC(".maps");
+
+/* Flow caches, per CPU and direct-mapped: the last bindings each CPU relayed,
+ * found by one array access instead of the hash lookups (listener destination
+ * and binding for a client's ChannelData, binding for a peer's datagram). An
+ * entry stands for the binding while both generations hold: the binding's
+ * slot generation (it was removed or its slot reused otherwise) and the FIB
+ * generation, which userspace bumps after every change of the destination
+ * table and of a binding's addresses (and on every routing change). Userspace
+ * never writes them; a miss or a stale entry takes the hash lookups and
+ * refills the entry. */
+struct c2p_flow {
+	/* The key, as the packet shows it. */
+	struct addr client_addr;
+	struct addr dst_addr;
+	__be16 client_port;
+	__be16 dst_port;
+	__be16 channel;
+	__u16 _pad;
+	__u32 fib_gen; /* 0: empty */
+	__u32 gen;
+	__u32 binding_id;
+	__u32 alloc_id;
+	__be32 peer_addr; /* relays and peers are IPv4 */
+	__be32 relay_addr;
+	__be16 peer_port;
+	__be16 relay_port;
+};
+
+struct p2c_flow {
+	__be32 peer_addr;
+	__be32 relay_addr;
+	__be16 peer_port;
+	__be16 relay_port;
+	__u32 fib_gen; /* 0: empty */
+	__u32 gen;
+	__u32 binding_id;
+	__u32 alloc_id;
+	struct addr client_addr;
+	__be16 client_port;
+	__be16 listener_port;
+	__be16 channel;
+	__u16 _pad;
+};
+
+/* Sized by the loader (a power of two, at most FLOW_CACHE_SLOTS). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct c2p_flow);
+	__uint(max_entries, FLOW_CACHE_SLOTS);
+} c2p_flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct p2c_flow);
+	__uint(max_entries, FLOW_CACHE_SLOTS);
+} p2c_flows SEC(".maps");
 
 /* One counter per enum reason, per CPU: no atomics on the packet path. */
 struct {

@@ -93,6 +93,25 @@ static __always_inline int is_relay_port(__be16 port)
 	return cfg.min_relay_port != 0 && p >= cfg.min_relay_port && p <= cfg.max_relay_port;
 }
 
+/* flow_mix folds 8 bytes into a flow cache index hash (a multiplicative hash:
+ * a few instructions where a hash map lookup costs tens of nanoseconds). */
+static __always_inline __u64 flow_mix(__u64 h, __u64 w)
+{
+	h = (h ^ w) * 0x9e3779b97f4a7c15ULL;
+	return h ^ (h >> 29);
+}
+
+static __always_inline __u32 flow_index(__u64 h)
+{
+	return (__u32)(h >> 32) & cfg.flow_mask;
+}
+
+static __always_inline __u64 addr_hash(__u64 h, const struct addr *a)
+{
+	const __u64 *q = (const __u64 *)a->b;
+	return flow_mix(flow_mix(h, q[0]), q[1]);
+}
+
 /* A rewrite computed before the packet is touched: if forwarding fails we still
  * hold the original packet and can pass it. */
 struct rewrite {
@@ -451,27 +470,79 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 			return XDP_PASS;
 		}
 	}
-	/* Only what the kernel would deliver to a listener socket is a listener's:
-	 * transit traffic (the node forwards) and other listeners' addresses are
-	 * not, and must neither be relayed nor teach a reply source. */
-	struct dst_key dk = {};
-	dk.addr = in->daddr;
-	dk.port = udp->dest;
-	struct dst_val *dst = bpf_map_lookup_elem(&listener_dsts, &dk);
-	if (!dst) {
-		*reason = REASON_NOT_LISTENER_ADDR;
-		return XDP_PASS;
-	}
+	/* The binding: from this CPU's flow cache while the entry stands for it,
+	 * else through the destination and binding maps (and cached). */
 	__u32 gen = fib_generation();
-	struct c2p_key key = {};
-	key.client_addr = in->saddr;
-	key.client_port = udp->source;
-	key.channel = channel;
-	key.listener_id = dst->listener_id;
-	struct c2p_val *b = bpf_map_lookup_elem(&c2p_bindings, &key);
-	if (!b) {
-		*reason = REASON_NO_CHANNEL;
-		return XDP_PASS;
+	struct binding_state *st = 0;
+	struct c2p_flow *f = 0;
+	__u32 binding_id, alloc_id;
+	__be32 peer_addr, relay_addr;
+	__be16 peer_port, relay_port;
+	int hit = 0;
+	if (gen) {
+		__u64 h = addr_hash(addr_hash(cfg.flow_seed, &in->saddr), &in->daddr);
+		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 32) | ((__u64)udp->dest << 16) | channel));
+		f = bpf_map_lookup_elem(&c2p_flows, &idx);
+	}
+	if (f && f->fib_gen == gen && f->client_port == udp->source && f->dst_port == udp->dest && f->channel == channel &&
+	    addr_eq(&f->client_addr, &in->saddr) && addr_eq(&f->dst_addr, &in->daddr)) {
+		binding_id = f->binding_id;
+		st = bpf_map_lookup_elem(&binding_states, &binding_id);
+		hit = st && st->gen == f->gen;
+	}
+	if (hit) {
+		alloc_id = f->alloc_id;
+		peer_addr = f->peer_addr;
+		relay_addr = f->relay_addr;
+		peer_port = f->peer_port;
+		relay_port = f->relay_port;
+	} else {
+		/* Only what the kernel would deliver to a listener socket is a
+		 * listener's: transit traffic (the node forwards) and other
+		 * listeners' addresses are not, and must neither be relayed nor
+		 * teach a reply source. */
+		struct dst_key dk = {};
+		dk.addr = in->daddr;
+		dk.port = udp->dest;
+		struct dst_val *dst = bpf_map_lookup_elem(&listener_dsts, &dk);
+		if (!dst) {
+			*reason = REASON_NOT_LISTENER_ADDR;
+			return XDP_PASS;
+		}
+		struct c2p_key key = {};
+		key.client_addr = in->saddr;
+		key.client_port = udp->source;
+		key.channel = channel;
+		key.listener_id = dst->listener_id;
+		struct c2p_val *b = bpf_map_lookup_elem(&c2p_bindings, &key);
+		if (!b) {
+			*reason = REASON_NO_CHANNEL;
+			return XDP_PASS;
+		}
+		binding_id = b->binding_id;
+		alloc_id = b->alloc_id;
+		peer_addr = addr_v4(&b->peer_addr);
+		relay_addr = addr_v4(&b->relay_addr);
+		peer_port = b->peer_port;
+		relay_port = b->relay_port;
+		st = bpf_map_lookup_elem(&binding_states, &binding_id);
+		/* Cached only as installed: a slot of another generation is
+		 * being taken back. */
+		if (f && st && st->gen == b->gen) {
+			f->client_addr = in->saddr;
+			f->dst_addr = in->daddr;
+			f->client_port = udp->source;
+			f->dst_port = udp->dest;
+			f->channel = channel;
+			f->gen = b->gen;
+			f->binding_id = binding_id;
+			f->alloc_id = alloc_id;
+			f->peer_addr = peer_addr;
+			f->relay_addr = relay_addr;
+			f->peer_port = peer_port;
+			f->relay_port = relay_port;
+			f->fib_gen = gen;
+		}
 	}
 
 	/* What the kernel would drop before pion saw it, and what would expire. */
@@ -497,8 +568,6 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	/* Learn the address the client's packets arrive at on the wire: replies must
 	 * come from it (behind a DNAT it is a VIP that userspace never sees). The
 	 * reply direction's next hop was resolved from the old one. */
-	__u32 binding_id = b->binding_id, alloc_id = b->alloc_id;
-	struct binding_state *st = bpf_map_lookup_elem(&binding_states, &binding_id);
 	if (st && !addr_eq(&st->listener_addr, &in->daddr)) {
 		st->listener_addr = in->daddr;
 		bpf_spin_lock(&st->lock);
@@ -514,10 +583,10 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	rw.family = AF_INET; /* relays and peers are IPv4 */
 	rw.tos = in->tos;
 	rw.ttl = in->ttl - 1;
-	rw.saddr = b->relay_addr;
-	rw.daddr = b->peer_addr;
-	rw.sport = b->relay_port;
-	rw.dport = b->peer_port;
+	addr_set_v4(&rw.saddr, relay_addr);
+	addr_set_v4(&rw.daddr, peer_addr);
+	rw.sport = relay_port;
+	rw.dport = peer_port;
 	rw.len = sizeof(struct iphdr) + sizeof(struct udphdr) + data_len;
 	r = next_hop(ctx, &rw, st, 1, gen);
 	if (r >= 0) {
@@ -615,20 +684,62 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		*reason = REASON_NO_PEER_BINDING;
 		return XDP_PASS;
 	}
+	/* The binding: from this CPU's flow cache while the entry stands for it,
+	 * else through the binding map (and cached). */
 	__u32 gen = fib_generation();
-	struct p2c_key key = {};
-	key.peer_addr = in->saddr;
-	key.relay_addr = in->daddr;
-	key.peer_port = udp->source;
-	key.relay_port = udp->dest;
-	struct p2c_val *b = bpf_map_lookup_elem(&p2c_bindings, &key);
-	if (!b) {
-		*reason = REASON_NO_PEER_BINDING;
-		return XDP_PASS;
+	__be32 peer_addr = addr_v4(&in->saddr), relay_addr = addr_v4(&in->daddr);
+	struct binding_state *st = 0;
+	struct p2c_flow *f = 0;
+	struct p2c_val v = {};
+	int hit = 0;
+	if (gen) {
+		__u64 h = flow_mix(cfg.flow_seed, ((__u64)peer_addr << 32) | relay_addr);
+		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 16) | udp->dest));
+		f = bpf_map_lookup_elem(&p2c_flows, &idx);
 	}
-	__u32 binding_id = b->binding_id, alloc_id = b->alloc_id;
-	struct binding_state *st = bpf_map_lookup_elem(&binding_states, &binding_id);
-	int to_v4 = addr_is_v4(&b->client_addr);
+	if (f && f->fib_gen == gen && f->peer_addr == peer_addr && f->relay_addr == relay_addr &&
+	    f->peer_port == udp->source && f->relay_port == udp->dest) {
+		__u32 id = f->binding_id;
+		st = bpf_map_lookup_elem(&binding_states, &id);
+		hit = st && st->gen == f->gen;
+	}
+	if (hit) {
+		v.client_addr = f->client_addr;
+		v.client_port = f->client_port;
+		v.listener_port = f->listener_port;
+		v.channel = f->channel;
+		v.binding_id = f->binding_id;
+		v.alloc_id = f->alloc_id;
+	} else {
+		struct p2c_key key = {};
+		key.peer_addr = in->saddr;
+		key.relay_addr = in->daddr;
+		key.peer_port = udp->source;
+		key.relay_port = udp->dest;
+		struct p2c_val *b = bpf_map_lookup_elem(&p2c_bindings, &key);
+		if (!b) {
+			*reason = REASON_NO_PEER_BINDING;
+			return XDP_PASS;
+		}
+		v = *b;
+		st = bpf_map_lookup_elem(&binding_states, &v.binding_id);
+		if (f && st && st->gen == v.gen) {
+			f->peer_addr = peer_addr;
+			f->relay_addr = relay_addr;
+			f->peer_port = udp->source;
+			f->relay_port = udp->dest;
+			f->gen = v.gen;
+			f->binding_id = v.binding_id;
+			f->alloc_id = v.alloc_id;
+			f->client_addr = v.client_addr;
+			f->client_port = v.client_port;
+			f->listener_port = v.listener_port;
+			f->channel = v.channel;
+			f->fib_gen = gen;
+		}
+	}
+	__u32 alloc_id = v.alloc_id;
+	int to_v4 = addr_is_v4(&v.client_addr);
 	if (!st || (to_v4 ? addr_v4(&st->listener_addr) == 0 : addr_is_zero(&st->listener_addr))) {
 		*reason = REASON_CLIENT_ADDR_UNKNOWN;
 		return XDP_PASS;
@@ -661,9 +772,9 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	rw.tos = in->tos;
 	rw.ttl = in->ttl - 1;
 	rw.saddr = st->listener_addr;
-	rw.daddr = b->client_addr;
-	rw.sport = b->listener_port;
-	rw.dport = b->client_port;
+	rw.daddr = v.client_addr;
+	rw.sport = v.listener_port;
+	rw.dport = v.client_port;
 	__u32 out_l3 = to_v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
 	rw.len = out_l3 + sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len;
 	int r = next_hop(ctx, &rw, st, 0, gen);
@@ -674,7 +785,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	if ((r = over_limit(alloc_id, data_len, reason)) >= 0)
 		return r;
 
-	__be16 channel = b->channel;
+	__be16 channel = v.channel;
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len);
 	__be16 cd_len = bpf_htons(data_len);
 	__be32 from[4] = {}, to[12] = {};

@@ -34,7 +34,7 @@ type RelayBindingState struct {
 		_   structs.HostLayout
 		Val uint32
 	}
-	Pad    uint32
+	Gen    uint32
 	C2pHop RelayNextHop
 	P2cHop RelayNextHop
 	Stats  RelayBindingStats
@@ -46,6 +46,30 @@ type RelayBindingStats struct {
 	C2pBytes   uint64
 	P2cPackets uint64
 	P2cBytes   uint64
+}
+
+type RelayC2pFlow struct {
+	_          structs.HostLayout
+	ClientAddr struct {
+		_ structs.HostLayout
+		B [16]uint8
+	}
+	DstAddr struct {
+		_ structs.HostLayout
+		B [16]uint8
+	}
+	ClientPort uint16
+	DstPort    uint16
+	Channel    uint16
+	Pad        uint16
+	FibGen     uint32
+	Gen        uint32
+	BindingId  uint32
+	AllocId    uint32
+	PeerAddr   uint32
+	RelayAddr  uint32
+	PeerPort   uint16
+	RelayPort  uint16
 }
 
 type RelayC2pKey struct {
@@ -73,6 +97,7 @@ type RelayC2pVal struct {
 	RelayPort uint16
 	BindingId uint32
 	AllocId   uint32
+	Gen       uint32
 }
 
 type RelayConfig struct {
@@ -83,6 +108,8 @@ type RelayConfig struct {
 	MaxRelayPort      uint16
 	Tso               uint8
 	Pad               uint8
+	FlowSeed          uint32
+	FlowMask          uint32
 }
 
 type RelayDstKey struct {
@@ -113,6 +140,26 @@ type RelayNextHop struct {
 	Smac      [6]uint8
 }
 
+type RelayP2cFlow struct {
+	_          structs.HostLayout
+	PeerAddr   uint32
+	RelayAddr  uint32
+	PeerPort   uint16
+	RelayPort  uint16
+	FibGen     uint32
+	Gen        uint32
+	BindingId  uint32
+	AllocId    uint32
+	ClientAddr struct {
+		_ structs.HostLayout
+		B [16]uint8
+	}
+	ClientPort   uint16
+	ListenerPort uint16
+	Channel      uint16
+	Pad          uint16
+}
+
 type RelayP2cKey struct {
 	_        structs.HostLayout
 	PeerAddr struct {
@@ -139,6 +186,7 @@ type RelayP2cVal struct {
 	Pad          uint16
 	BindingId    uint32
 	AllocId      uint32
+	Gen          uint32
 }
 
 type RelayRateLimit struct {
@@ -192,9 +240,11 @@ const (
 	RelayMapAllocRates    = "alloc_rates"
 	RelayMapBindingStates = "binding_states"
 	RelayMapC2pBindings   = "c2p_bindings"
+	RelayMapC2pFlows      = "c2p_flows"
 	RelayMapFibGen        = "fib_gen"
 	RelayMapListenerDsts  = "listener_dsts"
 	RelayMapP2cBindings   = "p2c_bindings"
+	RelayMapP2cFlows      = "p2c_flows"
 	RelayMapRateLimits    = "rate_limits"
 	RelayMapTxPorts       = "tx_ports"
 	RelayMapVerdicts      = "verdicts"
@@ -255,9 +305,11 @@ type RelayMapSpecs struct {
 	AllocRates    *ebpf.MapSpec `ebpf:"alloc_rates"`
 	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
 	C2pBindings   *ebpf.MapSpec `ebpf:"c2p_bindings"`
+	C2pFlows      *ebpf.MapSpec `ebpf:"c2p_flows"`
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
+	P2cFlows      *ebpf.MapSpec `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 	Verdicts      *ebpf.MapSpec `ebpf:"verdicts"`
@@ -294,9 +346,11 @@ type RelayMaps struct {
 	AllocRates    *ebpf.Map `ebpf:"alloc_rates"`
 	BindingStates *ebpf.Map `ebpf:"binding_states"`
 	C2pBindings   *ebpf.Map `ebpf:"c2p_bindings"`
+	C2pFlows      *ebpf.Map `ebpf:"c2p_flows"`
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
+	P2cFlows      *ebpf.Map `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 	Verdicts      *ebpf.Map `ebpf:"verdicts"`
@@ -307,9 +361,11 @@ func (m *RelayMaps) Close() error {
 		m.AllocRates,
 		m.BindingStates,
 		m.C2pBindings,
+		m.C2pFlows,
 		m.FibGen,
 		m.ListenerDsts,
 		m.P2cBindings,
+		m.P2cFlows,
 		m.RateLimits,
 		m.TxPorts,
 		m.Verdicts,

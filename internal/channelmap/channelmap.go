@@ -122,6 +122,10 @@ type Maps struct {
 	account   func(Binding) string
 	byAccount map[string]Stats
 	gen       uint64 // numbers the entries, so a reader outside mu tells a replaced one
+	// slotGen numbers the installs into state slots: the program's flow
+	// caches hold a binding for as long as its slot keeps the generation
+	// (never 0: a slot taken back has 0).
+	slotGen uint32
 	// Listener ids: the program keys bindings by the listener's id, which the
 	// destination table maps each accepted address:port to.
 	listenerIDs  map[netip.AddrPort]uint32
@@ -150,6 +154,7 @@ type entry struct {
 	base    Stats
 	allocID uint32
 	gen     uint64
+	slotGen uint32 // the slot's generation (see Maps.slotGen)
 	account string
 }
 
@@ -276,10 +281,12 @@ func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 		want[k] = m.listenerID(l)
 	}
 	var errs []error
+	changed := false
 	for k, id := range want {
 		if cur, ok := m.dstTable[k]; ok && cur == id {
 			continue
 		}
+		changed = true
 		if err := m.dsts.Put(k, bpf.RelayDstVal{ListenerId: id}); err != nil {
 			errs = append(errs, fmt.Errorf("destination %v:%d: %w", fromAddr16(k.Addr.B), byteorder.Htons(k.Port), mapErr(err)))
 			continue
@@ -290,11 +297,19 @@ func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 		if _, ok := want[k]; ok {
 			continue
 		}
+		changed = true
 		if err := m.dsts.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("remove destination %v:%d: %w", fromAddr16(k.Addr.B), byteorder.Htons(k.Port), err))
 			continue
 		}
 		delete(m.dstTable, k)
+	}
+	if changed {
+		// Flows the program cached went through the old table (after the
+		// change: a flow resolved before it is stored as stale).
+		if err := bpf.BumpFibGen(m.fibGen); err != nil {
+			errs = append(errs, fmt.Errorf("destinations changed: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -358,11 +373,16 @@ func (m *Maps) Upsert(b Binding) error {
 		}
 	}()
 	pk := p2cKey(b)
+	slotGen := old.slotGen
 	if !exists {
 		// A fresh slot: nothing learned, no next hop cached (the id may have
-		// served a removed binding). The program reads it only once the
-		// entries below point at it.
-		if err := m.states.Put(id, bpf.RelayBindingState{}); err != nil {
+		// served a removed binding), a generation of its own. The program
+		// reads it only once the entries below point at it.
+		if m.slotGen++; m.slotGen == 0 {
+			m.slotGen = 1
+		}
+		slotGen = m.slotGen
+		if err := m.states.Put(id, bpf.RelayBindingState{Gen: slotGen}); err != nil {
 			m.free(id)
 			return fmt.Errorf("clear the state slot of %v: %w", b, err)
 		}
@@ -375,6 +395,7 @@ func (m *Maps) Upsert(b Binding) error {
 	cv.RelayPort = byteorder.Htons(b.Relay.Port())
 	cv.BindingId = id
 	cv.AllocId = allocID
+	cv.Gen = slotGen
 
 	var pv bpf.RelayP2cVal
 	pv.ClientAddr.B = addr16(b.Client.Addr())
@@ -383,6 +404,7 @@ func (m *Maps) Upsert(b Binding) error {
 	pv.Channel = byteorder.Htons(b.Channel)
 	pv.BindingId = id
 	pv.AllocId = allocID
+	pv.Gen = slotGen
 
 	moved := exists && p2cKey(old.binding) != pk
 	if moved {
@@ -410,7 +432,7 @@ func (m *Maps) Upsert(b Binding) error {
 	if exists && newAlloc {
 		m.releaseAlloc(old.binding.Relay)
 	}
-	e := entry{binding: b, id: id, allocID: allocID, gen: old.gen, account: m.accountOf(b), base: old.base}
+	e := entry{binding: b, id: id, allocID: allocID, gen: old.gen, slotGen: slotGen, account: m.accountOf(b), base: old.base}
 	if exists && e.account != old.account {
 		// Traffic so far was the old account's: it must not move to the new one.
 		e.base = m.fold(id, old.account, old.base)
@@ -422,8 +444,9 @@ func (m *Maps) Upsert(b Binding) error {
 	m.bindings[k] = e
 	if moved {
 		// The next hop the program cached for the old peer is not the new
-		// one's: resolve again (the program reads the generation before the
-		// binding, so a lookup racing this update is stored as stale).
+		// one's, nor are the flows it cached: resolve again (the program
+		// reads the generation before the binding, so a lookup racing this
+		// update is stored as stale).
 		if err := bpf.BumpFibGen(m.fibGen); err != nil {
 			return fmt.Errorf("binding %v moved: %w", b, err)
 		}
@@ -801,6 +824,12 @@ func (m *Maps) RemoveStray() (int, error) {
 	}
 	for _, k := range strayP {
 		if err := m.p2c.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if len(stray)+len(strayP) > 0 {
+		// A flow the program cached from a stray entry must go with it.
+		if err := bpf.BumpFibGen(m.fibGen); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -5,6 +5,8 @@
 package loader
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -121,6 +123,17 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	if runtime.GOARCH == "amd64" || runtime.GOARCH == "386" {
 		c.Tso = 1
 	}
+	// The flow caches: as many entries per CPU as bindings, up to the
+	// program's FLOW_CACHE_SLOTS, a power of two for the index mask.
+	slots := flowSlots(cfg.MaxBindings, spec.Maps[bpf.RelayMapC2pFlows].MaxEntries)
+	spec.Maps[bpf.RelayMapC2pFlows].MaxEntries = slots
+	spec.Maps[bpf.RelayMapP2cFlows].MaxEntries = slots
+	c.FlowMask = slots - 1
+	var seed [4]byte
+	if _, err := rand.Read(seed[:]); err != nil {
+		return fmt.Errorf("flow cache seed: %w", err)
+	}
+	c.FlowSeed = binary.LittleEndian.Uint32(seed[:])
 	if err := spec.Variables[bpf.RelayVarCfg].Set(c); err != nil {
 		return fmt.Errorf("set program config: %w", err)
 	}
@@ -139,6 +152,9 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			bpf.RelayMapFibGen:        reuse.FibGen,
 			bpf.RelayMapRateLimits:    reuse.RateLimits,
 			bpf.RelayMapAllocRates:    reuse.AllocRates,
+			// Entries hashed with the old seed are only missed.
+			bpf.RelayMapC2pFlows: reuse.C2pFlows,
+			bpf.RelayMapP2cFlows: reuse.P2cFlows,
 		}}
 	}
 	if err := spec.LoadAndAssign(objs, opts); err != nil {
@@ -149,6 +165,15 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 		return fmt.Errorf("load XDP program: %w", err)
 	}
 	return nil
+}
+
+// flowSlots is the power of two at or above bindings (at least 64), capped.
+func flowSlots(bindings, limit uint32) uint32 {
+	n := uint32(64)
+	for n < bindings && n < limit {
+		n <<= 1
+	}
+	return min(n, limit)
 }
 
 // Reconfigure loads the program again with a new configuration (listener
