@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
@@ -152,6 +153,15 @@ func newEnv(t testing.TB) *env {
 		t.Fatal(err)
 	}
 	if err := e.ns.Do(func() error { return e.setup() }); err != nil {
+		t.Fatal(err)
+	}
+	// Every run on one CPU: the flow caches are per CPU, and a row's second
+	// run (and a fuzz input's repeats) must find what its first one cached.
+	if err := e.ns.Do(func() error {
+		var cpu0 unix.CPUSet
+		cpu0.Set(0)
+		return unix.SchedSetaffinity(0, &cpu0)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	// The next-hop cache on, kept valid as the daemon keeps it: every change

@@ -1,0 +1,213 @@
+package bpf_test
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/packet"
+)
+
+// TestFlowCache: a relayed flow is cached per CPU and later packets take the
+// cache instead of the maps, for exactly as long as the cache stands for the
+// maps: a removed binding, a slot of another generation, a changed
+// destination table or a binding moved to another peer reach the program at
+// once. The first subtest shows the cache is used (the maps alone would pass
+// the packet); the others that every way userspace changes what the maps say
+// ends its use.
+func TestFlowCache(t *testing.T) {
+	e := newEnv(t)
+	m := e.install(t)
+	b := bindings["redirect"] // client 10.100.0.2 on a0, peer 10.200.0.2 on b0
+	c2p := fromClient(b, "10.100.0.1", packet.ChannelData(b.Channel, data(100), nil)).Marshal()
+	p2c := fromPeer(b, data(100)).Marshal()
+	relayed := func(t *testing.T) {
+		t.Helper()
+		if got, _ := e.check(t, m, "a0", c2p); got.verdict != xdpRedirect {
+			t.Fatalf("client->peer: verdict %d, want redirect", got.verdict)
+		}
+		if got, _ := e.check(t, m, "b0", p2c); got.verdict != xdpRedirect {
+			t.Fatalf("peer->client: verdict %d, want redirect", got.verdict)
+		}
+	}
+	// relayedUnmapped is relayed with entries taken out of the maps (which
+	// the model and the env's view of the bindings do not know about).
+	relayedUnmapped := func(t *testing.T) {
+		t.Helper()
+		for _, r := range []struct {
+			ingress string
+			frame   []byte
+		}{{"a0", c2p}, {"b0", p2c}} {
+			if got := e.observe(t, r.ingress, r.frame); got.verdict != xdpRedirect {
+				t.Fatalf("%s: verdict %d %s, want redirect", r.ingress, got.verdict, reasonName(got.reason))
+			}
+		}
+	}
+	passes := func(t *testing.T, ingress string, frame []byte, want bpf.RelayReason) {
+		t.Helper()
+		if got := e.observe(t, ingress, frame); got.verdict != xdpPass || got.reason != want {
+			t.Fatalf("%s: verdict %d %s, want pass %s", ingress, got.verdict, reasonName(got.reason), reasonName(want))
+		}
+	}
+	relayed(t)
+	if n := e.cachedFlows(t, b); n != [2]int{1, 1} {
+		t.Fatalf("cached flows of %v (client->peer, peer->client): %v, want one each", b, n)
+	}
+
+	// The maps' own entries, behind channelmap's back (so nothing tells the
+	// program): only a cached flow still relays.
+	dk := bpf.RelayDstKey{Port: htons(b.Listener.Port())}
+	dk.Addr.B = netip.MustParseAddr("10.100.0.1").As16()
+	var dv bpf.RelayDstVal
+	var pk bpf.RelayP2cKey
+	pk.PeerAddr.B, pk.RelayAddr.B = b.Peer.Addr().As16(), b.Relay.Addr().As16()
+	pk.PeerPort, pk.RelayPort = htons(b.Peer.Port()), htons(b.Relay.Port())
+	var pv bpf.RelayP2cVal
+	maps := e.prog.Maps()
+	unmapped := func(t *testing.T) func() {
+		t.Helper()
+		if err := maps.ListenerDsts.Lookup(dk, &dv); err != nil {
+			t.Fatal(err)
+		}
+		if err := maps.P2cBindings.Lookup(pk, &pv); err != nil {
+			t.Fatal(err)
+		}
+		if err := errors.Join(maps.ListenerDsts.Delete(dk), maps.P2cBindings.Delete(pk)); err != nil {
+			t.Fatal(err)
+		}
+		return func() {
+			if err := errors.Join(maps.ListenerDsts.Put(dk, dv), maps.P2cBindings.Put(pk, pv)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	t.Run("cached flows stand in for the maps", func(t *testing.T) {
+		restore := unmapped(t)
+		defer restore()
+		relayedUnmapped(t)
+	})
+
+	t.Run("a new FIB generation ends them", func(t *testing.T) {
+		relayed(t)
+		restore := unmapped(t)
+		if err := e.maps.InvalidateNextHops(); err != nil {
+			t.Fatal(err)
+		}
+		passes(t, "a0", c2p, bpf.RelayReasonREASON_NOT_LISTENER_ADDR)
+		passes(t, "b0", p2c, bpf.RelayReasonREASON_NO_PEER_BINDING)
+		restore()
+		relayed(t)
+	})
+
+	t.Run("a slot of another generation ends them", func(t *testing.T) {
+		relayed(t)
+		id, st := e.slot(t, b)
+		restore := unmapped(t)
+		st.Gen++
+		if err := maps.BindingStates.Put(id, st); err != nil {
+			t.Fatal(err)
+		}
+		passes(t, "a0", c2p, bpf.RelayReasonREASON_NOT_LISTENER_ADDR)
+		passes(t, "b0", p2c, bpf.RelayReasonREASON_NO_PEER_BINDING)
+		restore()
+		st.Gen--
+		if err := maps.BindingStates.Put(id, st); err != nil {
+			t.Fatal(err)
+		}
+		relayed(t)
+	})
+
+	t.Run("removing the binding ends them", func(t *testing.T) {
+		relayed(t)
+		if err := e.maps.Delete(b.Key()); err != nil {
+			t.Fatal(err)
+		}
+		passes(t, "a0", c2p, bpf.RelayReasonREASON_NO_CHANNEL)
+		passes(t, "b0", p2c, bpf.RelayReasonREASON_NO_PEER_BINDING)
+		if err := e.maps.Upsert(b); err != nil {
+			t.Fatal(err)
+		}
+		e.teach(t, b)
+		relayed(t)
+	})
+
+	t.Run("a destination table without the address ends them", func(t *testing.T) {
+		relayed(t)
+		without := map[netip.AddrPort]netip.AddrPort{}
+		for k, v := range destTable {
+			if k != netip.AddrPortFrom(netip.MustParseAddr("10.100.0.1"), b.Listener.Port()) {
+				without[k] = v
+			}
+		}
+		if err := e.maps.SetDestinations(without); err != nil {
+			t.Fatal(err)
+		}
+		passes(t, "a0", c2p, bpf.RelayReasonREASON_NOT_LISTENER_ADDR)
+		if err := e.maps.SetDestinations(destTable); err != nil {
+			t.Fatal(err)
+		}
+		relayed(t)
+	})
+
+	t.Run("moving the binding to another peer port ends them", func(t *testing.T) {
+		relayed(t)
+		moved := b
+		moved.Peer = netip.AddrPortFrom(b.Peer.Addr(), b.Peer.Port()+1)
+		if err := e.maps.Upsert(moved); err != nil {
+			t.Fatal(err)
+		}
+		got := e.observe(t, "a0", c2p)
+		out, err := packet.Parse(got.out)
+		if got.verdict != xdpRedirect || err != nil || out.Dst != moved.Peer {
+			t.Fatalf("client->peer after the move: verdict %d, to %v (%v), want redirect to %v", got.verdict, out.Dst, err, moved.Peer)
+		}
+		passes(t, "b0", p2c, bpf.RelayReasonREASON_NO_PEER_BINDING)
+		if err := e.maps.Upsert(b); err != nil {
+			t.Fatal(err)
+		}
+		relayed(t)
+	})
+}
+
+// cachedFlows counts the flow cache entries (on any CPU, client->peer and
+// peer->client) that hold b in the current FIB generation.
+func (e *env) cachedFlows(t testing.TB, b channelmap.Binding) (n [2]int) {
+	t.Helper()
+	gen := e.fibGen(t)
+	maps := e.prog.Maps()
+	var (
+		idx uint32
+		cf  []bpf.RelayC2pFlow
+		pf  []bpf.RelayP2cFlow
+	)
+	client, peer, relay := b.Client.Addr().As16(), b.Peer.Addr().As4(), b.Relay.Addr().As4()
+	it := maps.C2pFlows.Iterate()
+	for it.Next(&idx, &cf) {
+		for _, f := range cf {
+			if f.FibGen == gen && f.ClientAddr.B == client && f.ClientPort == htons(b.Client.Port()) && f.Channel == htons(b.Channel) {
+				n[0]++
+			}
+		}
+	}
+	pit := maps.P2cFlows.Iterate()
+	for pit.Next(&idx, &pf) {
+		for _, f := range pf {
+			if f.FibGen == gen && f.PeerAddr == be32(peer) && f.RelayAddr == be32(relay) && f.PeerPort == htons(b.Peer.Port()) {
+				n[1]++
+			}
+		}
+	}
+	if err := errors.Join(it.Err(), pit.Err()); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// be32 is an IPv4 address as the program stores it in a __be32 (read on a
+// little-endian host).
+func be32(a [4]byte) uint32 {
+	return uint32(a[0]) | uint32(a[1])<<8 | uint32(a[2])<<16 | uint32(a[3])<<24
+}
