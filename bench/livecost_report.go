@@ -29,9 +29,12 @@ const (
 	liveC2P4Many     = "client→peer, IPv4 client, full checksum, 100,000 more bindings installed"
 	liveP2C4Many     = "peer→client, IPv4 client, full checksum, 100,000 more bindings installed"
 	liveManyBindings = 100000
-	// The next-hop cache's worth: the relay rows with it off (FIB generation 0).
-	liveC2P4NoCache = "client→peer, IPv4 client, full checksum, next-hop cache off (bpf_fib_lookup on every packet)"
-	liveP2C4NoCache = "peer→client, IPv4 client, full checksum, next-hop cache off (bpf_fib_lookup on every packet)"
+	// The caches' worth: the relay rows with the flow caches off (the program
+	// loaded without them), and with both caches off (FIB generation 0).
+	liveC2P4NoFlow  = "client→peer, IPv4 client, full checksum, flow cache off (destination and binding hash lookups on every packet)"
+	liveP2C4NoFlow  = "peer→client, IPv4 client, full checksum, flow cache off (binding hash lookup on every packet)"
+	liveC2P4NoCache = "client→peer, IPv4 client, full checksum, flow and next-hop caches off (hash lookups and bpf_fib_lookup on every packet)"
+	liveP2C4NoCache = "peer→client, IPv4 client, full checksum, flow and next-hop caches off (hash lookups and bpf_fib_lookup on every packet)"
 	// The rate limit's cost: the full-checksum relay rows with a packet and a
 	// byte limit far above the offered rate (every packet charged, none over),
 	// and a row whose every packet is over the limit and dropped.
@@ -72,18 +75,20 @@ func (r *Report) writeLiveCost(b *strings.Builder) {
 		if p, l, fib, c2p := byName[liveParse], byName[liveLookups], byName[liveFIB], byName[liveC2P4Full]; p.Runs > 0 && l.Runs > 0 && fib.Runs > 0 && c2p.Runs > 0 {
 			bt := table{head: []string{"part (client→peer, IPv4, full checksum)", "ns/run"}}
 			bt.add("parse (Ethernet, IP, UDP) and the verdict counter", f(p.RelayMedianNs, 0))
-			bt.add("ChannelData parse, listener-destination and binding lookups (miss)", f(l.RelayMedianNs-p.RelayMedianNs, 0))
-			bt.add("checks and bpf_fib_lookup ending in no neighbour (a failing lookup costs more than a successful one)", f(fib.RelayMedianNs-l.RelayMedianNs, 0))
-			bt.add("the relay path after them: next hop, checksum, resize, rewrite, redirect, counters", f(c2p.RelayMedianNs-fib.RelayMedianNs, 0))
+			bt.add("the relayed packet after parsing: ChannelData, flow cache hit, checks, cached next hop, checksum, resize, rewrite, redirect, counters", f(c2p.RelayMedianNs-p.RelayMedianNs, 0))
 			bt.add("total (client→peer, full checksum)", f(c2p.RelayMedianNs, 0))
+			if nf := byName[liveC2P4NoFlow]; nf.Runs > 0 {
+				bt.add("the same with the flow cache off (listener-destination and binding hash lookups): what the flow cache saves", f(nf.RelayMedianNs-c2p.RelayMedianNs, 0))
+				if nc := byName[liveC2P4NoCache]; nc.Runs > 0 {
+					bt.add("the same with the next-hop cache off too (bpf_fib_lookup on every packet): what the next-hop cache saves", f(nc.RelayMedianNs-nf.RelayMedianNs, 0))
+				}
+			}
 			if rl := byName[liveC2P4Rate]; rl.Runs > 0 {
 				bt.add("the same with a rate limit on (ktime, the allocation bucket's lock and lookup, the charge): what limiting costs", f(rl.RelayMedianNs-c2p.RelayMedianNs, 0))
 			}
-			if nc := byName[liveC2P4NoCache]; nc.Runs > 0 {
-				bt.add("the same with the next-hop cache off (bpf_fib_lookup on every packet): what the cache saves", f(nc.RelayMedianNs-c2p.RelayMedianNs, 0))
-			}
-			b.WriteString("\nCost breakdown from the same program's early exits (differences of medians; a lookup that misses " +
-				"costs about what a hit does):\n\n")
+			bt.add("a packet the caches cannot answer, to its early exit: ChannelData parse, flow cache miss, destination and binding lookups (unbound channel)", f(l.RelayMedianNs-p.RelayMedianNs, 0))
+			bt.add("… then the checks and a bpf_fib_lookup ending in no neighbour (a failing lookup costs more than a successful one)", f(fib.RelayMedianNs-l.RelayMedianNs, 0))
+			b.WriteString("\nCost breakdown from variants of the same row and the program's early exits (differences of medians):\n\n")
 			b.WriteString(bt.String())
 		}
 	}

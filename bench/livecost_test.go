@@ -21,8 +21,8 @@ import (
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
-var liveCostNames = []string{liveC2P4, liveP2C4, liveC2P6, liveP2C6, liveC2P4Full, liveP2C4Full, liveC2P4Rate, liveP2C4Rate, liveC2P4RateDrop,
-	liveParse, liveLookups, liveFIB}
+var liveCostNames = []string{liveC2P4, liveP2C4, liveC2P6, liveP2C6, liveC2P4Full, liveP2C4Full, liveC2P4NoFlow, liveP2C4NoFlow,
+	liveC2P4NoCache, liveP2C4NoCache, liveC2P4Rate, liveP2C4Rate, liveC2P4RateDrop, liveParse, liveLookups, liveFIB}
 
 // underLimit is a rate limit far above rate: both buckets are checked and
 // charged on every packet, and none is over.
@@ -67,7 +67,8 @@ type liveRow struct {
 	reason    string
 	offloadNS *netns.NS // sender namespace and interface whose tx checksum offload goes off for the row
 	offloadIf string
-	noCache   bool                 // the next-hop cache off for the row
+	noCache   bool                 // the next-hop and flow caches off for the row (FIB generation 0)
+	noFlow    bool                 // the program without flow caches for the row
 	rateLimit channelmap.RateLimit // set for the row, off after it
 }
 
@@ -165,8 +166,7 @@ func (h *harness) stageLiveCost(t *testing.T) {
 	var prog *loader.Program
 	err := r.Server.Do(func() error {
 		var err error
-		prog, err = loader.Load(loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535,
-			MaxBindings: liveManyBindings + 1024, IPv6Clients: true}, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+		prog, err = loader.Load(h.liveConfig(false), slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 		if err != nil {
 			return err
 		}
@@ -209,6 +209,10 @@ func (h *harness) stageLiveCost(t *testing.T) {
 			offloadNS: r.Client, offloadIf: r.ClientIf.Name},
 		{name: liveP2C4Full, sender: p2c4, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect",
 			offloadNS: r.Peer, offloadIf: r.PeerIf.Name},
+		{name: liveC2P4NoFlow, sender: c2p4, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect",
+			offloadNS: r.Client, offloadIf: r.ClientIf.Name, noFlow: true},
+		{name: liveP2C4NoFlow, sender: p2c4, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect",
+			offloadNS: r.Peer, offloadIf: r.PeerIf.Name, noFlow: true},
 		{name: liveC2P4NoCache, sender: c2p4, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect",
 			offloadNS: r.Client, offloadIf: r.ClientIf.Name, noCache: true},
 		{name: liveP2C4NoCache, sender: p2c4, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect",
@@ -296,10 +300,27 @@ func (h *harness) stageLiveCost(t *testing.T) {
 	}
 }
 
+// liveConfig is the stage's program configuration.
+func (h *harness) liveConfig(noFlow bool) loader.Config {
+	return loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535,
+		MaxBindings: liveManyBindings + 1024, IPv6Clients: true, NoFlowCache: noFlow}
+}
+
 // liveInterval measures one interval of one row into res.
 func (h *harness) liveInterval(t *testing.T, prog *loader.Program, maps *channelmap.Maps, floors map[string]*ebpf.Program, row liveRow, res *LiveCostRow) {
 	if row.offloadNS != nil {
 		row.offloadNS.Run(t, "ethtool", "-K", row.offloadIf, "tx", "off")
+	}
+	if row.noFlow {
+		// The same maps under a program without flow caches, swapped in
+		// through the links for the interval.
+		swap := func(noFlow bool) {
+			if err := h.rig.Server.Do(func() error { return prog.Reconfigure(h.liveConfig(noFlow)) }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		swap(true)
+		defer swap(false)
 	}
 	fibGen := prog.Maps().FibGen
 	if row.noCache {
@@ -396,7 +417,9 @@ func (r *LiveCostRow) finish() {
 func relayMaps(pm *bpf.RelayMaps) map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{bpf.RelayMapBindingStates: pm.BindingStates,
 		bpf.RelayMapC2pBindings: pm.C2pBindings, bpf.RelayMapP2cBindings: pm.P2cBindings, bpf.RelayMapListenerDsts: pm.ListenerDsts,
-		bpf.RelayMapFibGen: pm.FibGen, bpf.RelayMapTxPorts: pm.TxPorts, bpf.RelayMapVerdicts: pm.Verdicts}
+		bpf.RelayMapFibGen: pm.FibGen, bpf.RelayMapTxPorts: pm.TxPorts, bpf.RelayMapVerdicts: pm.Verdicts,
+		bpf.RelayMapAllocRates: pm.AllocRates, bpf.RelayMapRateLimits: pm.RateLimits,
+		bpf.RelayMapC2pFlows: pm.C2pFlows, bpf.RelayMapP2cFlows: pm.P2cFlows}
 }
 
 // stageMemory loads the program with the maps sized for 100k, the default

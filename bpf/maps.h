@@ -155,7 +155,8 @@ struct config {
 	/* The CPU keeps stores and loads in program order (x86 TSO): cached next
 	 * hops are read without the lock, under their sequence count. */
 	__u8 tso;
-	__u8 _pad;
+	/* The flow caches are used (off only to measure what they save). */
+	__u8 flow_cache;
 	/* The flow caches: a random seed for their index hash (a stranger
 	 * cannot aim at another client's entry) and their size less one (a
 	 * power of two). */

@@ -479,7 +479,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	__be32 peer_addr, relay_addr;
 	__be16 peer_port, relay_port;
 	int hit = 0;
-	if (gen) {
+	if (cfg.flow_cache && gen) {
 		__u64 h = addr_hash(addr_hash(cfg.flow_seed, &in->saddr), &in->daddr);
 		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 32) | ((__u64)udp->dest << 16) | channel));
 		f = bpf_map_lookup_elem(&c2p_flows, &idx);
@@ -692,7 +692,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	struct p2c_flow *f = 0;
 	struct p2c_val v = {};
 	int hit = 0;
-	if (gen) {
+	if (cfg.flow_cache && gen) {
 		__u64 h = flow_mix(cfg.flow_seed, ((__u64)peer_addr << 32) | relay_addr);
 		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 16) | udp->dest));
 		f = bpf_map_lookup_elem(&p2c_flows, &idx);

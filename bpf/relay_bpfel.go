@@ -107,7 +107,7 @@ type RelayConfig struct {
 	MinRelayPort      uint16
 	MaxRelayPort      uint16
 	Tso               uint8
-	Pad               uint8
+	FlowCache         uint8
 	FlowSeed          uint32
 	FlowMask          uint32
 }

@@ -54,6 +54,9 @@ type Config struct {
 	// IPv6Clients says a listener takes IPv6: replies to those clients need
 	// IPv6 forwarding on the peer-facing interfaces too (it is only checked).
 	IPv6Clients bool
+	// NoFlowCache leaves the flow caches unused: every packet takes the hash
+	// lookups (for measuring what the caches save).
+	NoFlowCache bool
 }
 
 // Program is the loaded relay program and its maps.
@@ -129,6 +132,9 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	spec.Maps[bpf.RelayMapC2pFlows].MaxEntries = slots
 	spec.Maps[bpf.RelayMapP2cFlows].MaxEntries = slots
 	c.FlowMask = slots - 1
+	if !cfg.NoFlowCache {
+		c.FlowCache = 1
+	}
 	var seed [4]byte
 	if _, err := rand.Read(seed[:]); err != nil {
 		return fmt.Errorf("flow cache seed: %w", err)
