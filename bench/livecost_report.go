@@ -29,6 +29,11 @@ const (
 	liveC2P4Many     = "client→peer, IPv4 client, full checksum, 100,000 more bindings installed"
 	liveP2C4Many     = "peer→client, IPv4 client, full checksum, 100,000 more bindings installed"
 	liveManyBindings = 100000
+	// Many bindings with traffic, in turn from one sender (one CPU's cache).
+	liveC2P4Active1k       = "client→peer, IPv4 client, 1,024 bindings sending in turn (a quarter of the per-CPU flow cache)"
+	liveC2P4Active8k       = "client→peer, IPv4 client, 8,192 bindings sending in turn (twice the per-CPU flow cache: mostly misses)"
+	liveC2P4Active1kNoFlow = "client→peer, IPv4 client, 1,024 bindings sending in turn, flow cache off"
+	liveC2P4Active8kNoFlow = "client→peer, IPv4 client, 8,192 bindings sending in turn, flow cache off"
 	// The caches' worth: the relay rows with the flow caches off (the program
 	// loaded without them), and with both caches off (FIB generation 0).
 	liveC2P4NoFlow  = "client→peer, IPv4 client, full checksum, flow cache off (destination and binding hash lookups on every packet)"

@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,7 +24,8 @@ import (
 )
 
 var liveCostNames = []string{liveC2P4, liveP2C4, liveC2P6, liveP2C6, liveC2P4Full, liveP2C4Full, liveC2P4NoFlow, liveP2C4NoFlow,
-	liveC2P4NoCache, liveP2C4NoCache, liveC2P4Rate, liveP2C4Rate, liveC2P4RateDrop, liveParse, liveLookups, liveFIB}
+	liveC2P4NoCache, liveP2C4NoCache, liveC2P4Rate, liveP2C4Rate, liveC2P4RateDrop, liveParse, liveLookups, liveFIB,
+	liveC2P4Active1k, liveC2P4Active8k, liveC2P4Active1kNoFlow, liveC2P4Active8kNoFlow}
 
 // underLimit is a rate limit far above rate: both buckets are checked and
 // charged on every packet, and none is over.
@@ -30,9 +33,10 @@ func underLimit(rate float64) channelmap.RateLimit {
 	return channelmap.RateLimit{PacketsPerSecond: uint64(100 * rate), BytesPerSecond: uint64(100 * rate * 1500)}
 }
 
-// liveSender is one socket's datagrams: payload to dst.
+// liveSender is the datagrams of one socket, or of several in turn: payload
+// to dst.
 type liveSender struct {
-	fd      int
+	fds     []int
 	dst     unix.Sockaddr
 	payload []byte
 }
@@ -51,7 +55,7 @@ func (s liveSender) send(rate float64, dur time.Duration) (sent uint64) {
 			continue
 		}
 		for i := 0; i < int(due) && i < 256; i++ {
-			if unix.Sendto(s.fd, s.payload, unix.MSG_DONTWAIT, s.dst) == nil {
+			if unix.Sendto(s.fds[sent%uint64(len(s.fds))], s.payload, unix.MSG_DONTWAIT, s.dst) == nil {
 				sent++
 			}
 		}
@@ -196,10 +200,11 @@ func (h *harness) stageLiveCost(t *testing.T) {
 	cl6 := udpSocket(t, r.Client, b6.Client)
 	pe4 := udpSocket(t, r.Peer, b4.Peer)
 	pe6 := udpSocket(t, r.Peer, b6.Peer)
-	c2p4 := liveSender{cl4, sockaddrOf(listen), packet.ChannelData(b4.Channel, data, nil)}
-	c2p6 := liveSender{cl6, sockaddrOf(listen6), packet.ChannelData(b6.Channel, data, nil)}
-	p2c4 := liveSender{pe4, sockaddrOf(b4.Relay), data}
-	p2c6 := liveSender{pe6, sockaddrOf(b6.Relay), data}
+	c2p4 := liveSender{[]int{cl4}, sockaddrOf(listen), packet.ChannelData(b4.Channel, data, nil)}
+	c2p6 := liveSender{[]int{cl6}, sockaddrOf(listen6), packet.ChannelData(b6.Channel, data, nil)}
+	p2c4 := liveSender{[]int{pe4}, sockaddrOf(b4.Relay), data}
+	p2c6 := liveSender{[]int{pe6}, sockaddrOf(b6.Relay), data}
+	active1k, active8k := h.activeSender(t, maps, b4, 0, 1024, data), h.activeSender(t, maps, b4, 1024, 8192, data)
 	rows := []liveRow{
 		{name: liveC2P4, sender: c2p4, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect"},
 		{name: liveP2C4, sender: p2c4, floorNS: r.Client, floorIf: r.ClientIf.Name, reason: "relay_peer_to_client_redirect"},
@@ -223,16 +228,26 @@ func (h *harness) stageLiveCost(t *testing.T) {
 			offloadNS: r.Peer, offloadIf: r.PeerIf.Name, rateLimit: underLimit(h.cfg.liveRate)},
 		{name: liveC2P4RateDrop, sender: c2p4, reason: "rate_limited", offloadNS: r.Client, offloadIf: r.ClientIf.Name,
 			rateLimit: channelmap.RateLimit{PacketsPerSecond: 1}},
-		{name: liveParse, sender: liveSender{cl4, sockaddrOf(netip.AddrPortFrom(listen.Addr(), 3479)), packet.ChannelData(b4.Channel, data, nil)},
+		{name: liveParse, sender: liveSender{[]int{cl4}, sockaddrOf(netip.AddrPortFrom(listen.Addr(), 3479)), packet.ChannelData(b4.Channel, data, nil)},
 			reason: "pass_not_ours"},
-		{name: liveLookups, sender: liveSender{cl4, sockaddrOf(listen), packet.ChannelData(0x4ffe, data, nil)}, reason: "pass_no_channel"},
-		{name: liveFIB, sender: liveSender{cl4, sockaddrOf(listen), packet.ChannelData(bNoNeigh.Channel, data, nil)}, reason: "pass_fib_no_neigh"},
+		{name: liveLookups, sender: liveSender{[]int{cl4}, sockaddrOf(listen), packet.ChannelData(0x4ffe, data, nil)}, reason: "pass_no_channel"},
+		{name: liveFIB, sender: liveSender{[]int{cl4}, sockaddrOf(listen), packet.ChannelData(bNoNeigh.Channel, data, nil)}, reason: "pass_fib_no_neigh"},
+		// Many bindings with traffic at once, each client socket in turn:
+		// what the flow cache holds, and what happens beyond it.
+		{name: liveC2P4Active1k, sender: active1k, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect"},
+		{name: liveC2P4Active8k, sender: active8k, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect"},
+		{name: liveC2P4Active1kNoFlow, sender: active1k, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect", noFlow: true},
+		{name: liveC2P4Active8kNoFlow, sender: active8k, floorNS: r.Peer, floorIf: r.PeerIf.Name, reason: "relay_client_to_peer_redirect", noFlow: true},
 	}
 	// Debugging a program change: BENCH_LIVE_ROWS=relay measures only the
 	// relay rows (the report is then incomplete, as with BENCH_ONLY).
-	quick := os.Getenv("BENCH_LIVE_ROWS") == "relay"
-	if quick {
+	// BENCH_LIVE_ROWS=active only the rows with many bindings sending.
+	quick := os.Getenv("BENCH_LIVE_ROWS") != ""
+	switch os.Getenv("BENCH_LIVE_ROWS") {
+	case "relay":
 		rows = rows[:6]
+	case "active":
+		rows = slices.DeleteFunc(rows, func(r liveRow) bool { return !strings.Contains(r.name, "bindings sending") })
 	}
 	// Replies to IPv4 and IPv6 clients come from the learned listener address:
 	// let the client speak first.
@@ -303,7 +318,32 @@ func (h *harness) stageLiveCost(t *testing.T) {
 // liveConfig is the stage's program configuration.
 func (h *harness) liveConfig(noFlow bool) loader.Config {
 	return loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535,
-		MaxBindings: liveManyBindings + 1024, IPv6Clients: true, NoFlowCache: noFlow}
+		MaxBindings: liveManyBindings + liveActiveMax + 1024, IPv6Clients: true, NoFlowCache: noFlow}
+}
+
+// liveActiveMax is how many bindings the active rows install in all.
+const liveActiveMax = 1024 + 8192
+
+// activeSender installs n bindings like b (client ports from 42000+first, one
+// relay port each, one peer sink) and returns a sender that sends from each
+// binding's client socket in turn.
+func (h *harness) activeSender(t *testing.T, maps *channelmap.Maps, b channelmap.Binding, first, n int, data []byte) liveSender {
+	r := h.rig
+	peer := netip.AddrPortFrom(b.Peer.Addr(), 5110)
+	if first == 0 {
+		udpSocket(t, r.Peer, peer)
+	}
+	fds := make([]int, n)
+	for i := range n {
+		k := first + i
+		nb := channelmap.Binding{Client: netip.AddrPortFrom(b.Client.Addr(), uint16(42000+k)), Listener: b.Listener, Channel: b.Channel,
+			Peer: peer, Relay: netip.AddrPortFrom(b.Relay.Addr(), uint16(49152+k))}
+		if err := maps.Upsert(nb); err != nil {
+			t.Fatalf("active binding %d: %v", k, err)
+		}
+		fds[i] = udpSocket(t, r.Client, nb.Client)
+	}
+	return liveSender{fds, sockaddrOf(b.Listener), packet.ChannelData(b.Channel, data, nil)}
 }
 
 // liveInterval measures one interval of one row into res.
