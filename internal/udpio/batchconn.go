@@ -59,6 +59,7 @@ type BatchConn struct {
 	errno syscall.Errno
 	recv  func(fd uintptr) bool // c.recvmmsg, bound once: a method value per call allocates
 	addrs sources
+	local *net.UDPAddr // LocalAddr
 }
 
 // sources makes the *net.UDPAddr of a datagram's source once per source.
@@ -105,7 +106,21 @@ func NewBatchConn(pc net.PacketConn) (*BatchConn, error) {
 		c.hdrs[i].Hdr.SetIovlen(1)
 	}
 	c.recv = c.recvmmsg
+	if la, ok := u.LocalAddr().(*net.UDPAddr); ok {
+		c.local = &net.UDPAddr{IP: la.IP.To16(), Port: la.Port, Zone: la.Zone}
+	}
 	return c, nil
+}
+
+// LocalAddr is the socket's address with its IP in 16-byte form: pion/turn
+// keys every datagram's five-tuple with the local IP's To16(), which
+// allocates for a 4-byte IP (net.UDPConn's on an IPv4 socket). The address is
+// the same (String, Equal and netip's Unmap agree); callers must not modify it.
+func (c *BatchConn) LocalAddr() net.Addr {
+	if c.local == nil {
+		return c.UDPConn.LocalAddr()
+	}
+	return c.local
 }
 
 // recvmmsg fills the batch without blocking; false (EAGAIN) makes the

@@ -243,3 +243,24 @@ func TestSourcesBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalAddr16: BatchConn's local address is the socket's, in the 16-byte
+// form whose To16 (pion's five-tuple key, per datagram) allocates nothing.
+func TestLocalAddr16(t *testing.T) {
+	for _, tc := range []struct{ network, addr string }{{"udp4", "127.0.0.1:0"}, {"udp4", "0.0.0.0:0"}, {"udp6", "[::1]:0"}} {
+		t.Run(tc.network+" "+tc.addr, func(t *testing.T) {
+			u := listen(t, tc.network, tc.addr)
+			b := batch(t, u)
+			got, want := b.LocalAddr().(*net.UDPAddr), u.LocalAddr().(*net.UDPAddr)
+			if !got.IP.Equal(want.IP) || got.Port != want.Port || got.Zone != want.Zone || got.String() != want.String() {
+				t.Errorf("LocalAddr %v, socket %v", got, want)
+			}
+			if n := testing.AllocsPerRun(100, func() { ipSink = b.LocalAddr().(*net.UDPAddr).IP.To16() }); n != 0 {
+				t.Errorf("LocalAddr().IP.To16(): %.0f allocations, want 0", n)
+			}
+		})
+	}
+}
+
+// ipSink keeps To16's result on the heap, as pion's five-tuple keys do.
+var ipSink net.IP
