@@ -234,6 +234,7 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
 		return 2
 	}
+	setGCDefault(os.Getenv)
 	if o.configOrigin != "" {
 		return runOrigin(o, stderr, make(chan os.Signal, 2))
 	}

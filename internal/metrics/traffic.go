@@ -99,8 +99,8 @@ func (t *Traffic) counts(m map[string]*counts, name string) *counts {
 
 // cluster returns the first of the listener's clusters that has the peer
 // ("" none: the peer policy refuses such peers, so there is no traffic).
-func (t *Traffic) cluster(listener string, peer netip.Addr) string {
-	for _, c := range t.routes.Load().byName[listener].Clusters {
+func (r *routes) cluster(listener string, peer netip.Addr) string {
+	for _, c := range r.byName[listener].Clusters {
 		for _, p := range c.Peers {
 			if p.Contains(peer) {
 				return c.Name
@@ -117,8 +117,9 @@ const accountSep = "\x00"
 // Account names the account a kernel binding's traffic counts under (see
 // channelmap.Maps.SetAccount): its listener and the cluster of its peer.
 func (t *Traffic) Account(b channelmap.Binding) string {
-	l := t.routes.Load().byAddr[b.Listener]
-	return l + accountSep + t.cluster(l, b.Peer.Addr())
+	rt := t.routes.Load()
+	l := rt.byAddr[b.Listener]
+	return l + accountSep + rt.cluster(l, b.Peer.Addr())
 }
 
 func splitAccount(a string) (listener, cluster string) {
@@ -236,10 +237,22 @@ func (g *relayGen) AllocatePacketConn(network string, requestedPort int) (net.Pa
 type relayConn struct {
 	net.PacketConn
 	g *relayGen
+	// The last peer's counters in each direction: a relay socket talks to
+	// one peer or a few, and finding the cluster takes a map lookup, a walk
+	// over the prefixes and the Traffic's lock, per datagram otherwise.
+	lastTx, lastRx atomic.Pointer[peerCounts]
 }
 
-// clusterOf returns the counters of the peer's cluster (nil: none).
-func (r *relayConn) clusterOf(addr net.Addr) *counts {
+// peerCounts are the counters of peer's cluster under one configuration.
+type peerCounts struct {
+	routes *routes
+	peer   netip.Addr
+	c      *counts // nil: the peer is in no cluster
+}
+
+// clusterOf returns the counters of the peer's cluster (nil: none), from
+// last when it holds the same peer under the current configuration.
+func (r *relayConn) clusterOf(last *atomic.Pointer[peerCounts], addr net.Addr) *counts {
 	u, ok := addr.(*net.UDPAddr)
 	if !ok {
 		return nil
@@ -248,17 +261,23 @@ func (r *relayConn) clusterOf(addr net.Addr) *counts {
 	if !ok {
 		return nil
 	}
-	name := r.g.t.cluster(r.g.listener, ip.Unmap())
-	if name == "" {
-		return nil
+	ip = ip.Unmap()
+	rt := r.g.t.routes.Load()
+	if pc := last.Load(); pc != nil && pc.routes == rt && pc.peer == ip {
+		return pc.c
 	}
-	return r.g.t.counts(r.g.t.clusters, name)
+	pc := &peerCounts{routes: rt, peer: ip}
+	if name := rt.cluster(r.g.listener, ip); name != "" {
+		pc.c = r.g.t.counts(r.g.t.clusters, name)
+	}
+	last.Store(pc)
+	return pc.c
 }
 
 func (r *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
 	n, err := r.PacketConn.WriteTo(p, addr)
 	if n > 0 {
-		if c := r.clusterOf(addr); c != nil {
+		if c := r.clusterOf(&r.lastTx, addr); c != nil {
 			c.tx.add(n)
 		}
 	}
@@ -268,7 +287,7 @@ func (r *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
 func (r *relayConn) ReadFrom(p []byte) (int, net.Addr, error) {
 	n, addr, err := r.PacketConn.ReadFrom(p)
 	if n > 0 {
-		if c := r.clusterOf(addr); c != nil {
+		if c := r.clusterOf(&r.lastRx, addr); c != nil {
 			c.rx.add(n)
 		}
 	}

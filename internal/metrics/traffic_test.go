@@ -105,6 +105,61 @@ func TestRelayConnCountsByCluster(t *testing.T) {
 	}
 }
 
+// TestRelayConnFollowsPeerAndReload: a relay socket remembers its last
+// peer's cluster, so the next datagram to another peer, or after a reload
+// that moved the peer to another cluster, must count where it belongs now.
+func TestRelayConnFollowsPeerAndReload(t *testing.T) {
+	clusters := []config.ResolvedCluster{
+		{Name: "ns/other", Peers: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}},
+		{Name: "ns/media", Peers: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
+	}
+	tr := NewTraffic()
+	tr.SetListeners([]Listener{{Name: "ns/udp", Clusters: clusters}})
+	relay := relaySocket(t, tr, "ns/udp")
+	_, peer := udpPair(t)
+	other := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2), Port: 9} // ns/other; nobody listens there
+	exchange(t, relay, peer, "1")
+	if _, err := relay.WriteTo([]byte("22"), other); err != nil {
+		t.Fatal(err)
+	}
+	exchange(t, relay, peer, "333")
+	got := tr.Totals(nil).Clusters
+	if got["ns/media"].Tx != (Dir{2, 4}) || got["ns/other"].Tx != (Dir{1, 2}) {
+		t.Fatalf("before the reload: %+v, want ns/media tx {2 4}, ns/other tx {1 2}", got)
+	}
+
+	// The reload puts loopback into another cluster, listed first.
+	moved := append([]config.ResolvedCluster{{Name: "ns/moved", Peers: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}}, clusters...)
+	tr.SetListeners([]Listener{{Name: "ns/udp", Clusters: moved}})
+	exchange(t, relay, peer, "4444")
+	exchange(t, peer, relay, "55555")
+	got = tr.Totals(nil).Clusters
+	if want := (Stats{Rx: Dir{1, 5}, Tx: Dir{1, 4}}); got["ns/moved"] != want || got["ns/media"].Tx != (Dir{2, 4}) {
+		t.Errorf("after the reload: %+v, want ns/moved %+v and ns/media unchanged", got, want)
+	}
+}
+
+// BenchmarkRelayConnWriteTo: the counting a relay socket adds to each
+// datagram pion/turn writes to a peer (the socket underneath is a stub).
+func BenchmarkRelayConnWriteTo(b *testing.B) {
+	tr := NewTraffic()
+	tr.SetListeners([]Listener{{Name: "ns/udp", Clusters: media}})
+	c := &relayConn{PacketConn: discard{}, g: &relayGen{t: tr, listener: "ns/udp"}}
+	peer := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}
+	p := make([]byte, 100)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.WriteTo(p, peer); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// discard is a PacketConn whose writes all succeed.
+type discard struct{ net.PacketConn }
+
+func (discard) WriteTo(p []byte, _ net.Addr) (int, error) { return len(p), nil }
+
 // TestStreamListenerCountsConnections: a TCP listener counts accepted
 // connections, open and all-time, and their bytes.
 func TestStreamListenerCountsConnections(t *testing.T) {

@@ -59,19 +59,22 @@ type BatchConn struct {
 	errno syscall.Errno
 	recv  func(fd uintptr) bool // c.recvmmsg, bound once: a method value per call allocates
 	addrs sources
+	local *net.UDPAddr // LocalAddr
 }
 
 // sources makes the *net.UDPAddr of a datagram's source once per source.
 type sources struct {
 	m   map[addrKey]*net.UDPAddr
 	max int
+	// wide: IPv4 sources in 16-byte form (see BatchConn.ReadFrom).
+	wide bool
 	// zones caches the names of scope ids: looking one up is a netlink dump,
 	// which a stranger on the link must not trigger per datagram.
 	zones map[uint32]string
 }
 
-func newSources(limit int) sources {
-	return sources{m: map[addrKey]*net.UDPAddr{}, max: limit, zones: map[uint32]string{}}
+func newSources(limit int, wide bool) sources {
+	return sources{m: map[addrKey]*net.UDPAddr{}, max: limit, wide: wide, zones: map[uint32]string{}}
 }
 
 // addrKey tells apart what Go's own ReadFrom would return differently: an
@@ -96,7 +99,7 @@ func NewBatchConn(pc net.PacketConn) (*BatchConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &BatchConn{UDPConn: u, rc: rc, s: s, buf: make([]byte, BatchSize*slotSize), addrs: newSources(listenerSources)}
+	c := &BatchConn{UDPConn: u, rc: rc, s: s, buf: make([]byte, BatchSize*slotSize), addrs: newSources(listenerSources, true)}
 	for i := range c.hdrs {
 		c.iovs[i].Base = &c.buf[i*slotSize]
 		c.iovs[i].SetLen(slotSize)
@@ -105,7 +108,21 @@ func NewBatchConn(pc net.PacketConn) (*BatchConn, error) {
 		c.hdrs[i].Hdr.SetIovlen(1)
 	}
 	c.recv = c.recvmmsg
+	if la, ok := u.LocalAddr().(*net.UDPAddr); ok {
+		c.local = &net.UDPAddr{IP: la.IP.To16(), Port: la.Port, Zone: la.Zone}
+	}
 	return c, nil
+}
+
+// LocalAddr is the socket's address with its IP in 16-byte form: pion/turn
+// keys every datagram's five-tuple with the local IP's To16(), which
+// allocates for a 4-byte IP (net.UDPConn's on an IPv4 socket). The address is
+// the same (String, Equal and netip's Unmap agree); callers must not modify it.
+func (c *BatchConn) LocalAddr() net.Addr {
+	if c.local == nil {
+		return c.UDPConn.LocalAddr()
+	}
+	return c.local
 }
 
 // recvmmsg fills the batch without blocking; false (EAGAIN) makes the
@@ -138,7 +155,11 @@ func (c *BatchConn) WriteTo(p []byte, addr net.Addr) (int, error) {
 	return c.UDPConn.WriteTo(p, addr)
 }
 
-// ReadFrom implements net.PacketConn.
+// ReadFrom implements net.PacketConn. Sources come as Go's own ReadFrom
+// gives them, except that an IPv4 source on an IPv4 socket has its IP in
+// 16-byte form, as on a dual-stack socket: pion/turn keys every datagram's
+// five-tuple with SrcAddr.IP.To16(), which allocates for a 4-byte IP. The
+// address is the same (String, Equal and netip's Unmap agree).
 func (c *BatchConn) ReadFrom(p []byte) (int, net.Addr, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -157,8 +178,9 @@ func (c *BatchConn) ReadFrom(p []byte) (int, net.Addr, error) {
 	return n, c.addrs.get(&c.names[i]), nil
 }
 
-// get is the datagram's source as Go's UDPConn.ReadFrom would return it,
-// made once per source. Not safe for concurrent use.
+// get is the datagram's source as Go's UDPConn.ReadFrom would return it
+// (with a 16-byte IP when wide), made once per source. Not safe for
+// concurrent use.
 func (m sources) get(sa *unix.RawSockaddrInet6) *net.UDPAddr {
 	var k addrKey
 	port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:])
@@ -175,7 +197,11 @@ func (m sources) get(sa *unix.RawSockaddrInet6) *net.UDPAddr {
 	if len(m.m) >= m.max {
 		clear(m.m)
 	}
-	a := &net.UDPAddr{IP: k.ap.Addr().AsSlice(), Port: int(port), Zone: m.zone(k.scope)}
+	ip := net.IP(k.ap.Addr().AsSlice())
+	if m.wide {
+		ip = ip.To16()
+	}
+	a := &net.UDPAddr{IP: ip, Port: int(port), Zone: m.zone(k.scope)}
 	m.m[k] = a
 	return a
 }

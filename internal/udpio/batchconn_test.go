@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"reflect"
 	"testing"
@@ -38,10 +39,11 @@ func batch(t testing.TB, c *net.UDPConn) *BatchConn {
 	return b
 }
 
-// TestSameAsUDPConn: what BatchConn hands out, bytes and source address, is
-// what the socket's own ReadFrom returns for the same datagrams, for IPv4,
-// IPv6 and IPv4 sources on a dual-stack socket, including a datagram bigger
-// than the reader's buffer.
+// TestSameAsUDPConn: what BatchConn and Conn hand out, bytes and source
+// address, is what the socket's own ReadFrom returns for the same datagrams
+// (BatchConn's IPv4 sources in 16-byte form), for IPv4, IPv6 and IPv4
+// sources on a dual-stack socket, including a datagram bigger than the
+// reader's buffer.
 func TestSameAsUDPConn(t *testing.T) {
 	for _, tc := range []struct{ name, network, server, clientNet, client string }{
 		{"ipv4", "udp4", "127.0.0.1:0", "udp4", "127.0.0.1:0"},
@@ -89,8 +91,14 @@ func TestSameAsUDPConn(t *testing.T) {
 					if gn != wn || !bytes.Equal(got[:gn], want[:wn]) {
 						t.Errorf("%d B: %T read %d bytes, plain %d", size, r, gn, wn)
 					}
-					if !reflect.DeepEqual(ga, wa) {
-						t.Errorf("%d B: %T source %#v, plain %#v", size, r, ga, wa)
+					want := wa
+					if r == net.PacketConn(b) {
+						// BatchConn widens IPv4 sources (see ReadFrom).
+						u := wa.(*net.UDPAddr)
+						want = &net.UDPAddr{IP: u.IP.To16(), Port: u.Port, Zone: u.Zone}
+					}
+					if !reflect.DeepEqual(ga, want) || ga.String() != wa.String() {
+						t.Errorf("%d B: %T source %#v, want %#v", size, r, ga, want)
 					}
 				}
 			}
@@ -243,3 +251,48 @@ func TestSourcesBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalAddr16: BatchConn's local address is the socket's, in the 16-byte
+// form whose To16 (pion's five-tuple key, per datagram) allocates nothing;
+// so are the sources it reads.
+func TestLocalAddr16(t *testing.T) {
+	for _, tc := range []struct{ network, addr string }{{"udp4", "127.0.0.1:0"}, {"udp4", "0.0.0.0:0"}, {"udp6", "[::1]:0"}} {
+		t.Run(tc.network+" "+tc.addr, func(t *testing.T) {
+			u := listen(t, tc.network, tc.addr)
+			b := batch(t, u)
+			got, want := b.LocalAddr().(*net.UDPAddr), u.LocalAddr().(*net.UDPAddr)
+			if !got.IP.Equal(want.IP) || got.Port != want.Port || got.Zone != want.Zone || got.String() != want.String() {
+				t.Errorf("LocalAddr %v, socket %v", got, want)
+			}
+			if n := testing.AllocsPerRun(100, func() { ipSink = b.LocalAddr().(*net.UDPAddr).IP.To16() }); n != 0 {
+				t.Errorf("LocalAddr().IP.To16(): %.0f allocations, want 0", n)
+			}
+			to := want.AddrPort()
+			if to.Addr().IsUnspecified() {
+				to = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), to.Port())
+			}
+			from := "127.0.0.1:0"
+			if to.Addr().Is6() {
+				from = "[::1]:0"
+			}
+			client := listen(t, tc.network, from)
+			if _, err := client.WriteToUDPAddrPort([]byte{1}, to); err != nil {
+				t.Fatal(err)
+			}
+			_ = b.SetReadDeadline(time.Now().Add(2 * time.Second))
+			_, src, err := b.ReadFrom(make([]byte, 16))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if src.String() != client.LocalAddr().String() {
+				t.Errorf("source %v, want %v", src, client.LocalAddr())
+			}
+			if n := testing.AllocsPerRun(100, func() { ipSink = src.(*net.UDPAddr).IP.To16() }); n != 0 {
+				t.Errorf("source IP.To16(): %.0f allocations, want 0", n)
+			}
+		})
+	}
+}
+
+// ipSink keeps To16's result on the heap, as pion's five-tuple keys do.
+var ipSink net.IP

@@ -130,7 +130,7 @@ func NewConn(pc net.PacketConn) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Conn{UDPConn: u, s: s, rc: s.rc, addrs: newSources(relaySources)}
+	c := &Conn{UDPConn: u, s: s, rc: s.rc, addrs: newSources(relaySources, false)}
 	c.recv = c.recvfrom
 	return c, nil
 }
