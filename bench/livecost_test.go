@@ -484,9 +484,13 @@ func (h *harness) stageMemory(t *testing.T) {
 				t.Fatalf("%s: no memlock figure", name)
 			}
 			measured.Maps[name], measured.Total = b, measured.Total+b
-			if m.Type() == ebpf.PerCPUArray || m.Type() == ebpf.PerCPUHash {
+			switch {
+			case m.Type() == ebpf.PerCPUArray || m.Type() == ebpf.PerCPUHash:
 				// The per-CPU share: entries × value size (rounded to 8) per CPU.
 				b += uint64(64-ncpu) * uint64(m.MaxEntries()) * uint64((m.ValueSize()+7)&^7)
+			case name == bpf.RelayMapC2pFlows || name == bpf.RelayMapP2cFlows:
+				// A region per possible CPU.
+				b += uint64(64-ncpu) * uint64(m.MaxEntries()/uint32(ncpu)) * uint64(m.ValueSize())
 			}
 			computed.Maps[name], computed.Total = b, computed.Total+b
 		}

@@ -180,24 +180,20 @@ func (e *env) cachedFlows(t testing.TB, b channelmap.Binding) (n [2]int) {
 	maps := e.prog.Maps()
 	var (
 		idx uint32
-		cf  []bpf.RelayC2pFlow
-		pf  []bpf.RelayP2cFlow
+		cf  bpf.RelayC2pFlow
+		pf  bpf.RelayP2cFlow
 	)
 	client, peer, relay := b.Client.Addr().As16(), b.Peer.Addr().As4(), b.Relay.Addr().As4()
 	it := maps.C2pFlows.Iterate()
 	for it.Next(&idx, &cf) {
-		for _, f := range cf {
-			if f.FibGen == gen && f.ClientAddr.B == client && f.ClientPort == htons(b.Client.Port()) && f.Channel == htons(b.Channel) {
-				n[0]++
-			}
+		if cf.FibGen == gen && cf.ClientAddr.B == client && cf.ClientPort == htons(b.Client.Port()) && cf.Channel == htons(b.Channel) {
+			n[0]++
 		}
 	}
 	pit := maps.P2cFlows.Iterate()
 	for pit.Next(&idx, &pf) {
-		for _, f := range pf {
-			if f.FibGen == gen && f.PeerAddr == be32(peer) && f.RelayAddr == be32(relay) && f.PeerPort == htons(b.Peer.Port()) {
-				n[1]++
-			}
+		if pf.FibGen == gen && pf.PeerAddr == be32(peer) && pf.RelayAddr == be32(relay) && pf.PeerPort == htons(b.Peer.Port()) {
+			n[1]++
 		}
 	}
 	if err := errors.Join(it.Err(), pit.Err()); err != nil {

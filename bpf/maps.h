@@ -162,6 +162,8 @@ struct config {
 	 * power of two). */
 	__u32 flow_seed;
 	__u32 flow_mask;
+	__u32 flow_shift; /* log2 of the entries per CPU */
+	__u32 _pad2;
 };
 
 /* Sized by the loader from --max-bindings; max_entries here are the defaults. */
@@ -216,7 +218,7 @@ struct {
 	__uint(max_entries, 1);
 } rate_limits SEC(".maps");
 
-/* Flow caches, per CPU and direct-mapped: the last bindings each CPU relayed,
+/* Flow caches, direct-mapped, a region per CPU: the last bindings each CPU relayed,
  * found by one array access instead of the hash lookups (listener destination
  * and binding for a client's ChannelData, binding for a peer's datagram). An
  * entry stands for the binding while both generations hold: the binding's
@@ -236,11 +238,14 @@ struct c2p_flow {
 	__u32 fib_gen; /* 0: empty */
 	__u32 gen;
 	__u32 binding_id;
-	__u32 alloc_id;
 	__be32 peer_addr; /* relays and peers are IPv4 */
 	__be32 relay_addr;
 	__be16 peer_port;
 	__be16 relay_port;
+	/* The first cache line holds what a relayed packet reads; this one
+	 * only a rate-limited one. */
+	__u32 alloc_id;
+	__u8 _pad2[60];
 };
 
 struct p2c_flow {
@@ -257,18 +262,25 @@ struct p2c_flow {
 	__be16 listener_port;
 	__be16 channel;
 	__u16 _pad;
+	__u8 _pad2[12]; /* one cache line */
 };
 
-/* Sized by the loader (a power of two, at most FLOW_CACHE_SLOTS). */
+/* Plain arrays, a region of 2^cfg.flow_shift entries per possible CPU (set by
+ * the loader; the sizes here are placeholders): one access finds an entry
+ * (a per-CPU array would first read the element's per-CPU pointer), and
+ * BPF_F_MMAPABLE puts the values on a page boundary, so that every entry
+ * starts a cache line. Each CPU writes only its own region. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, struct c2p_flow);
 	__uint(max_entries, FLOW_CACHE_SLOTS);
 } c2p_flows SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, struct p2c_flow);
 	__uint(max_entries, FLOW_CACHE_SLOTS);

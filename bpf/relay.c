@@ -101,9 +101,11 @@ static __always_inline __u64 flow_mix(__u64 h, __u64 w)
 	return h ^ (h >> 29);
 }
 
+/* flow_index is the entry for hash h in this CPU's region of a flow cache:
+ * the program runs to its end on one CPU, and no other writes there. */
 static __always_inline __u32 flow_index(__u64 h)
 {
-	return (__u32)(h >> 32) & cfg.flow_mask;
+	return (bpf_get_smp_processor_id() << cfg.flow_shift) | ((__u32)(h >> 32) & cfg.flow_mask);
 }
 
 static __always_inline __u64 addr_hash(__u64 h, const struct addr *a)
@@ -355,16 +357,20 @@ static __always_inline int rate_limited(struct alloc_rate *ar, const struct rate
 	return over;
 }
 
+/* limit_on is the rate limit when there is one. */
+static __always_inline const struct rate_limit *limit_on(void)
+{
+	__u32 zero = 0;
+	const struct rate_limit *rl = bpf_map_lookup_elem(&rate_limits, &zero);
+	return rl && (rl->pkt_cost_ns || rl->bytes_per_sec) ? rl : 0;
+}
+
 /* over_limit is next_hop's sequel for a bound packet that would be relayed:
  * -1 when it goes on, else the action for a packet over its allocation's
  * limit. Dropping is the operator's choice (--over-limit=drop); the program
  * drops nothing else that it could pass. */
-static __always_inline int over_limit(__u32 alloc_id, __u16 data_len, __u32 *reason)
+static __always_inline int over_limit(const struct rate_limit *rl, __u32 alloc_id, __u16 data_len, __u32 *reason)
 {
-	__u32 zero = 0;
-	const struct rate_limit *rl = bpf_map_lookup_elem(&rate_limits, &zero);
-	if (!rl || (!rl->pkt_cost_ns && !rl->bytes_per_sec))
-		return -1;
 	struct alloc_rate *ar = bpf_map_lookup_elem(&alloc_rates, &alloc_id);
 	if (!ar || !rate_limited(ar, rl, data_len))
 		return -1;
@@ -475,7 +481,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	__u32 gen = fib_generation();
 	struct binding_state *st = 0;
 	struct c2p_flow *f = 0;
-	__u32 binding_id, alloc_id;
+	__u32 binding_id, alloc_id = 0;
 	__be32 peer_addr, relay_addr;
 	__be16 peer_port, relay_port;
 	int hit = 0;
@@ -491,7 +497,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		hit = st && st->gen == f->gen;
 	}
 	if (hit) {
-		alloc_id = f->alloc_id;
+		/* alloc_id (the entry's second cache line) only if limited. */
 		peer_addr = f->peer_addr;
 		relay_addr = f->relay_addr;
 		peer_port = f->peer_port;
@@ -593,8 +599,13 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		*reason = r;
 		return XDP_PASS;
 	}
-	if ((r = over_limit(alloc_id, data_len, reason)) >= 0)
-		return r;
+	const struct rate_limit *rl = limit_on();
+	if (rl) {
+		if (hit)
+			alloc_id = f->alloc_id;
+		if ((r = over_limit(rl, alloc_id, data_len, reason)) >= 0)
+			return r;
+	}
 
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + data_len);
 	__be32 from[12] = {}, to[5] = {};
@@ -782,7 +793,8 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		*reason = r;
 		return XDP_PASS;
 	}
-	if ((r = over_limit(alloc_id, data_len, reason)) >= 0)
+	const struct rate_limit *rl = limit_on();
+	if (rl && (r = over_limit(rl, alloc_id, data_len, reason)) >= 0)
 		return r;
 
 	__be16 channel = v.channel;

@@ -65,11 +65,12 @@ type RelayC2pFlow struct {
 	FibGen     uint32
 	Gen        uint32
 	BindingId  uint32
-	AllocId    uint32
 	PeerAddr   uint32
 	RelayAddr  uint32
 	PeerPort   uint16
 	RelayPort  uint16
+	AllocId    uint32
+	Pad2       [60]uint8
 }
 
 type RelayC2pKey struct {
@@ -110,6 +111,8 @@ type RelayConfig struct {
 	FlowCache         uint8
 	FlowSeed          uint32
 	FlowMask          uint32
+	FlowShift         uint32
+	Pad2              uint32
 }
 
 type RelayDstKey struct {
@@ -158,6 +161,7 @@ type RelayP2cFlow struct {
 	ListenerPort uint16
 	Channel      uint16
 	Pad          uint16
+	Pad2         [12]uint8
 }
 
 type RelayP2cKey struct {

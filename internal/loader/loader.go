@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"os"
 	"runtime"
 	"strings"
@@ -129,9 +130,15 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	// The flow caches: as many entries per CPU as bindings, up to the
 	// program's FLOW_CACHE_SLOTS, a power of two for the index mask.
 	slots := flowSlots(cfg.MaxBindings, spec.Maps[bpf.RelayMapC2pFlows].MaxEntries)
-	spec.Maps[bpf.RelayMapC2pFlows].MaxEntries = slots
-	spec.Maps[bpf.RelayMapP2cFlows].MaxEntries = slots
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("flow caches: %w", err)
+	}
+	// A region of slots entries per possible CPU, at the CPU's number.
+	spec.Maps[bpf.RelayMapC2pFlows].MaxEntries = slots * uint32(cpus)
+	spec.Maps[bpf.RelayMapP2cFlows].MaxEntries = slots * uint32(cpus)
 	c.FlowMask = slots - 1
+	c.FlowShift = uint32(bits.TrailingZeros32(slots))
 	if !cfg.NoFlowCache {
 		c.FlowCache = 1
 	}
