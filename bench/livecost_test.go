@@ -364,7 +364,7 @@ func (h *harness) liveInterval(t *testing.T, prog *loader.Program, maps *channel
 	}
 	fibGen := prog.Maps().FibGen
 	if row.noCache {
-		if err := fibGen.Put(uint32(0), uint32(0)); err != nil {
+		if err := bpf.DisableFibGen(fibGen); err != nil {
 			t.Fatal(err)
 		}
 	}

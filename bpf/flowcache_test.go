@@ -85,6 +85,7 @@ func TestFlowCache(t *testing.T) {
 	}
 
 	t.Run("cached flows stand in for the maps", func(t *testing.T) {
+		relayed(t)
 		restore := unmapped(t)
 		defer restore()
 		relayedUnmapped(t)
@@ -106,18 +107,74 @@ func TestFlowCache(t *testing.T) {
 		relayed(t)
 		id, st := e.slot(t, b)
 		restore := unmapped(t)
+		defer restore()
 		st.Gen++
 		if err := maps.BindingStates.Put(id, st); err != nil {
 			t.Fatal(err)
 		}
+		defer func() {
+			st.Gen--
+			if err := maps.BindingStates.Put(id, st); err != nil {
+				t.Fatal(err)
+			}
+		}()
 		passes(t, "a0", c2p, bpf.RelayReasonREASON_NOT_LISTENER_ADDR)
 		passes(t, "b0", p2c, bpf.RelayReasonREASON_NO_PEER_BINDING)
-		restore()
-		st.Gen--
-		if err := maps.BindingStates.Put(id, st); err != nil {
+	})
+
+	// A hash map gives a removed or replaced element to the next insert at
+	// once, while the program may be reading it: an element whose key copy
+	// is another binding's (as the program would find a recycled one) is not
+	// used, and nothing is cached from it.
+	t.Run("an element recycled for another binding is not used", func(t *testing.T) {
+		other := bindings["tx"]
+		if err := e.maps.InvalidateNextHops(); err != nil { // no cached flow of b
 			t.Fatal(err)
 		}
-		relayed(t)
+		var (
+			pk2 bpf.RelayP2cKey
+			pv2 bpf.RelayP2cVal
+		)
+		find := func(k channelmap.Binding) (bpf.RelayC2pKey, bpf.RelayC2pVal) {
+			it := maps.C2pBindings.Iterate()
+			var (
+				key bpf.RelayC2pKey
+				val bpf.RelayC2pVal
+			)
+			for it.Next(&key, &val) {
+				if key.ClientAddr.B == k.Client.Addr().As16() && key.ClientPort == htons(k.Client.Port()) && key.Channel == htons(k.Channel) &&
+					val.PeerAddr.B == k.Peer.Addr().As16() && val.PeerPort == htons(k.Peer.Port()) {
+					return key, val
+				}
+			}
+			t.Fatalf("no client->peer entry of %v", k)
+			return key, val
+		}
+		ck, cv := find(b)
+		_, ov := find(other)
+		pk2.PeerAddr.B, pk2.RelayAddr.B = other.Peer.Addr().As16(), other.Relay.Addr().As16()
+		pk2.PeerPort, pk2.RelayPort = htons(other.Peer.Port()), htons(other.Relay.Port())
+		if err := maps.P2cBindings.Lookup(pk2, &pv2); err != nil {
+			t.Fatal(err)
+		}
+		if err := maps.P2cBindings.Lookup(pk, &pv); err != nil {
+			t.Fatal(err)
+		}
+		origC, origP := cv, pv
+		// b's keys, the other binding's values (and key copies).
+		if err := errors.Join(maps.C2pBindings.Put(ck, ov), maps.P2cBindings.Put(pk, pv2)); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := errors.Join(maps.C2pBindings.Put(ck, origC), maps.P2cBindings.Put(pk, origP)); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		passes(t, "a0", c2p, bpf.RelayReasonREASON_NO_CHANNEL)
+		passes(t, "b0", p2c, bpf.RelayReasonREASON_NO_PEER_BINDING)
+		if n := e.cachedFlows(t, b); n != [2]int{} {
+			t.Fatalf("flows cached from another binding's element: %v", n)
+		}
 	})
 
 	t.Run("removing the binding ends them", func(t *testing.T) {

@@ -40,7 +40,13 @@ struct c2p_key {
 	__u32 listener_id;
 };
 
+/* A hash map hands a deleted or replaced element to the next insert at once,
+ * while a program may still read it: each value starts with its own key, which
+ * the program reads before and after the fields it uses (userspace and the
+ * kernel write a value from its start), so that it never takes another
+ * binding's fields for this packet's. */
 struct c2p_val {
+	struct c2p_key key;
 	struct addr peer_addr;
 	struct addr relay_addr;
 	__be16 peer_port;
@@ -60,6 +66,7 @@ struct p2c_key {
 };
 
 struct p2c_val {
+	struct p2c_key key; /* see c2p_val */
 	struct addr client_addr;
 	__be16 client_port;
 	__be16 listener_port;

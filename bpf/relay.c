@@ -77,6 +77,19 @@ static __always_inline int addr_eq(const struct addr *a, const struct addr *b)
 	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
 }
 
+/* words_eq compares n 32-bit words. */
+static __always_inline int words_eq(const void *a, const void *b, int n)
+{
+	const __u32 *x = a, *y = b;
+	__u32 d = 0;
+#pragma unroll
+	for (int i = 0; i < 9; i++) {
+		if (i < n)
+			d |= x[i] ^ y[i];
+	}
+	return d == 0;
+}
+
 static __always_inline int is_listener_port(__be16 port)
 {
 #pragma unroll
@@ -521,26 +534,36 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		key.channel = channel;
 		key.listener_id = dst->listener_id;
 		struct c2p_val *b = bpf_map_lookup_elem(&c2p_bindings, &key);
-		if (!b) {
+		if (!b || !words_eq(&b->key, &key, sizeof(key) / 4)) {
 			*reason = REASON_NO_CHANNEL;
 			return XDP_PASS;
 		}
+		barrier();
 		binding_id = b->binding_id;
 		alloc_id = b->alloc_id;
 		peer_addr = addr_v4(&b->peer_addr);
 		relay_addr = addr_v4(&b->relay_addr);
 		peer_port = b->peer_port;
 		relay_port = b->relay_port;
+		__u32 bgen = b->gen;
+		barrier();
+		/* Still this binding's element (see c2p_val): the loads above are
+		 * in program order on x86 (cfg.tso); elsewhere this narrows the
+		 * window to the reads themselves. */
+		if (!words_eq(&b->key, &key, sizeof(key) / 4)) {
+			*reason = REASON_NO_CHANNEL;
+			return XDP_PASS;
+		}
 		st = bpf_map_lookup_elem(&binding_states, &binding_id);
 		/* Cached only as installed: a slot of another generation is
 		 * being taken back. */
-		if (f && st && st->gen == b->gen) {
+		if (f && st && st->gen == bgen) {
 			f->client_addr = in->saddr;
 			f->dst_addr = in->daddr;
 			f->client_port = udp->source;
 			f->dst_port = udp->dest;
 			f->channel = channel;
-			f->gen = b->gen;
+			f->gen = bgen;
 			f->binding_id = binding_id;
 			f->alloc_id = alloc_id;
 			f->peer_addr = peer_addr;
@@ -701,7 +724,18 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	__be32 peer_addr = addr_v4(&in->saddr), relay_addr = addr_v4(&in->daddr);
 	struct binding_state *st = 0;
 	struct p2c_flow *f = 0;
-	struct p2c_val v = {};
+	/* The binding's fields (a p2c_val without its key copy: the stack is
+	 * tight). */
+	struct {
+		struct addr client_addr;
+		__be16 client_port;
+		__be16 listener_port;
+		__be16 channel;
+		__u16 _pad;
+		__u32 binding_id;
+		__u32 alloc_id;
+		__u32 gen;
+	} v = {};
 	int hit = 0;
 	if (cfg.flow_cache && gen) {
 		__u64 h = flow_mix(cfg.flow_seed, ((__u64)peer_addr << 32) | relay_addr);
@@ -728,11 +762,24 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		key.peer_port = udp->source;
 		key.relay_port = udp->dest;
 		struct p2c_val *b = bpf_map_lookup_elem(&p2c_bindings, &key);
-		if (!b) {
+		if (!b || !words_eq(&b->key, &key, sizeof(key) / 4)) {
 			*reason = REASON_NO_PEER_BINDING;
 			return XDP_PASS;
 		}
-		v = *b;
+		barrier();
+		v.client_addr = b->client_addr;
+		v.client_port = b->client_port;
+		v.listener_port = b->listener_port;
+		v.channel = b->channel;
+		v.binding_id = b->binding_id;
+		v.alloc_id = b->alloc_id;
+		v.gen = b->gen;
+		barrier();
+		/* Still this binding's element (see c2p_val and client_to_peer). */
+		if (!words_eq(&b->key, &key, sizeof(key) / 4)) {
+			*reason = REASON_NO_PEER_BINDING;
+			return XDP_PASS;
+		}
 		st = bpf_map_lookup_elem(&binding_states, &v.binding_id);
 		if (f && st && st->gen == v.gen) {
 			f->peer_addr = peer_addr;

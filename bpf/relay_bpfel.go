@@ -86,6 +86,7 @@ type RelayC2pKey struct {
 
 type RelayC2pVal struct {
 	_        structs.HostLayout
+	Key      RelayC2pKey
 	PeerAddr struct {
 		_ structs.HostLayout
 		B [16]uint8
@@ -180,6 +181,7 @@ type RelayP2cKey struct {
 
 type RelayP2cVal struct {
 	_          structs.HostLayout
+	Key        RelayP2cKey
 	ClientAddr struct {
 		_ structs.HostLayout
 		B [16]uint8

@@ -126,6 +126,10 @@ type Maps struct {
 	// caches hold a binding for as long as its slot keeps the generation
 	// (never 0: a slot taken back has 0).
 	slotGen uint32
+	// invalidPending: a bump of the FIB generation failed; every later
+	// write tries it again first, since cached flows and next hops may
+	// stand for what the maps no longer say.
+	invalidPending bool
 	// Listener ids: the program keys bindings by the listener's id, which the
 	// destination table maps each accepted address:port to.
 	listenerIDs  map[netip.AddrPort]uint32
@@ -267,6 +271,7 @@ func validate(b Binding) error {
 func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.retryInvalidate()
 	want := make(map[bpf.RelayDstKey]uint32, len(d))
 	for wire, l := range d {
 		if !wire.IsValid() || wire.Addr().IsUnspecified() || wire.Port() == 0 {
@@ -307,7 +312,7 @@ func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 	if changed {
 		// Flows the program cached went through the old table (after the
 		// change: a flow resolved before it is stored as stale).
-		if err := bpf.BumpFibGen(m.fibGen); err != nil {
+		if err := m.invalidate(); err != nil {
 			errs = append(errs, fmt.Errorf("destinations changed: %w", err))
 		}
 	}
@@ -343,6 +348,7 @@ func (m *Maps) Upsert(b Binding) error {
 	b.ReplySource = netip.Addr{}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.retryInvalidate()
 
 	k := b.Key()
 	old, exists := m.bindings[k]
@@ -389,6 +395,7 @@ func (m *Maps) Upsert(b Binding) error {
 	}
 
 	var cv bpf.RelayC2pVal
+	cv.Key = m.c2pKey(k)
 	cv.PeerAddr.B = addr16(b.Peer.Addr())
 	cv.RelayAddr.B = addr16(b.Relay.Addr())
 	cv.PeerPort = byteorder.Htons(b.Peer.Port())
@@ -398,6 +405,7 @@ func (m *Maps) Upsert(b Binding) error {
 	cv.Gen = slotGen
 
 	var pv bpf.RelayP2cVal
+	pv.Key = pk
 	pv.ClientAddr.B = addr16(b.Client.Addr())
 	pv.ClientPort = byteorder.Htons(b.Client.Port())
 	pv.ListenerPort = byteorder.Htons(b.Listener.Port())
@@ -447,7 +455,7 @@ func (m *Maps) Upsert(b Binding) error {
 		// one's, nor are the flows it cached: resolve again (the program
 		// reads the generation before the binding, so a lookup racing this
 		// update is stored as stale).
-		if err := bpf.BumpFibGen(m.fibGen); err != nil {
+		if err := m.invalidate(); err != nil {
 			return fmt.Errorf("binding %v moved: %w", b, err)
 		}
 	}
@@ -456,7 +464,30 @@ func (m *Maps) Upsert(b Binding) error {
 
 // InvalidateNextHops makes the program resolve every cached next hop again
 // (after a change of routes, neighbours or links).
-func (m *Maps) InvalidateNextHops() error { return bpf.BumpFibGen(m.fibGen) }
+func (m *Maps) InvalidateNextHops() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.invalidate()
+}
+
+// invalidate bumps the FIB generation: every flow and next hop the program
+// cached is resolved again. A failure is retried by the next write (called
+// with mu held).
+func (m *Maps) invalidate() error {
+	if err := bpf.BumpFibGen(m.fibGen); err != nil {
+		m.invalidPending = true
+		return err
+	}
+	m.invalidPending = false
+	return nil
+}
+
+// retryInvalidate repeats a bump that failed (called with mu held).
+func (m *Maps) retryInvalidate() {
+	if m.invalidPending {
+		_ = m.invalidate()
+	}
+}
 
 func (m *Maps) accountOf(b Binding) string {
 	if m.account == nil {
@@ -471,9 +502,13 @@ func (m *Maps) accountOf(b Binding) string {
 // mu held.
 func (m *Maps) fail(k Key, existed bool, id uint32) {
 	if !existed {
+		// Nothing points at the slot; its generation goes with it.
+		_ = m.states.Put(id, bpf.RelayBindingState{})
 		m.free(id)
 		return
 	}
+	// The entries are half gone: what the program cached of them too.
+	_ = m.invalidate()
 	if err := m.c2p.Delete(m.c2pKey(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return // keep the record: the reconcile retries and RemoveStray knows it
 	}
@@ -496,6 +531,7 @@ func (m *Maps) Delete(k Key) error {
 	k.Client, k.Listener = unmap(k.Client), unmap(k.Listener)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.retryInvalidate()
 	e, ok := m.bindings[k]
 	if !ok {
 		return nil
@@ -509,6 +545,11 @@ func (m *Maps) Delete(k Key) error {
 	}
 	if len(errs) > 0 {
 		// Keep the record so a retry or the reconcile removes it for good.
+		// One direction may be gone while the slot still holds its
+		// generation: the cached flows must not stand in for it.
+		if err := m.invalidate(); err != nil {
+			errs = append(errs, err)
+		}
 		return errors.Join(errs...)
 	}
 	delete(m.bindings, k)
@@ -563,7 +604,10 @@ func (m *Maps) free(id uint32) {
 func (m *Maps) retire(e entry) {
 	m.releaseAlloc(e.binding.Relay)
 	m.fold(e.id, e.account, e.base)
-	_ = m.states.Put(e.id, bpf.RelayBindingState{})
+	if err := m.states.Put(e.id, bpf.RelayBindingState{}); err != nil {
+		// The slot keeps the generation its cached flows were made in.
+		_ = m.invalidate()
+	}
 	m.freed = append(m.freed, freedID{id: e.id, at: m.now(), account: e.account})
 }
 
@@ -829,9 +873,11 @@ func (m *Maps) RemoveStray() (int, error) {
 	}
 	if len(stray)+len(strayP) > 0 {
 		// A flow the program cached from a stray entry must go with it.
-		if err := bpf.BumpFibGen(m.fibGen); err != nil {
+		m.mu.Lock()
+		if err := m.invalidate(); err != nil {
 			errs = append(errs, err)
 		}
+		m.mu.Unlock()
 	}
 	return len(stray) + len(strayP), errors.Join(errs...)
 }

@@ -348,3 +348,124 @@ func TestAccountTotalsMonotonicUnderChurn(t *testing.T) {
 		prevTotal = total
 	}
 }
+
+// TestSlotGenerations: every install gives its slot a generation of its own,
+// which both entries carry with a copy of their key, and a removal takes it
+// back: the program's flow caches hold a binding only as long as its slot
+// keeps the generation they were made in (a reused id must not revive them).
+func TestSlotGenerations(t *testing.T) {
+	m, raw := newTestMaps(t, 2)
+	now := time.Unix(1000, 0)
+	m.now = func() time.Time { return now }
+	gens := func(b Binding) (slot, c2p, p2c uint32) {
+		t.Helper()
+		var (
+			cv bpf.RelayC2pVal
+			pv bpf.RelayP2cVal
+			st bpf.RelayBindingState
+		)
+		if err := errors.Join(raw.C2pBindings.Lookup(m.c2pKey(b.Key()), &cv), raw.P2cBindings.Lookup(p2cKey(b), &pv),
+			raw.BindingStates.Lookup(cv.BindingId, &st)); err != nil {
+			t.Fatal(err)
+		}
+		if cv.Key != m.c2pKey(b.Key()) || pv.Key != p2cKey(b) {
+			t.Fatalf("%v: the entries' key copies %+v / %+v differ from their keys", b, cv.Key, pv.Key)
+		}
+		return st.Gen, cv.Gen, pv.Gen
+	}
+	a := testBinding
+	if err := m.Upsert(a); err != nil {
+		t.Fatal(err)
+	}
+	id := m.bindings[a.Key()].id
+	g1, c, p := gens(a)
+	if g1 == 0 || c != g1 || p != g1 {
+		t.Fatalf("installed: slot %d, client->peer %d, peer->client %d: want one nonzero generation", g1, c, p)
+	}
+	if err := m.Upsert(a); err != nil { // unchanged: the same generation
+		t.Fatal(err)
+	}
+	if g, _, _ := gens(a); g != g1 {
+		t.Fatalf("an unchanged Upsert moved the generation %d -> %d", g1, g)
+	}
+	if err := m.Delete(a.Key()); err != nil {
+		t.Fatal(err)
+	}
+	var st bpf.RelayBindingState
+	if err := raw.BindingStates.Lookup(id, &st); err != nil || st.Gen != 0 {
+		t.Fatalf("removed: slot generation %d (%v), want 0", st.Gen, err)
+	}
+	now = now.Add(idQuarantine)
+	b := a
+	b.Channel, b.Peer = 0x4001, netip.MustParseAddrPort("10.200.0.3:5001")
+	if err := m.Upsert(b); err != nil {
+		t.Fatal(err)
+	}
+	c3 := b
+	c3.Channel, c3.Peer = 0x4002, netip.MustParseAddrPort("10.200.0.4:5001")
+	if err := m.Upsert(c3); err != nil {
+		t.Fatal(err)
+	}
+	reused := b
+	if m.bindings[c3.Key()].id == id {
+		reused = c3
+	}
+	if m.bindings[reused.Key()].id != id {
+		t.Fatalf("id %d was not reused", id)
+	}
+	if g, _, _ := gens(reused); g == 0 || g == g1 {
+		t.Fatalf("the reused slot has generation %d, the removed binding's was %d", g, g1)
+	}
+}
+
+// TestInvalidateRetried: a FIB generation bump that failed is made by the
+// next write; RemoveStray bumps it when it removed anything.
+func TestInvalidateRetried(t *testing.T) {
+	m, raw := newTestMaps(t, 4)
+	if err := bpf.EnableFibGen(raw.FibGen); err != nil {
+		t.Fatal(err)
+	}
+	gen := func() uint32 {
+		t.Helper()
+		var g uint32
+		if err := raw.FibGen.Lookup(uint32(0), &g); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	broken, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken.Close() // every operation on it fails
+	g0 := gen()
+	m.fibGen = broken
+	if err := m.SetDestinations(map[netip.AddrPort]netip.AddrPort{testBinding.Listener: testBinding.Listener}); err == nil {
+		t.Fatal("SetDestinations with a broken FIB generation: no error")
+	}
+	m.fibGen = raw.FibGen
+	if gen() != g0 {
+		t.Fatal("the generation moved through a broken map")
+	}
+	if err := m.Delete(testBinding.Key()); err != nil { // any write
+		t.Fatal(err)
+	}
+	if g := gen(); g == g0 {
+		t.Fatal("the failed bump was not made by the next write")
+	}
+
+	// A stray entry (in the map, not in m's records).
+	var cv bpf.RelayC2pVal
+	k := m.c2pKey(testBinding.Key())
+	cv.Key = k
+	if err := raw.C2pBindings.Put(k, cv); err != nil {
+		t.Fatal(err)
+	}
+	g1 := gen()
+	if n, err := m.RemoveStray(); err != nil || n != 1 {
+		t.Fatalf("RemoveStray: %d, %v; want 1", n, err)
+	}
+	if gen() == g1 {
+		t.Fatal("RemoveStray removed an entry without a new FIB generation")
+	}
+}

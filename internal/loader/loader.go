@@ -165,7 +165,8 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			bpf.RelayMapFibGen:        reuse.FibGen,
 			bpf.RelayMapRateLimits:    reuse.RateLimits,
 			bpf.RelayMapAllocRates:    reuse.AllocRates,
-			// Entries hashed with the old seed are only missed.
+			// Entries are self-describing: the new seed only moves where
+			// a key's entry is looked for.
 			bpf.RelayMapC2pFlows: reuse.C2pFlows,
 			bpf.RelayMapP2cFlows: reuse.P2cFlows,
 		}}
@@ -365,7 +366,7 @@ func (p *Program) fibChangedLocked() {
 	if p.watching {
 		if err := bpf.BumpFibGen(p.objs.FibGen); err != nil {
 			p.log.Warn("cannot invalidate the next-hop cache; turning it off", "error", err)
-			_ = p.objs.FibGen.Put(uint32(0), uint32(0))
+			_ = bpf.DisableFibGen(p.objs.FibGen)
 		}
 		return
 	}
@@ -373,7 +374,7 @@ func (p *Program) fibChangedLocked() {
 	err := WatchFIB(p.fibStop, func() {
 		if err := bpf.EnableFibGen(fibGen); err != nil {
 			p.log.Warn("cannot invalidate the next-hop cache; turning it off", "error", err)
-			_ = fibGen.Put(uint32(0), uint32(0))
+			_ = bpf.DisableFibGen(fibGen)
 		}
 	}, p.log)
 	if err != nil {
@@ -408,6 +409,7 @@ func (p *Program) Close() error {
 		close(p.fibStop)
 		p.watching = false
 	}
+	bpf.ForgetFibGen(p.objs.FibGen)
 	errs = append(errs, p.objs.Close())
 	return errors.Join(errs...)
 }
