@@ -114,11 +114,12 @@ static __always_inline __u64 flow_mix(__u64 h, __u64 w)
 	return h ^ (h >> 29);
 }
 
-/* flow_index is the entry for hash h in this CPU's region of a flow cache:
- * the program runs to its end on one CPU, and no other writes there. */
+/* flow_index is the entry for hash h in this CPU's region of a flow cache
+ * (the program runs to its end on one CPU, and no other writes there): the
+ * top bits of h, the only ones of a product that every input bit reaches. */
 static __always_inline __u32 flow_index(__u64 h)
 {
-	return (bpf_get_smp_processor_id() << cfg.flow_shift) | ((__u32)(h >> 32) & cfg.flow_mask);
+	return (bpf_get_smp_processor_id() << cfg.flow_shift) | ((__u32)(h >> (64 - cfg.flow_shift)) & cfg.flow_mask);
 }
 
 static __always_inline __u64 addr_hash(__u64 h, const struct addr *a)
