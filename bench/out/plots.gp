@@ -5,12 +5,42 @@ set output 'throughput.png'
 set title 'Delivered vs offered packets/s (ChannelData over one allocation; dashed: 1200 B)'
 set xlabel 'offered packets/s'
 set ylabel 'delivered packets/s at the peer'
-plot 
+plot 'data/relay-0-100.dat' using 1:2 with linespoints lc 1 dt 1 pt 7 title 'stunnerd-xdp XDP native, 100 B', \
+  'data/relay-0-1200.dat' using 1:2 with linespoints lc 1 dt 2 pt 7 title 'stunnerd-xdp XDP native, 1200 B', \
+  'data/relay-1-100.dat' using 1:2 with linespoints lc 2 dt 1 pt 7 title 'stunnerd-xdp XDP generic, 100 B', \
+  'data/relay-1-1200.dat' using 1:2 with linespoints lc 2 dt 2 pt 7 title 'stunnerd-xdp XDP generic, 1200 B', \
+  'data/relay-2-100.dat' using 1:2 with linespoints lc 3 dt 1 pt 7 title 'stunnerd-xdp userspace (--xdp-mode=off), 100 B', \
+  'data/relay-2-1200.dat' using 1:2 with linespoints lc 3 dt 2 pt 7 title 'stunnerd-xdp userspace (--xdp-mode=off), 1200 B', \
+  'data/relay-3-100.dat' using 1:2 with linespoints lc 4 dt 1 pt 7 title 'stunnerd-xdp userspace, steered listener (--xdp-mode=off --handover-dir), 100 B', \
+  'data/relay-3-1200.dat' using 1:2 with linespoints lc 4 dt 2 pt 7 title 'stunnerd-xdp userspace, steered listener (--xdp-mode=off --handover-dir), 1200 B', \
+  'data/relay-4-100.dat' using 1:2 with linespoints lc 5 dt 1 pt 7 title 'STUNner stunnerd v1.1.0, 100 B', \
+  'data/relay-4-1200.dat' using 1:2 with linespoints lc 5 dt 2 pt 7 title 'STUNner stunnerd v1.1.0, 1200 B', \
+  'data/relay-5-100.dat' using 1:2 with linespoints lc 6 dt 1 pt 7 title 'coturn, 100 B', \
+  'data/relay-5-1200.dat' using 1:2 with linespoints lc 6 dt 2 pt 7 title 'coturn, 1200 B', \
+  'data/relay-6-100.dat' using 1:2 with linespoints lc 7 dt 1 pt 7 title 'kernel forwarding (no TURN), 100 B', \
+  'data/relay-6-1200.dat' using 1:2 with linespoints lc 7 dt 2 pt 7 title 'kernel forwarding (no TURN), 1200 B', \
+  'data/relay-7-100.dat' using 1:2 with linespoints lc 8 dt 1 pt 7 title 'delivery floor (server ns → peer, no relay), 100 B', \
+  'data/relay-7-1200.dat' using 1:2 with linespoints lc 8 dt 2 pt 7 title 'delivery floor (server ns → peer, no relay), 1200 B'
 set output 'cpu.png'
 set title 'Server CPU per relayed packet (process + softirq of all CPUs), log scale'
 set logscale y
 set ylabel 'µs per delivered packet'
-plot 
+plot 'data/relay-0-100.dat' using 1:3 with linespoints lc 1 dt 1 pt 7 title 'stunnerd-xdp XDP native, 100 B', \
+  'data/relay-0-1200.dat' using 1:3 with linespoints lc 1 dt 2 pt 7 title 'stunnerd-xdp XDP native, 1200 B', \
+  'data/relay-1-100.dat' using 1:3 with linespoints lc 2 dt 1 pt 7 title 'stunnerd-xdp XDP generic, 100 B', \
+  'data/relay-1-1200.dat' using 1:3 with linespoints lc 2 dt 2 pt 7 title 'stunnerd-xdp XDP generic, 1200 B', \
+  'data/relay-2-100.dat' using 1:3 with linespoints lc 3 dt 1 pt 7 title 'stunnerd-xdp userspace (--xdp-mode=off), 100 B', \
+  'data/relay-2-1200.dat' using 1:3 with linespoints lc 3 dt 2 pt 7 title 'stunnerd-xdp userspace (--xdp-mode=off), 1200 B', \
+  'data/relay-3-100.dat' using 1:3 with linespoints lc 4 dt 1 pt 7 title 'stunnerd-xdp userspace, steered listener (--xdp-mode=off --handover-dir), 100 B', \
+  'data/relay-3-1200.dat' using 1:3 with linespoints lc 4 dt 2 pt 7 title 'stunnerd-xdp userspace, steered listener (--xdp-mode=off --handover-dir), 1200 B', \
+  'data/relay-4-100.dat' using 1:3 with linespoints lc 5 dt 1 pt 7 title 'STUNner stunnerd v1.1.0, 100 B', \
+  'data/relay-4-1200.dat' using 1:3 with linespoints lc 5 dt 2 pt 7 title 'STUNner stunnerd v1.1.0, 1200 B', \
+  'data/relay-5-100.dat' using 1:3 with linespoints lc 6 dt 1 pt 7 title 'coturn, 100 B', \
+  'data/relay-5-1200.dat' using 1:3 with linespoints lc 6 dt 2 pt 7 title 'coturn, 1200 B', \
+  'data/relay-6-100.dat' using 1:3 with linespoints lc 7 dt 1 pt 7 title 'kernel forwarding (no TURN), 100 B', \
+  'data/relay-6-1200.dat' using 1:3 with linespoints lc 7 dt 2 pt 7 title 'kernel forwarding (no TURN), 1200 B', \
+  'data/relay-7-100.dat' using 1:3 with linespoints lc 8 dt 1 pt 7 title 'delivery floor (server ns → peer, no relay), 100 B', \
+  'data/relay-7-1200.dat' using 1:3 with linespoints lc 8 dt 2 pt 7 title 'delivery floor (server ns → peer, no relay), 1200 B'
 unset logscale y
 set output 'latency.png'
 set title 'Round-trip time through the relay (echo at the peer)'
