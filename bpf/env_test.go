@@ -519,10 +519,10 @@ func (e *env) slot(t testing.TB, b channelmap.Binding) (uint32, bpf.RelayBinding
 	if err := e.prog.Maps().P2cBindings.Lookup(k, &v); err != nil {
 		t.Fatalf("binding %v: %v", b, err)
 	}
-	if err := e.prog.Maps().BindingStates.Lookup(v.BindingId, &st); err != nil {
+	if err := e.prog.Maps().BindingStates.Lookup(v.Bind.BindingId, &st); err != nil {
 		t.Fatalf("binding %v: state: %v", b, err)
 	}
-	return v.BindingId, st
+	return v.Bind.BindingId, st
 }
 
 // teach writes b.ReplySource into b's state slot (zero when invalid), as if

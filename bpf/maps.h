@@ -65,8 +65,8 @@ struct p2c_key {
 	__be16 relay_port;
 };
 
-struct p2c_val {
-	struct p2c_key key; /* see c2p_val */
+/* Where a peer's datagram goes, and whose it is. */
+struct p2c_binding {
 	struct addr client_addr;
 	__be16 client_port;
 	__be16 listener_port;
@@ -75,6 +75,11 @@ struct p2c_val {
 	__u32 binding_id;
 	__u32 alloc_id;
 	__u32 gen; /* the slot's generation when installed */
+};
+
+struct p2c_val {
+	struct p2c_key key; /* see c2p_val */
+	struct p2c_binding bind;
 };
 
 /* A binding's next hop in one direction as bpf_fib_lookup resolved it, reused
@@ -168,9 +173,7 @@ struct config {
 	 * cannot aim at another client's entry) and their size less one (a
 	 * power of two). */
 	__u32 flow_seed;
-	__u32 flow_mask;
 	__u32 flow_shift; /* log2 of the entries per CPU */
-	__u32 _pad2;
 };
 
 /* Sized by the loader from --max-bindings; max_entries here are the defaults. */
@@ -261,15 +264,8 @@ struct p2c_flow {
 	__be16 peer_port;
 	__be16 relay_port;
 	__u32 fib_gen; /* 0: empty */
-	__u32 gen;
-	__u32 binding_id;
-	__u32 alloc_id;
-	struct addr client_addr;
-	__be16 client_port;
-	__be16 listener_port;
-	__be16 channel;
-	__u16 _pad;
-	__u8 _pad2[12]; /* one cache line */
+	struct p2c_binding bind;
+	__u8 _pad[12]; /* one cache line */
 };
 
 /* Plain arrays, a region of 2^cfg.flow_shift entries per possible CPU (set by

@@ -71,12 +71,6 @@ static __always_inline int addr_is_zero(const struct addr *a)
 	return (w[0] | w[1] | w[2] | w[3]) == 0;
 }
 
-static __always_inline int addr_eq(const struct addr *a, const struct addr *b)
-{
-	const __u32 *x = (const __u32 *)a->b, *y = (const __u32 *)b->b;
-	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
-}
-
 /* words_eq compares n 32-bit words. */
 static __always_inline int words_eq(const void *a, const void *b, int n)
 {
@@ -88,6 +82,11 @@ static __always_inline int words_eq(const void *a, const void *b, int n)
 			d |= x[i] ^ y[i];
 	}
 	return d == 0;
+}
+
+static __always_inline int addr_eq(const struct addr *a, const struct addr *b)
+{
+	return words_eq(a->b, b->b, 4);
 }
 
 static __always_inline int is_listener_port(__be16 port)
@@ -119,7 +118,7 @@ static __always_inline __u64 flow_mix(__u64 h, __u64 w)
  * top bits of h, the only ones of a product that every input bit reaches. */
 static __always_inline __u32 flow_index(__u64 h)
 {
-	return (bpf_get_smp_processor_id() << cfg.flow_shift) | ((__u32)(h >> (64 - cfg.flow_shift)) & cfg.flow_mask);
+	return (bpf_get_smp_processor_id() << cfg.flow_shift) | (__u32)(h >> (64 - cfg.flow_shift));
 }
 
 static __always_inline __u64 addr_hash(__u64 h, const struct addr *a)
@@ -725,18 +724,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	__be32 peer_addr = addr_v4(&in->saddr), relay_addr = addr_v4(&in->daddr);
 	struct binding_state *st = 0;
 	struct p2c_flow *f = 0;
-	/* The binding's fields (a p2c_val without its key copy: the stack is
-	 * tight). */
-	struct {
-		struct addr client_addr;
-		__be16 client_port;
-		__be16 listener_port;
-		__be16 channel;
-		__u16 _pad;
-		__u32 binding_id;
-		__u32 alloc_id;
-		__u32 gen;
-	} v = {};
+	struct p2c_binding v;
 	int hit = 0;
 	if (cfg.flow_cache && gen) {
 		__u64 h = flow_mix(cfg.flow_seed, ((__u64)peer_addr << 32) | relay_addr);
@@ -745,17 +733,12 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	}
 	if (f && f->fib_gen == gen && f->peer_addr == peer_addr && f->relay_addr == relay_addr &&
 	    f->peer_port == udp->source && f->relay_port == udp->dest) {
-		__u32 id = f->binding_id;
+		__u32 id = f->bind.binding_id;
 		st = bpf_map_lookup_elem(&binding_states, &id);
-		hit = st && st->gen == f->gen;
+		hit = st && st->gen == f->bind.gen;
 	}
 	if (hit) {
-		v.client_addr = f->client_addr;
-		v.client_port = f->client_port;
-		v.listener_port = f->listener_port;
-		v.channel = f->channel;
-		v.binding_id = f->binding_id;
-		v.alloc_id = f->alloc_id;
+		v = f->bind;
 	} else {
 		struct p2c_key key = {};
 		key.peer_addr = in->saddr;
@@ -768,13 +751,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 			return XDP_PASS;
 		}
 		barrier();
-		v.client_addr = b->client_addr;
-		v.client_port = b->client_port;
-		v.listener_port = b->listener_port;
-		v.channel = b->channel;
-		v.binding_id = b->binding_id;
-		v.alloc_id = b->alloc_id;
-		v.gen = b->gen;
+		v = b->bind;
 		barrier();
 		/* Still this binding's element (see c2p_val and client_to_peer). */
 		if (!words_eq(&b->key, &key, sizeof(key) / 4)) {
@@ -787,13 +764,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 			f->relay_addr = relay_addr;
 			f->peer_port = udp->source;
 			f->relay_port = udp->dest;
-			f->gen = v.gen;
-			f->binding_id = v.binding_id;
-			f->alloc_id = v.alloc_id;
-			f->client_addr = v.client_addr;
-			f->client_port = v.client_port;
-			f->listener_port = v.listener_port;
-			f->channel = v.channel;
+			f->bind = v;
 			f->fib_gen = gen;
 		}
 	}

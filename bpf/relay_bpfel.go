@@ -111,9 +111,7 @@ type RelayConfig struct {
 	Tso               uint8
 	FlowCache         uint8
 	FlowSeed          uint32
-	FlowMask          uint32
 	FlowShift         uint32
-	Pad2              uint32
 }
 
 type RelayDstKey struct {
@@ -144,16 +142,8 @@ type RelayNextHop struct {
 	Smac      [6]uint8
 }
 
-type RelayP2cFlow struct {
+type RelayP2cBinding struct {
 	_          structs.HostLayout
-	PeerAddr   uint32
-	RelayAddr  uint32
-	PeerPort   uint16
-	RelayPort  uint16
-	FibGen     uint32
-	Gen        uint32
-	BindingId  uint32
-	AllocId    uint32
 	ClientAddr struct {
 		_ structs.HostLayout
 		B [16]uint8
@@ -162,7 +152,20 @@ type RelayP2cFlow struct {
 	ListenerPort uint16
 	Channel      uint16
 	Pad          uint16
-	Pad2         [12]uint8
+	BindingId    uint32
+	AllocId      uint32
+	Gen          uint32
+}
+
+type RelayP2cFlow struct {
+	_         structs.HostLayout
+	PeerAddr  uint32
+	RelayAddr uint32
+	PeerPort  uint16
+	RelayPort uint16
+	FibGen    uint32
+	Bind      RelayP2cBinding
+	Pad       [12]uint8
 }
 
 type RelayP2cKey struct {
@@ -180,19 +183,9 @@ type RelayP2cKey struct {
 }
 
 type RelayP2cVal struct {
-	_          structs.HostLayout
-	Key        RelayP2cKey
-	ClientAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	ClientPort   uint16
-	ListenerPort uint16
-	Channel      uint16
-	Pad          uint16
-	BindingId    uint32
-	AllocId      uint32
-	Gen          uint32
+	_    structs.HostLayout
+	Key  RelayP2cKey
+	Bind RelayP2cBinding
 }
 
 type RelayRateLimit struct {

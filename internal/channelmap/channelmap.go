@@ -406,13 +406,13 @@ func (m *Maps) Upsert(b Binding) error {
 
 	var pv bpf.RelayP2cVal
 	pv.Key = pk
-	pv.ClientAddr.B = addr16(b.Client.Addr())
-	pv.ClientPort = byteorder.Htons(b.Client.Port())
-	pv.ListenerPort = byteorder.Htons(b.Listener.Port())
-	pv.Channel = byteorder.Htons(b.Channel)
-	pv.BindingId = id
-	pv.AllocId = allocID
-	pv.Gen = slotGen
+	pv.Bind.ClientAddr.B = addr16(b.Client.Addr())
+	pv.Bind.ClientPort = byteorder.Htons(b.Client.Port())
+	pv.Bind.ListenerPort = byteorder.Htons(b.Listener.Port())
+	pv.Bind.Channel = byteorder.Htons(b.Channel)
+	pv.Bind.BindingId = id
+	pv.Bind.AllocId = allocID
+	pv.Bind.Gen = slotGen
 
 	moved := exists && p2cKey(old.binding) != pk
 	if moved {
@@ -790,8 +790,8 @@ func (m *Maps) Dump() (map[Key]Binding, error) {
 			Peer:     netip.AddrPortFrom(fromAddr16(v.PeerAddr.B), byteorder.Htons(v.PeerPort)),
 			Relay:    netip.AddrPortFrom(fromAddr16(v.RelayAddr.B), byteorder.Htons(v.RelayPort)),
 		}
-		if err := m.p2c.Lookup(p2cKey(b), &pv); err != nil || pv.BindingId != v.BindingId ||
-			pv.ClientAddr.B != k.ClientAddr.B || pv.ClientPort != k.ClientPort || pv.Channel != k.Channel {
+		if err := m.p2c.Lookup(p2cKey(b), &pv); err != nil || pv.Bind.BindingId != v.BindingId ||
+			pv.Bind.ClientAddr.B != k.ClientAddr.B || pv.Bind.ClientPort != k.ClientPort || pv.Bind.Channel != k.Channel {
 			continue
 		}
 		if err := m.states.Lookup(v.BindingId, &st); err == nil && st.ListenerAddr.B != [16]uint8{} {

@@ -59,11 +59,11 @@ func learn(t *testing.T, raw *bpf.RelayMaps, b Binding, a netip.Addr) {
 	if err := raw.P2cBindings.Lookup(p2cKey(b), &v); err != nil {
 		t.Fatal(err)
 	}
-	if err := raw.BindingStates.Lookup(v.BindingId, &st); err != nil {
+	if err := raw.BindingStates.Lookup(v.Bind.BindingId, &st); err != nil {
 		t.Fatal(err)
 	}
 	st.ListenerAddr.B = a.As16()
-	if err := raw.BindingStates.Put(v.BindingId, st); err != nil {
+	if err := raw.BindingStates.Put(v.Bind.BindingId, st); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -371,7 +371,7 @@ func TestSlotGenerations(t *testing.T) {
 		if cv.Key != m.c2pKey(b.Key()) || pv.Key != p2cKey(b) {
 			t.Fatalf("%v: the entries' key copies %+v / %+v differ from their keys", b, cv.Key, pv.Key)
 		}
-		return st.Gen, cv.Gen, pv.Gen
+		return st.Gen, cv.Gen, pv.Bind.Gen
 	}
 	a := testBinding
 	if err := m.Upsert(a); err != nil {

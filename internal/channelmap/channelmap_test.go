@@ -208,11 +208,11 @@ func TestAllocIDs(t *testing.T) {
 		it := maps.C2pBindings.Iterate()
 		var ck bpf.RelayC2pKey
 		for it.Next(&ck, &c2p) {
-			if c2p.BindingId == v.BindingId {
-				if c2p.AllocId != v.AllocId {
-					t.Fatalf("%v: alloc id %d client->peer, %d peer->client", b, c2p.AllocId, v.AllocId)
+			if c2p.BindingId == v.Bind.BindingId {
+				if c2p.AllocId != v.Bind.AllocId {
+					t.Fatalf("%v: alloc id %d client->peer, %d peer->client", b, c2p.AllocId, v.Bind.AllocId)
 				}
-				return v.AllocId
+				return v.Bind.AllocId
 			}
 		}
 		t.Fatalf("%v: no client->peer entry", b)

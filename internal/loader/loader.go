@@ -137,7 +137,6 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	// A region of slots entries per possible CPU, at the CPU's number.
 	spec.Maps[bpf.RelayMapC2pFlows].MaxEntries = slots * uint32(cpus)
 	spec.Maps[bpf.RelayMapP2cFlows].MaxEntries = slots * uint32(cpus)
-	c.FlowMask = slots - 1
 	c.FlowShift = uint32(bits.TrailingZeros32(slots))
 	if !cfg.NoFlowCache {
 		c.FlowCache = 1
