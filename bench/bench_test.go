@@ -47,6 +47,7 @@ type config struct {
 	lo, hi float64 // reference rates of the summary (must be rungs of ladder100)
 
 	userspaceLadder []float64 // offered packets/s per rung of the userspace stage; 0 = max
+	userspaceRounds int       // turns each userspace server takes
 }
 
 var configs = map[string]config{
@@ -62,7 +63,7 @@ var configs = map[string]config{
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 5 * time.Second,
 		liveRate: 50000, livePoint: 2 * time.Second, liveRounds: 5,
 		lo: 20000, hi: 100000,
-		userspaceLadder: []float64{20000, 50000, 100000, 150000, 200000, 0},
+		userspaceLadder: []float64{20000, 50000, 100000, 150000, 200000, 0}, userspaceRounds: 3,
 	},
 	"smoke": {
 		mode:      "smoke",
@@ -75,7 +76,7 @@ var configs = map[string]config{
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 500 * time.Millisecond,
 		liveRate: 50000, livePoint: 500 * time.Millisecond, liveRounds: 3,
 		lo: 20000, hi: 100000,
-		userspaceLadder: []float64{20000, 100000, 0},
+		userspaceLadder: []float64{20000, 100000, 0}, userspaceRounds: 1,
 	},
 }
 
@@ -122,7 +123,7 @@ func TestBench(t *testing.T) {
 		ScalingPoints:  2 * len(cfg.scalingChannels),
 		// One row per rung, and the pinned max rung.
 		UserspaceServers: []string{ServerUser1, ServerUserN, ServerCoturn, ServerStunnerd121N, ServerStunnerd12116},
-		UserspacePoints:  len(cfg.userspaceLadder) + 1,
+		UserspacePoints:  (len(cfg.userspaceLadder) + 1) * cfg.userspaceRounds,
 	}
 	h.daemonBin, h.stunnerdBin, h.turncatBin = netns.RequireBinary(t, netns.Daemon), netns.RequireBinary(t, netns.Stunnerd), netns.RequireBinary(t, netns.Turncat)
 	h.stunnerd121Bin = netns.RequireBinary(t, netns.Stunnerd121)

@@ -252,6 +252,30 @@ func (h *harness) stageScaling(t *testing.T) {
 
 // ---- targets ----
 
+// userspaceTarget is issue 12's userspace target: server process CPU per
+// packet at or below coturn's and a higher loss-free rate, for each
+// stunnerd-xdp userspace configuration (medians of the paired ratios).
+func (h *harness) userspaceTarget() TargetResult {
+	var parts []string
+	ok := true
+	for _, s := range h.rep.UserspaceSummaries() {
+		if (s.Server != ServerUser1 && s.Server != ServerUserN) || s.Rounds == 0 {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s: process CPU %s× coturn's (rounds %s–%s), loss-free rate %s× (%s vs coturn's median)",
+			s.Server, ratio(s.ProcX), ratio(s.ProcXLo), ratio(s.ProcXHi), ratio(s.LossFreeX), f(s.LossFreePPS, 0)))
+		ok = ok && s.ProcX <= 1 && s.LossFreeX > 1
+	}
+	res := TargetResult{Target: "userspace path: server process CPU per packet ≤ coturn's and a higher loss-free rate (100 B, " +
+		strconv.Itoa(userspaceFlows) + " allocations, lowest rung)", Measured: strings.Join(parts, "; "), Met: "no"}
+	if len(parts) == 0 {
+		res.Measured, res.Met = "not run", "n/a"
+	} else if ok {
+		res.Met = "yes"
+	}
+	return res
+}
+
 // targets compares this run's rows against the issue's targets; nothing is
 // asserted. It also returns notes on what limits the figures here.
 func (h *harness) targets() ([]TargetResult, []string) {
@@ -340,6 +364,7 @@ func (h *harness) targets() ([]TargetResult, []string) {
 	out = append(out, TargetResult{Target: "program cost within 2× of the XDP_TX floor (BPF_PROG_RUN)",
 		Measured: fmt.Sprintf("client→peer %s ns = %s× floor (%s ns); peer→client %s ns = %s×", f(c2p, 0), f(c2p/floor, 2), f(floor, 0), f(p2c, 0), f(p2c/floor, 2)),
 		Met:      met(c2p/floor <= 2 && p2c/floor <= 2)})
+	out = append(out, h.userspaceTarget())
 
 	notes := []string{
 		"Everything shares 2 vCPUs: the generator, the relay, the peer's receive path and softirq. On veth the XDP program runs in the NAPI poll that the sender's own transmit schedules, so for XDP the relay's work lands as softirq on the generator's CPU; the max rung uses " + strconv.Itoa(h.cfg.maxWorkers) + " generator threads (one per core).",

@@ -153,6 +153,9 @@ type RelayPoint struct {
 	Flows int `json:"flows,omitempty"`
 	// Pinned: the generator ran on CPU 0 and the server on the others.
 	Pinned bool `json:"pinned,omitempty"`
+	// Round is the userspace stage's round the point was taken in (from 1;
+	// 0: other stages).
+	Round int `json:"round,omitempty"`
 }
 
 // LatencyRow is the round-trip time of timestamped datagrams echoed by the peer.

@@ -3,57 +3,138 @@ package bench
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
 
 // lossFree is the loss at or below which a rung counts as loss-free.
 const lossFree = 0.5 // percent: a 0.5 s smoke rung loses a few packets at its edges whatever the server
 
-// UserspaceSummary is one server's line of the userspace comparison.
+// UserspaceSummary is one server's line of the userspace comparison: the
+// median over the stage's rounds of each round's figures. The servers take
+// turns round by round, so that a drift of the shared machine's load falls on
+// all of them; the ratios to coturn pair each round with coturn's in the same
+// round.
 type UserspaceSummary struct {
 	Server string
+	Rounds int
 	// LossFreePPS is the highest delivered rate of an unpinned rung with at
-	// most lossFree % loss (0: none).
-	LossFreePPS float64
+	// most lossFree % loss (0: none); LossFreeLo and LossFreeHi its range
+	// over the rounds.
+	LossFreePPS, LossFreeLo, LossFreeHi float64
 	// UsPerPkt is the server CPU per packet at the lowest rung (process and
 	// the system's softirq), ProcUsPerPkt the process's alone: the softirq
 	// also holds whatever else runs on the machine.
 	UsPerPkt, ProcUsPerPkt float64
 	// MaxPPS and PinnedMaxPPS are the delivered rates of the max rungs.
 	MaxPPS, PinnedMaxPPS float64
-	// GeneratorBound: at the max rung everything offered arrived, so the
-	// generator, not the relay, set the rate.
+	// GeneratorBound: at the max rung everything offered arrived (in most
+	// rounds), so the generator, not the relay, set the rate.
 	GeneratorBound, PinnedGeneratorBound bool
+	// Ratios to coturn in the same round (median; NaN without coturn):
+	// loss-free rate, server CPU and process CPU at the lowest rung, and the
+	// range of the process ratio over the rounds.
+	LossFreeX, UsX, ProcX, ProcXLo, ProcXHi float64
+}
+
+// roundSummary is one server's figures in one round.
+type roundSummary struct {
+	lossFree, us, proc, max, pinnedMax float64
+	bound, pinnedBound                 bool
+}
+
+func summarizeRound(points []RelayPoint) roundSummary {
+	sum := roundSummary{us: math.NaN(), proc: math.NaN()}
+	lowest := math.Inf(1)
+	for _, p := range points {
+		bound := p.LossPercent <= lossFree
+		switch {
+		case p.Pinned:
+			sum.pinnedMax, sum.pinnedBound = p.DeliveredPPS, bound
+			continue
+		case p.TargetPPS == 0:
+			sum.max, sum.bound = p.DeliveredPPS, bound
+		case p.TargetPPS < lowest:
+			lowest, sum.us, sum.proc = p.TargetPPS, p.TotalUsPerPkt, p.ProcUsPerPkt
+		}
+		if bound && p.DeliveredPPS > sum.lossFree {
+			sum.lossFree = p.DeliveredPPS
+		}
+	}
+	return sum
+}
+
+// rounds groups a server's points by round, in round order.
+func (r *Report) rounds(server string) map[int]roundSummary {
+	by := map[int][]RelayPoint{}
+	for _, p := range r.Userspace {
+		if p.Server == server {
+			by[p.Round] = append(by[p.Round], p)
+		}
+	}
+	out := map[int]roundSummary{}
+	for round, points := range by {
+		out[round] = summarizeRound(points)
+	}
+	return out
 }
 
 // UserspaceSummaries sums the userspace stage up per server, in the
 // expected order.
 func (r *Report) UserspaceSummaries() []UserspaceSummary {
+	coturn := r.rounds(ServerCoturn)
 	var out []UserspaceSummary
 	for _, s := range r.Expected.UserspaceServers {
-		sum := UserspaceSummary{Server: s, UsPerPkt: math.NaN(), ProcUsPerPkt: math.NaN()}
-		lowest := math.Inf(1)
-		for _, p := range r.Userspace {
-			if p.Server != s {
-				continue
+		rounds := r.rounds(s)
+		var lf, us, proc, mx, pmx, lfX, usX, procX []float64
+		bound, pbound := 0, 0
+		for round, rs := range rounds {
+			lf, us, proc, mx, pmx = append(lf, rs.lossFree), append(us, rs.us), append(proc, rs.proc), append(mx, rs.max), append(pmx, rs.pinnedMax)
+			if rs.bound {
+				bound++
 			}
-			bound := p.LossPercent <= lossFree
-			switch {
-			case p.Pinned:
-				sum.PinnedMaxPPS, sum.PinnedGeneratorBound = p.DeliveredPPS, bound
-				continue
-			case p.TargetPPS == 0:
-				sum.MaxPPS, sum.GeneratorBound = p.DeliveredPPS, bound
-			case p.TargetPPS < lowest:
-				lowest, sum.UsPerPkt, sum.ProcUsPerPkt = p.TargetPPS, p.TotalUsPerPkt, p.ProcUsPerPkt
+			if rs.pinnedBound {
+				pbound++
 			}
-			if bound && p.DeliveredPPS > sum.LossFreePPS {
-				sum.LossFreePPS = p.DeliveredPPS
+			if c, ok := coturn[round]; ok {
+				lfX, usX, procX = append(lfX, rs.lossFree/c.lossFree), append(usX, rs.us/c.us), append(procX, rs.proc/c.proc)
 			}
 		}
+		sum := UserspaceSummary{Server: s, Rounds: len(rounds),
+			LossFreePPS: median(lf), LossFreeLo: lowest(lf), LossFreeHi: highest(lf),
+			UsPerPkt: median(us), ProcUsPerPkt: median(proc), MaxPPS: median(mx), PinnedMaxPPS: median(pmx),
+			GeneratorBound: 2*bound > len(rounds), PinnedGeneratorBound: 2*pbound > len(rounds),
+			LossFreeX: median(lfX), UsX: median(usX), ProcX: median(procX), ProcXLo: lowest(procX), ProcXHi: highest(procX)}
 		out = append(out, sum)
 	}
 	return out
+}
+
+// median of xs (NaN when empty; the mean of the middle two when even).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func lowest(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	return slices.Min(xs)
+}
+
+func highest(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	return slices.Max(xs)
 }
 
 func validateUserspace(r *Report) []error {
@@ -85,22 +166,12 @@ func writeUserspace(b *strings.Builder, r *Report) {
 		"where the generator sends); unpinned, they share every core. \"generator-bound\": at the max rung everything offered arrived, "+
 		"so the generator set the rate, not the relay. On a machine shared with other work, pinning the relay to fewer CPUs makes it "+
 		"compete there with everything else, and the system-wide softirq column holds that work's packets too: the process column "+
-		"is the cleaner comparison.\n\n", userspaceFlowsOf(r), lossFree)
+		"is the cleaner comparison. The servers take turns over several rounds (each round starts with the next server), "+
+		"so that a drift of the shared machine's load falls on all of them: the summary gives each figure's median over the "+
+		"rounds, and each ratio to coturn is the median of the ratios to coturn in the same round.\n\n", userspaceFlowsOf(r), lossFree)
 	sums := r.UserspaceSummaries()
-	var coturn *UserspaceSummary
-	for i := range sums {
-		if sums[i].Server == ServerCoturn {
-			coturn = &sums[i]
-		}
-	}
-	ratio := func(a, b float64) string {
-		if coturn == nil || !(b > 0) {
-			return "–"
-		}
-		return f(a/b, 2)
-	}
-	st := table{head: []string{"server", "loss-free pps", "× coturn", "server CPU µs/pkt (lowest rung)", "× coturn",
-		"server process µs/pkt (lowest rung)", "× coturn", "max delivered pps", "pinned max delivered pps"}}
+	st := table{head: []string{"server", "rounds", "loss-free pps (median, range)", "× coturn", "server CPU µs/pkt (lowest rung)", "× coturn",
+		"server process µs/pkt (lowest rung)", "× coturn (median, range)", "max delivered pps", "pinned max delivered pps"}}
 	bound := func(pps float64, gen bool) string {
 		if gen {
 			return f(pps, 0) + " (generator-bound)"
@@ -108,27 +179,32 @@ func writeUserspace(b *strings.Builder, r *Report) {
 		return f(pps, 0)
 	}
 	for _, s := range sums {
-		var cl, cu, cp float64
-		if coturn != nil {
-			cl, cu, cp = coturn.LossFreePPS, coturn.UsPerPkt, coturn.ProcUsPerPkt
-		}
-		st.add(s.Server, f(s.LossFreePPS, 0), ratio(s.LossFreePPS, cl), f(s.UsPerPkt, 2), ratio(s.UsPerPkt, cu),
-			f(s.ProcUsPerPkt, 2), ratio(s.ProcUsPerPkt, cp),
+		st.add(s.Server, fmt.Sprint(s.Rounds), fmt.Sprintf("%s (%s–%s)", f(s.LossFreePPS, 0), f(s.LossFreeLo, 0), f(s.LossFreeHi, 0)),
+			ratio(s.LossFreeX), f(s.UsPerPkt, 2), ratio(s.UsX), f(s.ProcUsPerPkt, 2),
+			fmt.Sprintf("%s (%s–%s)", ratio(s.ProcX), ratio(s.ProcXLo), ratio(s.ProcXHi)),
 			bound(s.MaxPPS, s.GeneratorBound), bound(s.PinnedMaxPPS, s.PinnedGeneratorBound))
 	}
 	b.WriteString(st.String())
 	b.WriteString("\n")
-	rt := table{head: []string{"server", "target pps", "pinned", "offered pps", "delivered pps", "loss %", "server process µs/pkt",
+	rt := table{head: []string{"server", "round", "target pps", "pinned", "offered pps", "delivered pps", "loss %", "server process µs/pkt",
 		"softirq µs/pkt (system)", "server total µs/pkt", "server rcvbuf drops"}}
 	for _, p := range r.Userspace {
 		pinned := "no"
 		if p.Pinned {
 			pinned = "yes"
 		}
-		rt.add(p.Server, rateLabel(p.TargetPPS), pinned, f(p.OfferedPPS, 0), f(p.DeliveredPPS, 0), f(p.LossPercent, 2),
+		rt.add(p.Server, fmt.Sprint(p.Round), rateLabel(p.TargetPPS), pinned, f(p.OfferedPPS, 0), f(p.DeliveredPPS, 0), f(p.LossPercent, 2),
 			f(p.ProcUsPerPkt, 2), f(p.SoftUsPerPkt, 2), f(p.TotalUsPerPkt, 2), f(float64(p.ServerRcvbuf), 0))
 	}
 	b.WriteString(rt.String())
+}
+
+// ratio is a ratio to coturn with two decimals ("–" when there is none).
+func ratio(x float64) string {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return "–"
+	}
+	return f(x, 2)
 }
 
 func userspaceFlowsOf(r *Report) int {

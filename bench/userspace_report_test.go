@@ -8,37 +8,59 @@ import (
 
 // TestUserspaceSummaries runs unprivileged: the loss-free rate is the best
 // delivered rate of an unpinned rung within lossFree, the CPU figures come
-// from the lowest rung, the pinned rung only fills its own column, and a
-// missing row fails Validate.
+// from the lowest rung, the pinned rung only fills its own column, each
+// figure is the median over the rounds, each ratio to coturn the median of
+// the ratios within a round, and a missing row fails Validate.
 func TestUserspaceSummaries(t *testing.T) {
-	pt := func(server string, target, delivered, loss, total, proc float64, pinned bool) RelayPoint {
+	pt := func(round int, server string, target, delivered, loss, total, proc float64, pinned bool) RelayPoint {
 		return RelayPoint{Server: server, TargetPPS: target, OfferedPPS: delivered, DeliveredPPS: delivered, LossPercent: loss,
-			TotalUsPerPkt: total, ProcUsPerPkt: proc, Pinned: pinned, Flows: 4}
+			TotalUsPerPkt: total, ProcUsPerPkt: proc, Pinned: pinned, Flows: 4, Round: round}
 	}
-	r := &Report{Expected: ExpectedRows{UserspaceServers: []string{ServerUser1, ServerCoturn}, UserspacePoints: 4}}
+	r := &Report{Expected: ExpectedRows{UserspaceServers: []string{ServerUser1, ServerCoturn}, UserspacePoints: 12}}
+	// Round 1 as a single round; rounds 2 and 3 move every figure, so that
+	// medians and paired ratios differ from the pooled or the first ones.
 	r.Userspace = []RelayPoint{
-		pt(ServerUser1, 20000, 20000, 0, 10, 6, false), pt(ServerUser1, 100000, 99000, 0.2, 9, 5, false),
-		pt(ServerUser1, 0, 120000, 30, 8, 4, false), pt(ServerUser1, 0, 150000, 0, 7, 3, true),
-		pt(ServerCoturn, 20000, 20000, 0, 20, 8, false), pt(ServerCoturn, 100000, 60000, 40, 9, 5, false),
-		pt(ServerCoturn, 0, 70000, 0.1, 8, 4, false), pt(ServerCoturn, 0, 30000, 80, 7, 3, true),
+		pt(1, ServerUser1, 20000, 20000, 0, 10, 6, false), pt(1, ServerUser1, 100000, 99000, 0.2, 9, 5, false),
+		pt(1, ServerUser1, 0, 120000, 30, 8, 4, false), pt(1, ServerUser1, 0, 150000, 0, 7, 3, true),
+		pt(1, ServerCoturn, 20000, 20000, 0, 20, 8, false), pt(1, ServerCoturn, 100000, 60000, 40, 9, 5, false),
+		pt(1, ServerCoturn, 0, 70000, 0.1, 8, 4, false), pt(1, ServerCoturn, 0, 30000, 80, 7, 3, true),
+
+		pt(2, ServerUser1, 20000, 20000, 0, 12, 9, false), pt(2, ServerUser1, 100000, 90000, 10, 9, 5, false),
+		pt(2, ServerUser1, 0, 110000, 30, 8, 4, false), pt(2, ServerUser1, 0, 140000, 5, 7, 3, true),
+		pt(2, ServerCoturn, 20000, 20000, 0, 12, 6, false), pt(2, ServerCoturn, 100000, 100000, 0, 9, 5, false),
+		pt(2, ServerCoturn, 0, 80000, 1, 8, 4, false), pt(2, ServerCoturn, 0, 40000, 80, 7, 3, true),
+
+		pt(3, ServerUser1, 20000, 20000, 0, 11, 7, false), pt(3, ServerUser1, 100000, 98000, 0, 9, 5, false),
+		pt(3, ServerUser1, 0, 100000, 0, 8, 4, false), pt(3, ServerUser1, 0, 160000, 0, 7, 3, true),
+		pt(3, ServerCoturn, 20000, 20000, 0, 10, 7, false), pt(3, ServerCoturn, 100000, 50000, 50, 9, 5, false),
+		pt(3, ServerCoturn, 0, 90000, 0, 8, 4, false), pt(3, ServerCoturn, 0, 50000, 80, 7, 3, true),
 	}
 	if err := validateUserspace(r); len(err) != 0 {
 		t.Fatalf("complete: %v", err)
 	}
 	got := r.UserspaceSummaries()
+	// User1: loss-free 99,000 / 20,000 / 100,000, lowest-rung process 6 / 9 / 7;
+	// coturn: loss-free 70,000 / 100,000 / 90,000, process 8 / 6 / 7.
+	// Paired process ratios 0.75 / 1.5 / 1 (median 1; the pooled medians
+	// would give 7/7 = 1 too, so the loss-free ratios tell them apart:
+	// 99/70, 0.2, 100/90 → median 100/90, not 99/90).
 	want := []UserspaceSummary{
-		{Server: ServerUser1, LossFreePPS: 99000, UsPerPkt: 10, ProcUsPerPkt: 6, MaxPPS: 120000, PinnedMaxPPS: 150000, PinnedGeneratorBound: true},
-		{Server: ServerCoturn, LossFreePPS: 70000, UsPerPkt: 20, ProcUsPerPkt: 8, MaxPPS: 70000, PinnedMaxPPS: 30000, GeneratorBound: true},
+		{Server: ServerUser1, Rounds: 3, LossFreePPS: 99000, LossFreeLo: 20000, LossFreeHi: 100000, UsPerPkt: 11, ProcUsPerPkt: 7,
+			MaxPPS: 110000, PinnedMaxPPS: 150000, GeneratorBound: false, PinnedGeneratorBound: true,
+			LossFreeX: 100000.0 / 90000, UsX: 1.0, ProcX: 1, ProcXLo: 0.75, ProcXHi: 1.5},
+		{Server: ServerCoturn, Rounds: 3, LossFreePPS: 90000, LossFreeLo: 70000, LossFreeHi: 100000, UsPerPkt: 12, ProcUsPerPkt: 7,
+			MaxPPS: 80000, PinnedMaxPPS: 40000, GeneratorBound: true, PinnedGeneratorBound: false,
+			LossFreeX: 1, UsX: 1, ProcX: 1, ProcXLo: 1, ProcXHi: 1},
 	}
 	for i := range want {
 		if got[i] != want[i] {
-			t.Errorf("summary %d: %+v, want %+v", i, got[i], want[i])
+			t.Errorf("summary %d:\n got %+v\nwant %+v", i, got[i], want[i])
 		}
 	}
 	var b strings.Builder
 	writeUserspace(&b, r)
-	if !strings.Contains(b.String(), "| "+ServerUser1+" | 99,000 | 1.41 | 10.00 | 0.50 | 6.00 | 0.75 | 120,000 | 150,000 (generator-bound) |") {
-		t.Errorf("summary row not rendered as expected:\n%s", b.String())
+	if row := "| " + ServerUser1 + " | 3 | 99,000 (20,000–100,000) | 1.11 | 11.00 | 1.00 | 7.00 | 1.00 (0.75–1.50) | 110,000 | 150,000 (generator-bound) |"; !strings.Contains(b.String(), row) {
+		t.Errorf("summary row not rendered as expected, want\n%s\nin\n%s", row, b.String())
 	}
 	r.Userspace = r.Userspace[1:]
 	r.Userspace[0].TotalUsPerPkt = math.NaN()

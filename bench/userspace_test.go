@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -47,13 +48,40 @@ var (
 // userspaceSpecs are the stage's servers, in the report's order.
 var userspaceSpecs = []serverSpec{specUser1, specUserN, specCoturn, specStunnerd121N, specStunnerd1216}
 
+// userspaceOnly (BENCH_USERSPACE, debugging) runs only the named servers of
+// the stage (comma-separated keys of userspaceKeys); the report is then
+// incomplete.
+func userspaceOnly() []serverSpec {
+	only := os.Getenv("BENCH_USERSPACE")
+	if only == "" {
+		return userspaceSpecs
+	}
+	var out []serverSpec
+	for i, key := range userspaceKeys {
+		if strings.Contains(","+only+",", ","+key+",") {
+			out = append(out, userspaceSpecs[i])
+		}
+	}
+	return out
+}
+
+// userspaceKeys name userspaceSpecs for BENCH_USERSPACE, in the same order.
+var userspaceKeys = []string{"user1", "userN", "coturn", "stunnerd121N", "stunnerd12116"}
+
+// stageUserspace runs the servers in turns: round r starts with the r-th
+// server, so that none is always first or last, and a drift of the shared
+// machine's load falls on every server.
 func (h *harness) stageUserspace(t *testing.T) {
-	for _, spec := range userspaceSpecs {
-		t.Run(spec.name, func(t *testing.T) { h.userspaceOne(t, spec) })
+	specs := userspaceOnly()
+	for round := 1; round <= h.cfg.userspaceRounds; round++ {
+		for i := range specs {
+			spec := specs[(i+round-1)%len(specs)]
+			t.Run(fmt.Sprintf("round%d/%s", round, spec.name), func(t *testing.T) { h.userspaceOne(t, spec, round) })
+		}
 	}
 }
 
-func (h *harness) userspaceOne(t *testing.T, spec serverSpec) {
+func (h *harness) userspaceOne(t *testing.T, spec serverSpec, round int) {
 	rs := h.startServer(t, spec)
 	defer h.stopServer(t, rs)
 	var streams []*stream
@@ -64,12 +92,23 @@ func (h *harness) userspaceOne(t *testing.T, spec serverSpec) {
 	}
 	pids := []int{rs.proc.PID()}
 	record := func(p RelayPoint, pinned bool) {
-		p.Payload, p.Pinned, p.Flows = 100, pinned, userspaceFlows
+		p.Payload, p.Pinned, p.Flows, p.Round = 100, pinned, userspaceFlows, round
 		h.rep.Userspace = append(h.rep.Userspace, p)
-		t.Logf("%s target %s pinned %v: offered %.0f delivered %.0f pps, loss %.2f %%, server %.2f µs/pkt (process %.2f + softirq %.2f)",
-			spec.name, rateLabel(p.TargetPPS), pinned, p.OfferedPPS, p.DeliveredPPS, p.LossPercent, p.TotalUsPerPkt, p.ProcUsPerPkt, p.SoftUsPerPkt)
+		t.Logf("round %d: %s target %s pinned %v: offered %.0f delivered %.0f pps, loss %.2f %%, server %.2f µs/pkt (process %.2f + softirq %.2f)",
+			round, spec.name, rateLabel(p.TargetPPS), pinned, p.OfferedPPS, p.DeliveredPPS, p.LossPercent, p.TotalUsPerPkt, p.ProcUsPerPkt, p.SoftUsPerPkt)
 	}
-	for _, rate := range h.cfg.userspaceLadder {
+	ladder := h.cfg.userspaceLadder
+	if l := os.Getenv("BENCH_USERSPACE_LADDER"); l != "" { // debugging: these rungs only (comma-separated pps, 0 = max)
+		ladder = nil
+		for _, f := range strings.Split(l, ",") {
+			r, err := strconv.ParseFloat(f, 64)
+			if err != nil {
+				t.Fatalf("BENCH_USERSPACE_LADDER: %v", err)
+			}
+			ladder = append(ladder, r)
+		}
+	}
+	for _, rate := range ladder {
 		record(h.measure(t, spec, streams, rate, pids), false)
 	}
 	// The max rung again with the generator on CPU 0 and the relay on the
