@@ -122,7 +122,7 @@ func TestBench(t *testing.T) {
 		IperfServers:   []string{ServerXDPNative, ServerXDPOff, ServerStunnerd, ServerCoturn},
 		ScalingPoints:  2 * len(cfg.scalingChannels),
 		// One row per rung, and the pinned max rung.
-		UserspaceServers: []string{ServerUser1, ServerUserN, ServerCoturn, ServerStunnerd121N, ServerStunnerd12116},
+		UserspaceServers: []string{ServerUser1, ServerUserN, ServerUser16, ServerCoturn, ServerStunnerd121N, ServerStunnerd12116},
 		UserspacePoints:  (len(cfg.userspaceLadder) + 1) * cfg.userspaceRounds,
 	}
 	h.daemonBin, h.stunnerdBin, h.turncatBin = netns.RequireBinary(t, netns.Daemon), netns.RequireBinary(t, netns.Stunnerd), netns.RequireBinary(t, netns.Turncat)

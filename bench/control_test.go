@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -259,7 +260,7 @@ func (h *harness) userspaceTarget() TargetResult {
 	var parts []string
 	ok := true
 	for _, s := range h.rep.UserspaceSummaries() {
-		if (s.Server != ServerUser1 && s.Server != ServerUserN) || s.Rounds == 0 {
+		if !slices.Contains([]string{ServerUser1, ServerUserN, ServerUser16}, s.Server) || s.Rounds == 0 {
 			continue
 		}
 		parts = append(parts, fmt.Sprintf("%s: process CPU %s× coturn's (rounds %s–%s), loss-free rate %s× (%s vs coturn's median)",

@@ -681,6 +681,7 @@ const (
 	// The userspace comparison (its own stage, several allocations).
 	ServerUser1         = "stunnerd-xdp userspace, 1 read loop (--xdp-mode=off --udp-thread-num=1)"
 	ServerUserN         = "stunnerd-xdp userspace, a read loop per CPU (--xdp-mode=off --udp-thread-num=CPUs)"
+	ServerUser16        = "stunnerd-xdp userspace, the operator's 16 read loops (--xdp-mode=off --udp-thread-num=16)"
 	ServerStunnerd121N  = "STUNner stunnerd v1.2.1 -u CPUs"
 	ServerStunnerd12116 = "STUNner stunnerd v1.2.1 -u 16"
 	ServerCoturn        = "coturn"

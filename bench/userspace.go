@@ -158,7 +158,7 @@ func validateUserspace(r *Report) []error {
 
 func writeUserspace(b *strings.Builder, r *Report) {
 	b.WriteString("\n### Userspace relays side by side\n\n")
-	fmt.Fprintf(b, "stunnerd-xdp with `--xdp-mode=off` at one read loop and at one per CPU, coturn with its default thread model, "+
+	fmt.Fprintf(b, "stunnerd-xdp with `--xdp-mode=off` at one read loop, at one per CPU and at the operator's 16, coturn with its default thread model, "+
 		"and STUNner's current stunnerd (v1.2.1) at `-u` = CPUs and the operator's `-u 16`; 100-byte ChannelData spread by the "+
 		"generator over %d allocations (one client socket each: the kernel's SO_REUSEPORT hash keeps a 4-tuple on one socket, so a "+
 		"single flow never uses more than one read loop). Loss-free = the highest delivered rate of a rung with at most %.1f %% loss. "+

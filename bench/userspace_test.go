@@ -13,9 +13,10 @@ import (
 
 // ---- stage: the userspace relays side by side (issue 12, items 3 and 4) ----
 //
-// stunnerd-xdp without XDP at one read loop and at one per CPU, coturn with its
-// default thread model, and STUNner's current stunnerd (v1.2.1) with one read
-// loop per CPU and with the operator's 16. Several allocations carry the load
+// stunnerd-xdp without XDP at one read loop, at one per CPU and at the
+// operator's 16 (the flag the operator gives stunnerd, which stunnerd-xdp
+// takes too), coturn with its default thread model, and STUNner's current
+// stunnerd (v1.2.1) with one read loop per CPU and with the operator's 16. Several allocations carry the load
 // (one client socket each): the kernel's SO_REUSEPORT hash keeps a 4-tuple on
 // one socket, so a single flow can never use more than one read loop.
 
@@ -41,12 +42,13 @@ func stunnerd121Spec(name string, threads int) serverSpec {
 var (
 	specUser1        = daemonThreadsSpec(ServerUser1, 1)
 	specUserN        = daemonThreadsSpec(ServerUserN, runtime.NumCPU())
+	specUser16       = daemonThreadsSpec(ServerUser16, 16)
 	specStunnerd121N = stunnerd121Spec(ServerStunnerd121N, runtime.NumCPU())
 	specStunnerd1216 = stunnerd121Spec(ServerStunnerd12116, 16)
 )
 
 // userspaceSpecs are the stage's servers, in the report's order.
-var userspaceSpecs = []serverSpec{specUser1, specUserN, specCoturn, specStunnerd121N, specStunnerd1216}
+var userspaceSpecs = []serverSpec{specUser1, specUserN, specUser16, specCoturn, specStunnerd121N, specStunnerd1216}
 
 // userspaceOnly (BENCH_USERSPACE, debugging) runs only the named servers of
 // the stage (comma-separated keys of userspaceKeys); the report is then
@@ -66,7 +68,7 @@ func userspaceOnly() []serverSpec {
 }
 
 // userspaceKeys name userspaceSpecs for BENCH_USERSPACE, in the same order.
-var userspaceKeys = []string{"user1", "userN", "coturn", "stunnerd121N", "stunnerd12116"}
+var userspaceKeys = []string{"user1", "userN", "user16", "coturn", "stunnerd121N", "stunnerd12116"}
 
 // stageUserspace runs the servers in turns: round r starts with the r-th
 // server, so that none is always first or last, and a drift of the shared
