@@ -35,19 +35,39 @@ type UserspaceSummary struct {
 	// loss-free rate, server CPU and process CPU at the lowest rung, and the
 	// range of the process ratio over the rounds.
 	LossFreeX, UsX, ProcX, ProcXLo, ProcXHi float64
+	// LoadedX is the process CPU ratio at the highest rung both relays
+	// carried loss-free in the round (median and range; NaN if none).
+	LoadedX, LoadedXLo, LoadedXHi float64
+}
+
+// highestShared is the highest rate in both a and b (0: none).
+func highestShared(a, b map[float64]float64) float64 {
+	var top float64
+	for rate := range a {
+		if _, ok := b[rate]; ok && rate > top {
+			top = rate
+		}
+	}
+	return top
 }
 
 // roundSummary is one server's figures in one round.
 type roundSummary struct {
 	lossFree, us, proc, max, pinnedMax float64
 	bound, pinnedBound                 bool
+	// loaded is the process CPU per packet of each fixed unpinned rung
+	// carried loss-free, by target rate.
+	loaded map[float64]float64
 }
 
 func summarizeRound(points []RelayPoint) roundSummary {
-	sum := roundSummary{us: math.NaN(), proc: math.NaN()}
+	sum := roundSummary{us: math.NaN(), proc: math.NaN(), loaded: map[float64]float64{}}
 	lowest := math.Inf(1)
 	for _, p := range points {
 		bound := p.LossPercent <= lossFree
+		if bound && !p.Pinned && p.TargetPPS > 0 {
+			sum.loaded[p.TargetPPS] = p.ProcUsPerPkt
+		}
 		switch {
 		case p.Pinned:
 			sum.pinnedMax, sum.pinnedBound = p.DeliveredPPS, bound
@@ -86,7 +106,7 @@ func (r *Report) UserspaceSummaries() []UserspaceSummary {
 	var out []UserspaceSummary
 	for _, s := range r.Expected.UserspaceServers {
 		rounds := r.rounds(s)
-		var lf, us, proc, mx, pmx, lfX, usX, procX []float64
+		var lf, us, proc, mx, pmx, lfX, usX, procX, loadX []float64
 		bound, pbound := 0, 0
 		for round, rs := range rounds {
 			lf, us, proc, mx, pmx = append(lf, rs.lossFree), append(us, rs.us), append(proc, rs.proc), append(mx, rs.max), append(pmx, rs.pinnedMax)
@@ -98,13 +118,17 @@ func (r *Report) UserspaceSummaries() []UserspaceSummary {
 			}
 			if c, ok := coturn[round]; ok {
 				lfX, usX, procX = append(lfX, rs.lossFree/c.lossFree), append(usX, rs.us/c.us), append(procX, rs.proc/c.proc)
+				if rate := highestShared(rs.loaded, c.loaded); rate > 0 {
+					loadX = append(loadX, rs.loaded[rate]/c.loaded[rate])
+				}
 			}
 		}
 		sum := UserspaceSummary{Server: s, Rounds: len(rounds),
 			LossFreePPS: median(lf), LossFreeLo: lowest(lf), LossFreeHi: highest(lf),
 			UsPerPkt: median(us), ProcUsPerPkt: median(proc), MaxPPS: median(mx), PinnedMaxPPS: median(pmx),
 			GeneratorBound: 2*bound > len(rounds), PinnedGeneratorBound: 2*pbound > len(rounds),
-			LossFreeX: median(lfX), UsX: median(usX), ProcX: median(procX), ProcXLo: lowest(procX), ProcXHi: highest(procX)}
+			LossFreeX: median(lfX), UsX: median(usX), ProcX: median(procX), ProcXLo: lowest(procX), ProcXHi: highest(procX),
+			LoadedX: median(loadX), LoadedXLo: lowest(loadX), LoadedXHi: highest(loadX)}
 		out = append(out, sum)
 	}
 	return out
@@ -171,7 +195,8 @@ func writeUserspace(b *strings.Builder, r *Report) {
 		"rounds, and each ratio to coturn is the median of the ratios to coturn in the same round.\n\n", userspaceFlowsOf(r), lossFree)
 	sums := r.UserspaceSummaries()
 	st := table{head: []string{"server", "rounds", "loss-free pps (median, range)", "× coturn", "server CPU µs/pkt (lowest rung)", "× coturn",
-		"server process µs/pkt (lowest rung)", "× coturn (median, range)", "max delivered pps", "pinned max delivered pps"}}
+		"server process µs/pkt (lowest rung)", "× coturn (median, range)",
+		"process × coturn at the highest rung both carried loss-free (median, range)", "max delivered pps", "pinned max delivered pps"}}
 	bound := func(pps float64, gen bool) string {
 		if gen {
 			return f(pps, 0) + " (generator-bound)"
@@ -182,6 +207,7 @@ func writeUserspace(b *strings.Builder, r *Report) {
 		st.add(s.Server, fmt.Sprint(s.Rounds), fmt.Sprintf("%s (%s–%s)", f(s.LossFreePPS, 0), f(s.LossFreeLo, 0), f(s.LossFreeHi, 0)),
 			ratio(s.LossFreeX), f(s.UsPerPkt, 2), ratio(s.UsX), f(s.ProcUsPerPkt, 2),
 			fmt.Sprintf("%s (%s–%s)", ratio(s.ProcX), ratio(s.ProcXLo), ratio(s.ProcXHi)),
+			fmt.Sprintf("%s (%s–%s)", ratio(s.LoadedX), ratio(s.LoadedXLo), ratio(s.LoadedXHi)),
 			bound(s.MaxPPS, s.GeneratorBound), bound(s.PinnedMaxPPS, s.PinnedGeneratorBound))
 	}
 	b.WriteString(st.String())

@@ -32,7 +32,7 @@ func TestUserspaceSummaries(t *testing.T) {
 
 		pt(3, ServerUser1, 20000, 20000, 0, 11, 7, false), pt(3, ServerUser1, 100000, 98000, 0, 9, 5, false),
 		pt(3, ServerUser1, 0, 100000, 0, 8, 4, false), pt(3, ServerUser1, 0, 160000, 0, 7, 3, true),
-		pt(3, ServerCoturn, 20000, 20000, 0, 10, 7, false), pt(3, ServerCoturn, 100000, 50000, 50, 9, 5, false),
+		pt(3, ServerCoturn, 20000, 20000, 0, 10, 7, false), pt(3, ServerCoturn, 100000, 50000, 0, 9, 4, false),
 		pt(3, ServerCoturn, 0, 90000, 0, 8, 4, false), pt(3, ServerCoturn, 0, 50000, 80, 7, 3, true),
 	}
 	if err := validateUserspace(r); len(err) != 0 {
@@ -41,16 +41,19 @@ func TestUserspaceSummaries(t *testing.T) {
 	got := r.UserspaceSummaries()
 	// User1: loss-free 99,000 / 20,000 / 100,000, lowest-rung process 6 / 9 / 7;
 	// coturn: loss-free 70,000 / 100,000 / 90,000, process 8 / 6 / 7.
+	// At the highest rung both carried loss-free (20,000, 20,000, 100,000):
+	// 6/8, 9/6, 5/4 → median 1.25.
 	// Paired process ratios 0.75 / 1.5 / 1 (median 1; the pooled medians
 	// would give 7/7 = 1 too, so the loss-free ratios tell them apart:
 	// 99/70, 0.2, 100/90 → median 100/90, not 99/90).
 	want := []UserspaceSummary{
 		{Server: ServerUser1, Rounds: 3, LossFreePPS: 99000, LossFreeLo: 20000, LossFreeHi: 100000, UsPerPkt: 11, ProcUsPerPkt: 7,
 			MaxPPS: 110000, PinnedMaxPPS: 150000, GeneratorBound: false, PinnedGeneratorBound: true,
-			LossFreeX: 100000.0 / 90000, UsX: 1.0, ProcX: 1, ProcXLo: 0.75, ProcXHi: 1.5},
+			LossFreeX: 100000.0 / 90000, UsX: 1.0, ProcX: 1, ProcXLo: 0.75, ProcXHi: 1.5,
+			LoadedX: 1.25, LoadedXLo: 0.75, LoadedXHi: 1.5},
 		{Server: ServerCoturn, Rounds: 3, LossFreePPS: 90000, LossFreeLo: 70000, LossFreeHi: 100000, UsPerPkt: 12, ProcUsPerPkt: 7,
 			MaxPPS: 80000, PinnedMaxPPS: 40000, GeneratorBound: true, PinnedGeneratorBound: false,
-			LossFreeX: 1, UsX: 1, ProcX: 1, ProcXLo: 1, ProcXHi: 1},
+			LossFreeX: 1, UsX: 1, ProcX: 1, ProcXLo: 1, ProcXHi: 1, LoadedX: 1, LoadedXLo: 1, LoadedXHi: 1},
 	}
 	for i := range want {
 		if got[i] != want[i] {
@@ -59,7 +62,7 @@ func TestUserspaceSummaries(t *testing.T) {
 	}
 	var b strings.Builder
 	writeUserspace(&b, r)
-	if row := "| " + ServerUser1 + " | 3 | 99,000 (20,000–100,000) | 1.11 | 11.00 | 1.00 | 7.00 | 1.00 (0.75–1.50) | 110,000 | 150,000 (generator-bound) |"; !strings.Contains(b.String(), row) {
+	if row := "| " + ServerUser1 + " | 3 | 99,000 (20,000–100,000) | 1.11 | 11.00 | 1.00 | 7.00 | 1.00 (0.75–1.50) | 1.25 (0.75–1.50) | 110,000 | 150,000 (generator-bound) |"; !strings.Contains(b.String(), row) {
 		t.Errorf("summary row not rendered as expected, want\n%s\nin\n%s", row, b.String())
 	}
 	r.Userspace = r.Userspace[1:]
