@@ -84,7 +84,7 @@ func summarizeRound(points []RelayPoint) roundSummary {
 	return sum
 }
 
-// rounds groups a server's points by round, in round order.
+// rounds sums a server's points up round by round, keyed by round.
 func (r *Report) rounds(server string) map[int]roundSummary {
 	by := map[int][]RelayPoint{}
 	for _, p := range r.Userspace {
