@@ -47,28 +47,28 @@ var (
 	specStunnerd1216 = stunnerd121Spec(ServerStunnerd12116, 16)
 )
 
-// userspaceSpecs are the stage's servers, in the report's order.
-var userspaceSpecs = []serverSpec{specUser1, specUserN, specUser16, specCoturn, specStunnerd121N, specStunnerd1216}
+// userspaceSpecs are the stage's servers, in the report's order, each with
+// the key BENCH_USERSPACE names it by.
+var userspaceSpecs = []struct {
+	key  string
+	spec serverSpec
+}{
+	{"user1", specUser1}, {"userN", specUserN}, {"user16", specUser16}, {"coturn", specCoturn},
+	{"stunnerd121N", specStunnerd121N}, {"stunnerd12116", specStunnerd1216},
+}
 
-// userspaceOnly (BENCH_USERSPACE, debugging) runs only the named servers of
-// the stage (comma-separated keys of userspaceKeys); the report is then
-// incomplete.
+// userspaceOnly is the stage's servers, or with BENCH_USERSPACE (debugging,
+// comma-separated keys) only those named; the report is then incomplete.
 func userspaceOnly() []serverSpec {
 	only := os.Getenv("BENCH_USERSPACE")
-	if only == "" {
-		return userspaceSpecs
-	}
 	var out []serverSpec
-	for i, key := range userspaceKeys {
-		if strings.Contains(","+only+",", ","+key+",") {
-			out = append(out, userspaceSpecs[i])
+	for _, s := range userspaceSpecs {
+		if only == "" || listed(only, s.key) {
+			out = append(out, s.spec)
 		}
 	}
 	return out
 }
-
-// userspaceKeys name userspaceSpecs for BENCH_USERSPACE, in the same order.
-var userspaceKeys = []string{"user1", "userN", "user16", "coturn", "stunnerd121N", "stunnerd12116"}
 
 // stageUserspace runs the servers in turns: round r starts with the r-th
 // server, so that none is always first or last, and a drift of the shared

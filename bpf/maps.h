@@ -170,8 +170,8 @@ struct config {
 	/* The flow caches are used (off only to measure what they save). */
 	__u8 flow_cache;
 	/* The flow caches: a random seed for their index hash (a stranger
-	 * cannot aim at another client's entry) and their size less one (a
-	 * power of two). */
+	 * cannot aim at another client's entry) and the log2 of the entries
+	 * of one CPU's region. */
 	__u32 flow_seed;
 	__u32 flow_shift; /* log2 of the entries per CPU */
 };

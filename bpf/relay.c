@@ -71,7 +71,7 @@ static __always_inline int addr_is_zero(const struct addr *a)
 	return (w[0] | w[1] | w[2] | w[3]) == 0;
 }
 
-/* words_eq compares n 32-bit words. */
+/* words_eq compares n 32-bit words, n at most 9 (struct p2c_key). */
 static __always_inline int words_eq(const void *a, const void *b, int n)
 {
 	const __u32 *x = a, *y = b;

@@ -462,8 +462,8 @@ func (m *Maps) Upsert(b Binding) error {
 	return nil
 }
 
-// InvalidateNextHops makes the program resolve every cached next hop again
-// (after a change of routes, neighbours or links).
+// InvalidateNextHops makes the program resolve every cached next hop and
+// flow again (after a change of routes, neighbours or links).
 func (m *Maps) InvalidateNextHops() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()

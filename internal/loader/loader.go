@@ -128,7 +128,8 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 		c.Tso = 1
 	}
 	// The flow caches: as many entries per CPU as bindings, up to the
-	// program's FLOW_CACHE_SLOTS, a power of two for the index mask.
+	// program's FLOW_CACHE_SLOTS, a power of two (the index is the top
+	// flow_shift bits of a hash).
 	slots := flowSlots(cfg.MaxBindings, spec.Maps[bpf.RelayMapC2pFlows].MaxEntries)
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {
