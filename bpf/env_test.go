@@ -130,6 +130,10 @@ type env struct {
 	prog   *loader.Program
 	maps   *channelmap.Maps
 	ifaces map[string]*iface
+	// ranAt is CLOCK_MONOTONIC just before the last BPF_PROG_RUN: check
+	// gives it to the model as its clock, so that rate-limit charges are
+	// compared at the program's time, not at whenever the model ran.
+	ranAt uint64
 }
 
 func newEnv(t testing.TB) *env {
@@ -371,6 +375,7 @@ func (e *env) run(t testing.TB, ingress string, frame []byte) (uint32, []byte) {
 		ctx := xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(e.ifaces[ingress].index)}
 		buf := make([]byte, len(frame)+512)
 		opts := ebpf.RunOptions{Data: frame, DataOut: buf, Context: ctx}
+		e.ranAt = model.MonotonicNow()
 		ret, err = e.prog.XDP().Run(&opts)
 		out = opts.DataOut
 		return err
@@ -465,8 +470,11 @@ func (e *env) observe(t testing.TB, ingress string, frame []byte) observation {
 // addresses and per-binding counters.
 func (e *env) check(t testing.TB, m *model.Model, ingress string, frame []byte) (observation, model.Result) {
 	t.Helper()
-	want := m.Process(e.ifaces[ingress].index, frame)
 	got := e.observe(t, ingress, frame)
+	clock := m.Now
+	m.Now = func() uint64 { return e.ranAt }
+	want := m.Process(e.ifaces[ingress].index, frame)
+	m.Now = clock
 	if got.verdict != uint32(want.Verdict) || got.reason != want.Reason {
 		t.Errorf("program: %v %s; model: %v %s", model.Verdict(got.verdict), reasonName(got.reason), want.Verdict, reasonName(want.Reason))
 	}
