@@ -78,6 +78,7 @@ type options struct {
 	maxAllocPPS, maxAllocBPS                             uint64
 	overLimit                                            string
 	forceReady, verbose, dryRun                          bool
+	shortcut                                             bool
 	udpThreadNum, userQuota, totalQuota, maxPermissions  int
 	gracePeriod                                          time.Duration
 	allowPeers, denyPeers, noOffloadPeers                prefixList
@@ -145,6 +146,8 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.UintVar(&o.maxPort, "max-relay-port", daemon.DefaultMaxRelayPort, "highest relay port")
 	fs.StringVar(&o.xdpMode, "xdp-mode", string(loader.ModeAuto), "XDP attach `MODE`: auto (native, then generic, then userspace), native, generic or off;\ngiven, it wins over the config's admin.offload_engine; the node label stunner.l7mp.io/xdp-offload wins over both")
 	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
+	fs.BoolVar(&o.shortcut, "channeldata-shortcut", true, "in userspace, relay ChannelData on pion/turn's channels in the read loop: the write pion/turn\n"+
+		"would make, without its per-datagram handling (7 allocations); false: pion/turn handles every datagram")
 	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
 	fs.IntVar(&o.userQuota, "user-quota", 0, "allocations one user-id may hold at once (the user-id of ephemeral credentials EXPIRY:USERID\n"+
 		"is USERID); over it, Allocate gets 486 Allocation Quota Reached; 0: no quota (default: the config's\nadmin.user_quota; given, it wins)")
@@ -303,7 +306,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 	cfg.MetricsAddr, cfg.HealthAddr, cfg.ForceReady = o.metricsAddr, o.healthAddr, o.forceReady
 	cfg.PodAddr, cfg.PprofAddr = podAddr(), o.pprofAddr
 	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
-	cfg.UDPThreadNum = o.udpThreadNum
+	cfg.UDPThreadNum, cfg.NoShortcut = o.udpThreadNum, !o.shortcut
 	cfg.UserQuota, cfg.TotalQuota, cfg.MaxPermissions = o.userQuota, o.totalQuota, o.maxPermissions
 	cfg.RateLimit = channelmap.RateLimit{PacketsPerSecond: o.maxAllocPPS, BytesPerSecond: o.maxAllocBPS}
 	switch o.overLimit {

@@ -107,6 +107,11 @@ type Config struct {
 	// UDPThreadNum is the number of read loops per UDP listener, each on its
 	// own SO_REUSEPORT socket (STUNner's -u/--udp-thread-num); 0: one per CPU.
 	UDPThreadNum int
+	// NoShortcut leaves every ChannelData datagram that reaches userspace to
+	// pion/turn's own handler; by default the read loop relays those on
+	// pion's channels itself (fallback.Channels: the same write, without
+	// pion's per-datagram logging work).
+	NoShortcut bool
 
 	Logger *logging.Factory
 

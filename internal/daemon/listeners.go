@@ -85,7 +85,9 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		Counters:    d.counters,
 		RateLimiter: d.rateLimit,
 	})
-	gen := &portFilterGenerator{RelayAddressGenerator: relay, ps: &ls.ports}
+	// Outermost, so that the shortcut writes to relay sockets as pion does.
+	relays := fallback.NewRelaySockets()
+	gen := relays.Generator(&portFilterGenerator{RelayAddressGenerator: relay, ps: &ls.ports})
 	sc := turn.ServerConfig{
 		Realm: cfg.Realm,
 		// pion logs requests and datagrams anyone can send (a datagram to a
@@ -123,8 +125,13 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		for i, conn := range conns {
 			scs[i] = sc
 			scs[i].EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, i, base)))
+			var chans *fallback.Channels
+			if !cfg.NoShortcut {
+				chans = fallback.NewChannels(relays, d.counters)
+				scs[i].EventHandler = chans.EventHandler(scs[i].EventHandler)
+			}
 			scs[i].PacketConnConfigs = []turn.PacketConnConfig{{
-				PacketConn:            &fallback.ListenerConn{PacketConn: d.traffic.ListenerConn(l.Name, conn), Counters: d.counters},
+				PacketConn:            &fallback.ListenerConn{PacketConn: d.traffic.ListenerConn(l.Name, conn), Counters: d.counters, Channels: chans},
 				PermissionHandler:     permit,
 				RelayAddressGenerator: gen,
 			}}

@@ -79,13 +79,15 @@ func startThreads(t testing.TB, listen netip.AddrPort, dir string, threads int) 
 	return d
 }
 
-func startThreadsErr(t testing.TB, listen netip.AddrPort, dir string, threads int) (*Daemon, error) {
+// startThreadsErr starts a daemon in userspace on listen with threads read
+// loops; each of mods changes its config first.
+func startThreadsErr(t testing.TB, listen netip.AddrPort, dir string, threads int, mods ...func(*Config)) (*Daemon, error) {
 	t.Helper()
 	lf, err := logging.New("all:WARN", "text", &testenv.LockedBuffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := Start(Config{
+	cfg := Config{
 		Listeners:    []config.ResolvedListener{{Name: "udp", Protocol: config.UDP, Addr: listen}},
 		Users:        map[string]string{"u": "p"},
 		RelayAddress: netip.MustParseAddr("127.0.0.1"),
@@ -96,7 +98,11 @@ func startThreadsErr(t testing.TB, listen netip.AddrPort, dir string, threads in
 		AllowPeers:   []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, // the test's peer (an own address: admitted only by a /32)
 		MetricsAddr:  "", HealthAddr: "",
 		Logger: lf,
-	})
+	}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	d, err := Start(cfg)
 	if err == nil {
 		t.Cleanup(func() { d.Close() })
 	}

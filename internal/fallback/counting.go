@@ -15,19 +15,37 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/udpio"
 )
 
-// Counters count packets and application-data bytes relayed by pion/turn.
+// Counters count packets and application-data bytes relayed in userspace.
 type Counters struct {
 	ClientToPeerPackets, ClientToPeerBytes atomic.Uint64
 	PeerToClientPackets, PeerToClientBytes atomic.Uint64
 	// RateLimited counts the datagrams dropped over the allocation rate limit.
 	RateLimited atomic.Uint64
+	// ShortcutPackets counts the ChannelData datagrams the read loops relayed
+	// themselves (Channels), not pion/turn's handler: a part of
+	// ClientToPeerPackets.
+	ShortcutPackets atomic.Uint64
 }
 
 // ListenerConn wraps pion's listener socket: what pion writes to clients as
-// ChannelData or Data indications is peer->client traffic it relayed.
+// ChannelData or Data indications is peer->client traffic it relayed. With
+// Channels, it relays the ChannelData of the channels there itself (see
+// Channels) and hands pion the rest.
 type ListenerConn struct {
 	net.PacketConn
 	Counters *Counters
+	Channels *Channels // nil: pion relays everything
+}
+
+// ReadFrom returns the next datagram that is not relayed here.
+func (c *ListenerConn) ReadFrom(p []byte) (int, net.Addr, error) {
+	for {
+		n, addr, err := c.PacketConn.ReadFrom(p)
+		// pion drops a datagram that fills its buffer (possibly truncated).
+		if err != nil || c.Channels == nil || n >= len(p) || !c.Channels.relay(p[:n], addr) {
+			return n, addr, err
+		}
+	}
 }
 
 func (c *ListenerConn) WriteTo(p []byte, addr net.Addr) (int, error) {

@@ -67,6 +67,7 @@ type collector struct {
 	attached, mirrorEvents, mirrorErrors, drift    *prometheus.Desc
 	mode, label, steering, userspace, full         *prometheus.Desc
 	refused, permRefused, userRateLimited          *prometheus.Desc
+	shortcut                                       *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -96,11 +97,13 @@ func newCollector(src Source) *collector {
 		userRateLimited: prometheus.NewDesc("stunnerd_xdp_userspace_rate_limited_total",
 			"Datagrams pion's relay sockets dropped over the allocation rate limit (--max-alloc-pps/-bps; the XDP program counts its own as verdict rate_limited).", nil, nil),
 		full: prometheus.NewDesc("stunnerd_xdp_bindings_full_total", "Channel bindings the full XDP maps refused (--max-bindings).", nil, nil),
+		shortcut: prometheus.NewDesc("stunnerd_xdp_userspace_shortcut_packets_total",
+			"Client-to-peer ChannelData datagrams the read loops relayed on pion/turn's channels without its per-datagram handling (--channeldata-shortcut); a part of the userspace path's packets.", nil, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited} {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited, c.shortcut} {
 		ch <- d
 	}
 }
@@ -109,6 +112,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	u := c.src.UserspaceCounters()
 	counter(ch, c.packets, u.ClientToPeerPackets.Load(), "userspace", "client_to_peer")
 	counter(ch, c.userRateLimited, u.RateLimited.Load())
+	counter(ch, c.shortcut, u.ShortcutPackets.Load())
 	counter(ch, c.packets, u.PeerToClientPackets.Load(), "userspace", "peer_to_client")
 	counter(ch, c.bytes, u.ClientToPeerBytes.Load(), "userspace", "client_to_peer")
 	counter(ch, c.bytes, u.PeerToClientBytes.Load(), "userspace", "peer_to_client")

@@ -13,10 +13,10 @@ import (
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
-// The contract tests (issue 9): deployments a node really has, each run with
-// --xdp-mode=native and with --xdp-mode=off. The kernel path is an
-// accelerator: whatever pion/turn and the node's own stack do with --xdp-mode=off
-// is what the native run must do too; native-only checks say where the packets
+// The contract tests (issue 9): deployments a node really has, each run in
+// every mode (see modes). The kernel path and the userspace shortcut are
+// accelerators: whatever pion/turn alone and the node's own stack do (off) is
+// what the other runs must do too; native-only checks say where the packets
 // were relayed.
 
 const (
@@ -51,7 +51,7 @@ func atLeast99(t *testing.T, what string, got, want int) {
 // to its own peer. What goes through a listener reaches only its peer, and
 // deleting one allocation leaves the other relaying.
 func TestContractTwoListenersOnePort(t *testing.T) {
-	bothModes(t, func(t *testing.T, mode string) {
+	eachMode(t, func(t *testing.T, mode string) {
 		r := netns.NewRouted(t)
 		listener2 := netip.MustParseAddrPort("10.100.0.3:3478")
 		r.Server.IP(t, "addr", "add", "10.100.0.3/24", "dev", r.ServerClientIf.Name)
@@ -136,7 +136,7 @@ func TestContractTwoListenersOnePort(t *testing.T) {
 // address, never the bound peer, and the peer's replies keep coming from the
 // listener address the client uses.
 func TestContractTransitNotRelayed(t *testing.T) {
-	bothModes(t, func(t *testing.T, mode string) {
+	eachMode(t, func(t *testing.T, mode string) {
 		r := netns.NewRouted(t)
 		r.Client.IP(t, "route", "add", "10.200.0.0/24", "via", r.ServerClientIf.Addr.String())
 		startNode(t, r, mode, defaultListener)
@@ -213,7 +213,7 @@ func TestContractClusterIPPeer(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			bothModes(t, func(t *testing.T, mode string) {
+			eachMode(t, func(t *testing.T, mode string) {
 				r := netns.NewRouted(t)
 				node := startNode(t, r, mode, []nodeListener{{addr: "10.100.0.1", peers: []string{"10.96.0.0/12", "10.200.0.0/24"}}}, tc.args...)
 				tc.translate(t, r, node)
@@ -265,7 +265,7 @@ func TestContractClusterIPPeer(t *testing.T) {
 // replies come from the VIP, and in native mode the kernel relays the client's
 // ChannelData.
 func TestContractVIPToListener(t *testing.T) {
-	bothModes(t, func(t *testing.T, mode string) {
+	eachMode(t, func(t *testing.T, mode string) {
 		r := netns.NewRouted(t)
 		r.Client.IP(t, "neigh", "replace", vip, "lladdr", r.ServerClientIf.MAC.String(), "dev", r.ClientIf.Name, "nud", "permanent")
 		r.Server.Run(t, "iptables", "-t", "nat", "-A", "PREROUTING", "-d", vip+"/32", "-p", "udp", "--dport", "3478",
@@ -313,7 +313,7 @@ func TestContractVIPToListener(t *testing.T) {
 // pseudo-header sum. Relayed both ways, every datagram reaches a socket on the
 // other side, whose kernel drops any with a wrong checksum.
 func TestContractTxChecksumOffload(t *testing.T) {
-	bothModes(t, func(t *testing.T, mode string) {
+	eachMode(t, func(t *testing.T, mode string) {
 		r := netns.NewRouted(t)
 		if err := r.SendersOffloadChecksums(); err != nil {
 			t.Fatalf("the test needs the default: %v", err)
@@ -351,7 +351,7 @@ func TestContractTxChecksumOffload(t *testing.T) {
 // path, which would have to decrement the TTL to 0, leaves them all to
 // userspace.
 func TestContractTTLOne(t *testing.T) {
-	bothModes(t, func(t *testing.T, mode string) {
+	eachMode(t, func(t *testing.T, mode string) {
 		r := netns.NewRouted(t)
 		startNode(t, r, mode, defaultListener)
 		peer := startPeer(t, r.Peer, peerAddr+":5002", true, 1)

@@ -25,12 +25,15 @@ import (
 // pion/turn clients that checks where the server's replies come from, and
 // peers that count what reaches them.
 
-// modes are the two runs of every contract test: the kernel path and pion/turn
-// alone, whose behaviour is the expectation.
-var modes = []string{"native", "off"}
+// modes are the runs of every contract test: the kernel path (native),
+// pion/turn alone (off: --xdp-mode=off --channeldata-shortcut=false), whose
+// behaviour is the expectation, and the userspace path as it ships
+// (shortcut: --xdp-mode=off, ChannelData relayed by the read loop on pion's
+// channels).
+var modes = []string{"native", "off", "shortcut"}
 
-// bothModes runs body once with --xdp-mode=native and once with --xdp-mode=off.
-func bothModes(t *testing.T, body func(t *testing.T, mode string)) {
+// eachMode runs body once per mode.
+func eachMode(t *testing.T, body func(t *testing.T, mode string)) {
 	netns.RequirePrivileged(t, "iptables", "conntrack", "ethtool")
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) { body(t, mode) })
@@ -74,7 +77,15 @@ func startNode(t *testing.T, r *netns.Rig, mode string, listeners []nodeListener
 	t.Helper()
 	cfg := filepath.Join(t.TempDir(), "stunnerd.conf")
 	writeConfig(t, cfg, nodeConfig(listeners))
-	args = append([]string{"--log-format=json", "--xdp-mode=" + mode, "--relay-address=10.200.0.1",
+	switch mode {
+	case "off":
+		args = append([]string{"--xdp-mode=off", "--channeldata-shortcut=false"}, args...)
+	case "shortcut":
+		args = append([]string{"--xdp-mode=off"}, args...)
+	default:
+		args = append([]string{"--xdp-mode=" + mode}, args...)
+	}
+	args = append([]string{"--log-format=json", "--relay-address=10.200.0.1",
 		"--handover-dir=" + testenv.BPFFS(t), "-c", cfg}, args...)
 	return runBinary(t, r, nil, args...)
 }

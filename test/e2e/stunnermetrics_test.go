@@ -16,13 +16,14 @@ import (
 // received at the listener (rx), sent to the cluster (tx), received from it
 // (rx) and sent to the client (tx). With XDP the kernel's packets must be in
 // them, and /status reports them as the listener's and cluster's offload
-// stats; with --xdp-mode=off pion/turn's count alone is the expectation.
+// stats; with --xdp-mode=off the userspace path's count alone is the expectation, and
+// stunnerd_xdp_userspace_shortcut_packets_total shows that the shortcut relayed it (or not).
 // Both name sets, and Go's and the process's, are exported.
 func TestSTUNnerMetrics(t *testing.T) {
 	if testenv.InNetns() {
 		t.Skip("parent-only test")
 	}
-	bothModes(t, func(t *testing.T, mode string) {
+	eachMode(t, func(t *testing.T, mode string) {
 		r := netns.NewRouted(t)
 		// Two read loops: STUNner counts a UDP listener's sockets as its connections.
 		startNode(t, r, mode, []nodeListener{{addr: "10.100.0.1", peers: []string{"10.200.0.0/24"}}}, "--udp-thread-num=2")
@@ -80,10 +81,19 @@ func TestSTUNnerMetrics(t *testing.T) {
 			if xdpC2P < float64(got)*9/10 || xdpP2C < float64(got)*9/10 {
 				t.Errorf("the kernel relayed %v/%v packets of %d echoes: the session was not on XDP", xdpC2P, xdpP2C, got)
 			}
-		case "off":
+		case "off", "shortcut":
 			if xdpC2P != 0 || xdpP2C != 0 {
 				t.Errorf("the kernel relayed %v/%v packets with XDP off", xdpC2P, xdpP2C)
 			}
+		}
+		// The shortcut relays the client's ChannelData in userspace, pion/turn
+		// alone none of it.
+		shortcut := after.grew(t, before, "stunnerd_xdp_userspace_shortcut_packets_total")
+		switch {
+		case mode == "shortcut" && shortcut < float64(got):
+			t.Errorf("the shortcut relayed %v packets of %d echoes", shortcut, got)
+		case mode == "off" && shortcut != 0:
+			t.Errorf("the shortcut relayed %v packets with --channeldata-shortcut=false", shortcut)
 		}
 		for name, want := range map[string]float64{"stunner_allocations_active": 1, "stunnerd_xdp_allocations_active": 1,
 			`stunner_listener_connections{name="udp-0"}`: 2, `stunner_listener_connections_total{name="udp-0"}`: 2} {
@@ -104,7 +114,7 @@ func TestSTUNnerMetrics(t *testing.T) {
 		if l.Name != "udp-0" || c.Name != "peers-0" || float64(l.Stats.Rx.Pkts) < kernelRx || float64(c.Stats.Tx.Pkts) < kernelRx {
 			t.Errorf("/status listener %s rx %d, cluster %s tx %d packets; the kernel relayed %v", l.Name, l.Stats.Rx.Pkts, c.Name, c.Stats.Tx.Pkts, kernelRx)
 		}
-		if mode == "off" && (l.Stats.Rx.Pkts != 0 || c.Stats.Tx.Pkts != 0) {
+		if mode != "native" && (l.Stats.Rx.Pkts != 0 || c.Stats.Tx.Pkts != 0) {
 			t.Errorf("/status reports offloaded packets with XDP off: %+v %+v", l.Stats, c.Stats)
 		}
 	})
