@@ -49,6 +49,7 @@ type config struct {
 
 	userspaceLadder []float64 // offered packets/s per rung of the userspace stage; 0 = max
 	userspaceRounds int       // turns each userspace server takes
+	userspaceSearch int       // steps of the loss-free search between rungs
 }
 
 var configs = map[string]config{
@@ -64,7 +65,7 @@ var configs = map[string]config{
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 5 * time.Second,
 		liveRate: 50000, livePoint: 2 * time.Second, liveRounds: 5,
 		lo: 20000, hi: 100000,
-		userspaceLadder: []float64{20000, 50000, 100000, 150000, 200000, 0}, userspaceRounds: 3,
+		userspaceLadder: []float64{20000, 50000, 100000, 150000, 200000, 0}, userspaceRounds: 3, userspaceSearch: 3,
 	},
 	"smoke": {
 		mode:      "smoke",
@@ -77,7 +78,7 @@ var configs = map[string]config{
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 500 * time.Millisecond,
 		liveRate: 50000, livePoint: 500 * time.Millisecond, liveRounds: 3,
 		lo: 20000, hi: 100000,
-		userspaceLadder: []float64{20000, 100000, 0}, userspaceRounds: 1,
+		userspaceLadder: []float64{20000, 100000, 0}, userspaceRounds: 1, userspaceSearch: 1,
 	},
 }
 
@@ -125,6 +126,7 @@ func TestBench(t *testing.T) {
 		// One row per rung, and the pinned max rung.
 		UserspaceServers: []string{ServerUser1, ServerUserN, ServerUser16, ServerCoturn, ServerStunnerd121N, ServerStunnerd12116},
 		UserspacePoints:  (len(cfg.userspaceLadder) + 1) * cfg.userspaceRounds,
+		UserspaceSearch:  cfg.userspaceSearch,
 	}
 	h.daemonBin, h.stunnerdBin, h.turncatBin = netns.RequireBinary(t, netns.Daemon), netns.RequireBinary(t, netns.Stunnerd), netns.RequireBinary(t, netns.Turncat)
 	h.stunnerd121Bin = netns.RequireBinary(t, netns.Stunnerd121)

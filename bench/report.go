@@ -156,6 +156,9 @@ type RelayPoint struct {
 	// Round is the userspace stage's round the point was taken in (from 1;
 	// 0: other stages).
 	Round int `json:"round,omitempty"`
+	// Search: a rate the userspace stage's loss-free search chose between
+	// two of the ladder's rungs, not a rung of the ladder.
+	Search bool `json:"search,omitempty"`
 }
 
 // LatencyRow is the round-trip time of timestamped datagrams echoed by the peer.
@@ -243,9 +246,11 @@ type ExpectedRows struct {
 	LatencyServers []string `json:"latency_servers"`
 	IperfServers   []string `json:"iperf_servers"`
 	ScalingPoints  int      `json:"scaling_points"`
-	// UserspaceServers each have UserspacePoints rows in Userspace.
+	// UserspaceServers each have UserspacePoints rows in Userspace, and at
+	// most UserspaceSearch more per round from the loss-free search.
 	UserspaceServers []string `json:"userspace_servers"`
 	UserspacePoints  int      `json:"userspace_points_per_server"`
+	UserspaceSearch  int      `json:"userspace_search_steps"`
 }
 
 // Validate reports every missing row and every figure that is not a finite

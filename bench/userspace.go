@@ -40,6 +40,40 @@ type UserspaceSummary struct {
 	LoadedX, LoadedXLo, LoadedXHi float64
 }
 
+// higherBy is how much higher a loss-free rate must be to count as higher:
+// two servers that carried the same rung differ by a few packets of
+// delivery noise, one search step apart by several per cent.
+const higherBy = 1.02
+
+// searchBounds are the rates the loss-free search narrows down from the
+// ladder's unpinned fixed rungs: the highest rung carried loss-free and the
+// lowest rung above it that was not (ok false: nothing to search).
+func searchBounds(points []RelayPoint) (lo, hi float64, ok bool) {
+	for _, p := range points {
+		if !p.Pinned && !p.Search && p.TargetPPS > 0 && p.LossPercent <= lossFree && p.TargetPPS > lo {
+			lo = p.TargetPPS
+		}
+	}
+	if lo == 0 {
+		return 0, 0, false
+	}
+	for _, p := range points {
+		if !p.Pinned && !p.Search && p.TargetPPS > lo && p.LossPercent > lossFree && (hi == 0 || p.TargetPPS < hi) {
+			hi = p.TargetPPS
+		}
+	}
+	if hi == 0 {
+		return 0, 0, false
+	}
+	return lo, hi, true
+}
+
+// searchNext is the next rate to try between lo (carried loss-free) and hi
+// (not): the middle, to 1,000 pps.
+func searchNext(lo, hi float64) float64 {
+	return math.Round((lo+hi)/2/1000) * 1000
+}
+
 // highestShared is the highest rate in both a and b (0: none).
 func highestShared(a, b map[float64]float64) float64 {
 	var top float64
@@ -65,10 +99,12 @@ func summarizeRound(points []RelayPoint) roundSummary {
 	lowest := math.Inf(1)
 	for _, p := range points {
 		bound := p.LossPercent <= lossFree
-		if bound && !p.Pinned && p.TargetPPS > 0 {
+		if bound && !p.Pinned && !p.Search && p.TargetPPS > 0 {
 			sum.loaded[p.TargetPPS] = p.ProcUsPerPkt
 		}
 		switch {
+		case p.Search:
+			// Counts for the loss-free rate only.
 		case p.Pinned:
 			sum.pinnedMax, sum.pinnedBound = p.DeliveredPPS, bound
 			continue
@@ -164,8 +200,13 @@ func highest(xs []float64) float64 {
 func validateUserspace(r *Report) []error {
 	var errs []error
 	n := map[string]int{}
+	search := map[string]int{}
 	for _, p := range r.Userspace {
-		n[p.Server]++
+		if p.Search {
+			search[p.Server]++
+		} else {
+			n[p.Server]++
+		}
 		for name, v := range map[string]float64{"offered": p.OfferedPPS, "delivered": p.DeliveredPPS, "loss": p.LossPercent, "total": p.TotalUsPerPkt} {
 			if math.IsNaN(v) || math.IsInf(v, 0) {
 				errs = append(errs, fmt.Errorf("userspace %s %s: %s is %v", p.Server, rateLabel(p.TargetPPS), name, v))
@@ -176,6 +217,9 @@ func validateUserspace(r *Report) []error {
 		if n[s] != r.Expected.UserspacePoints {
 			errs = append(errs, fmt.Errorf("userspace %s: %d points, want %d", s, n[s], r.Expected.UserspacePoints))
 		}
+		if rounds := len(r.rounds(s)); search[s] > r.Expected.UserspaceSearch*rounds {
+			errs = append(errs, fmt.Errorf("userspace %s: %d search points, want at most %d per round", s, search[s], r.Expected.UserspaceSearch))
+		}
 	}
 	return errs
 }
@@ -185,14 +229,17 @@ func writeUserspace(b *strings.Builder, r *Report) {
 	fmt.Fprintf(b, "stunnerd-xdp with `--xdp-mode=off` at one read loop, at one per CPU and at the operator's 16, coturn with its default thread model, "+
 		"and STUNner's current stunnerd (v1.2.1) at `-u` = CPUs and the operator's `-u 16`; 100-byte ChannelData spread by the "+
 		"generator over %d allocations (one client socket each: the kernel's SO_REUSEPORT hash keeps a 4-tuple on one socket, so a "+
-		"single flow never uses more than one read loop). Loss-free = the highest delivered rate of a rung with at most %.1f %% loss. "+
+		"single flow never uses more than one read loop). Loss-free = the highest delivered rate of a rung with at most %.1f %% loss; "+
+		"after the ladder, each round searches between the highest rung carried loss-free and the next one up (%d halvings, "+
+		"marked \"search\"), and a loss-free rate counts as higher than coturn's only when it is more than %.0f %% higher. "+
 		"The pinned max rung runs the generator on CPU 0 and the server on the other CPUs (the client→server veth's softirq still runs "+
 		"where the generator sends); unpinned, they share every core. \"generator-bound\": at the max rung everything offered arrived, "+
 		"so the generator set the rate, not the relay. On a machine shared with other work, pinning the relay to fewer CPUs makes it "+
 		"compete there with everything else, and the system-wide softirq column holds that work's packets too: the process column "+
 		"is the cleaner comparison. The servers take turns over several rounds (each round starts with the next server), "+
 		"so that a drift of the shared machine's load falls on all of them: the summary gives each figure's median over the "+
-		"rounds, and each ratio to coturn is the median of the ratios to coturn in the same round.\n\n", userspaceFlowsOf(r), lossFree)
+		"rounds, and each ratio to coturn is the median of the ratios to coturn in the same round.\n\n", userspaceFlowsOf(r), lossFree,
+		r.Expected.UserspaceSearch, (higherBy-1)*100)
 	sums := r.UserspaceSummaries()
 	st := table{head: []string{"server", "rounds", "loss-free pps (median, range)", "× coturn", "server CPU µs/pkt (lowest rung)", "× coturn",
 		"server process µs/pkt (lowest rung)", "× coturn (median, range)",
@@ -219,7 +266,11 @@ func writeUserspace(b *strings.Builder, r *Report) {
 		if p.Pinned {
 			pinned = "yes"
 		}
-		rt.add(p.Server, fmt.Sprint(p.Round), rateLabel(p.TargetPPS), pinned, f(p.OfferedPPS, 0), f(p.DeliveredPPS, 0), f(p.LossPercent, 2),
+		target := rateLabel(p.TargetPPS)
+		if p.Search {
+			target += " (search)"
+		}
+		rt.add(p.Server, fmt.Sprint(p.Round), target, pinned, f(p.OfferedPPS, 0), f(p.DeliveredPPS, 0), f(p.LossPercent, 2),
 			f(p.ProcUsPerPkt, 2), f(p.SoftUsPerPkt, 2), f(p.TotalUsPerPkt, 2), f(float64(p.ServerRcvbuf), 0))
 	}
 	b.WriteString(rt.String())

@@ -71,3 +71,65 @@ func TestUserspaceSummaries(t *testing.T) {
 		t.Errorf("a missing point and a NaN: %v", err)
 	}
 }
+
+// TestLossFreeSearch runs unprivileged: the search narrows the gap between
+// the highest rung carried loss-free and the next one up that was not (the
+// pinned rung, the max rung and earlier search points are not rungs), and a
+// search point counts for the loss-free rate only, never as the lowest rung
+// or as a rung shared with coturn, and at most UserspaceSearch per round.
+func TestLossFreeSearch(t *testing.T) {
+	pt := func(target, delivered, loss, proc float64, pinned, search bool) RelayPoint {
+		return RelayPoint{Server: ServerUser1, Round: 1, TargetPPS: target, OfferedPPS: delivered, DeliveredPPS: delivered,
+			LossPercent: loss, TotalUsPerPkt: proc + 4, ProcUsPerPkt: proc, Pinned: pinned, Search: search, Flows: 4}
+	}
+	ladder := []RelayPoint{
+		pt(20000, 20000, 0, 8, false, false), pt(100000, 99900, 0.1, 7, false, false), pt(150000, 130000, 10, 7, false, false),
+		pt(200000, 140000, 20, 7, false, false), pt(0, 150000, 30, 7, false, false), pt(0, 170000, 5, 6, true, false),
+	}
+	for _, c := range []struct {
+		name   string
+		points []RelayPoint
+		lo, hi float64
+		ok     bool
+	}{
+		{"ladder", ladder, 100000, 150000, true},
+		{"a lower rung failed too", append([]RelayPoint{pt(50000, 45000, 10, 7, false, false)}, ladder...), 100000, 150000, true},
+		{"every rung carried", ladder[:2], 0, 0, false},
+		{"none carried", []RelayPoint{pt(20000, 10000, 50, 8, false, false), pt(0, 170000, 0, 6, true, false)}, 0, 0, false},
+		{"search points are not rungs", append(ladder[:3:3], pt(125000, 125000, 0, 7, false, true)), 100000, 150000, true},
+	} {
+		lo, hi, ok := searchBounds(c.points)
+		if lo != c.lo || hi != c.hi || ok != c.ok {
+			t.Errorf("%s: bounds %v, %v, %v; want %v, %v, %v", c.name, lo, hi, ok, c.lo, c.hi, c.ok)
+		}
+	}
+	if got := searchNext(100000, 150000); got != 125000 {
+		t.Errorf("searchNext(100k, 150k) = %v", got)
+	}
+	if got := searchNext(125000, 150000); got != 138000 { // 137,500 to 1,000
+		t.Errorf("searchNext(125k, 150k) = %v", got)
+	}
+
+	// 125,000 carried, 138,000 not: the loss-free rate is 125,000's delivery.
+	r := &Report{Expected: ExpectedRows{UserspaceServers: []string{ServerUser1}, UserspacePoints: 6, UserspaceSearch: 2}}
+	r.Userspace = append(append([]RelayPoint(nil), ladder...), pt(125000, 124800, 0.2, 5, false, true), pt(138000, 120000, 13, 9, false, true))
+	if err := validateUserspace(r); len(err) != 0 {
+		t.Fatalf("complete: %v", err)
+	}
+	s := r.UserspaceSummaries()[0]
+	if s.LossFreePPS != 124800 || s.ProcUsPerPkt != 8 || s.MaxPPS != 150000 {
+		t.Errorf("summary %+v: want loss-free 124,800 (the search point), process 8 (the 20,000 rung), max 150,000", s)
+	}
+	if rs := summarizeRound(r.Userspace); len(rs.loaded) != 2 || rs.loaded[125000] != 0 {
+		t.Errorf("rungs to share with coturn %v, want 20,000 and 100,000 only", rs.loaded)
+	}
+	var b strings.Builder
+	writeUserspace(&b, r)
+	if !strings.Contains(b.String(), "| 125,000 (search) | no |") {
+		t.Errorf("search point not marked in\n%s", b.String())
+	}
+	r.Userspace = append(r.Userspace, pt(131000, 130000, 0, 5, false, true))
+	if err := validateUserspace(r); len(err) != 1 {
+		t.Errorf("3 search points in a round of at most 2: %v", err)
+	}
+}

@@ -96,8 +96,12 @@ func (h *harness) userspaceOne(t *testing.T, spec serverSpec, round int) {
 	record := func(p RelayPoint, pinned bool) {
 		p.Payload, p.Pinned, p.Flows, p.Round = 100, pinned, userspaceFlows, round
 		h.rep.Userspace = append(h.rep.Userspace, p)
+		target := rateLabel(p.TargetPPS)
+		if p.Search {
+			target += " (search)"
+		}
 		t.Logf("round %d: %s target %s pinned %v: offered %.0f delivered %.0f pps, loss %.2f %%, server %.2f µs/pkt (process %.2f + softirq %.2f)",
-			round, spec.name, rateLabel(p.TargetPPS), pinned, p.OfferedPPS, p.DeliveredPPS, p.LossPercent, p.TotalUsPerPkt, p.ProcUsPerPkt, p.SoftUsPerPkt)
+			round, spec.name, target, pinned, p.OfferedPPS, p.DeliveredPPS, p.LossPercent, p.TotalUsPerPkt, p.ProcUsPerPkt, p.SoftUsPerPkt)
 	}
 	ladder := h.cfg.userspaceLadder
 	if l := os.Getenv("BENCH_USERSPACE_LADDER"); l != "" { // debugging: these rungs only (comma-separated pps, 0 = max)
@@ -110,8 +114,26 @@ func (h *harness) userspaceOne(t *testing.T, spec serverSpec, round int) {
 			ladder = append(ladder, r)
 		}
 	}
+	var points []RelayPoint
 	for _, rate := range ladder {
-		record(h.measure(t, spec, streams, rate, pids), false)
+		p := h.measure(t, spec, streams, rate, pids)
+		record(p, false)
+		points = append(points, p)
+	}
+	// The loss-free search: halve the gap between the highest rung carried
+	// loss-free and the next one up, as RFC 2544 searches for a throughput.
+	if lo, hi, ok := searchBounds(points); ok {
+		for range h.cfg.userspaceSearch {
+			rate := searchNext(lo, hi)
+			p := h.measure(t, spec, streams, rate, pids)
+			p.Search = true
+			record(p, false)
+			if p.LossPercent <= lossFree {
+				lo = rate
+			} else {
+				hi = rate
+			}
+		}
 	}
 	// The max rung again with the generator on CPU 0 and the relay on the
 	// other CPUs: what the relay does when it does not share its cores with
