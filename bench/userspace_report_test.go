@@ -133,3 +133,27 @@ func TestLossFreeSearch(t *testing.T) {
 		t.Errorf("3 search points in a round of at most 2: %v", err)
 	}
 }
+
+// TestUserspaceTarget: the target is met when one configuration meets every
+// part of it (CPU at both rungs, loss-free rate more than higherBy), not when
+// the parts are met by different configurations.
+func TestUserspaceTarget(t *testing.T) {
+	sum := func(server string, proc, loaded, lossFree float64) UserspaceSummary {
+		return UserspaceSummary{Server: server, Rounds: 3, ProcX: proc, LoadedX: loaded, LossFreeX: lossFree}
+	}
+	coturn := UserspaceSummary{Server: ServerCoturn, Rounds: 3, ProcX: 1, LoadedX: 1, LossFreeX: 1}
+	for _, c := range []struct {
+		name string
+		sums []UserspaceSummary
+		met  string
+	}{
+		{"one meets it", []UserspaceSummary{sum(ServerUser1, 1.1, 0.9, 0.5), sum(ServerUser16, 0.9, 1, 1.15), coturn}, "yes: " + ServerUser16},
+		{"parts in different configurations", []UserspaceSummary{sum(ServerUser1, 0.9, 0.9, 0.5), sum(ServerUser16, 1.1, 1, 1.15), coturn}, "no"},
+		{"a tie in loss-free rate", []UserspaceSummary{sum(ServerUser16, 0.9, 0.9, 1.01), coturn}, "no"},
+		{"none run", []UserspaceSummary{coturn}, "n/a"},
+	} {
+		if got := userspaceTarget(c.sums).Met; got != c.met {
+			t.Errorf("%s: met %q, want %q", c.name, got, c.met)
+		}
+	}
+}
