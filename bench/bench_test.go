@@ -47,9 +47,10 @@ type config struct {
 
 	lo, hi float64 // reference rates of the summary (must be rungs of ladder100)
 
-	userspaceLadder []float64 // offered packets/s per rung of the userspace stage; 0 = max
+	userspaceLadder []float64 // offered packets/s per unpinned rung of the userspace stage; 0 = max
+	userspacePinned []float64 // the fixed pinned rungs the loss-free search starts from (a pinned max rung follows)
 	userspaceRounds int       // turns each userspace server takes
-	userspaceSearch int       // steps of the loss-free search between rungs
+	userspaceSearch int       // steps of the loss-free search between pinned rungs
 }
 
 var configs = map[string]config{
@@ -65,7 +66,8 @@ var configs = map[string]config{
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 5 * time.Second,
 		liveRate: 50000, livePoint: 2 * time.Second, liveRounds: 5,
 		lo: 20000, hi: 100000,
-		userspaceLadder: []float64{20000, 50000, 100000, 150000, 200000, 0}, userspaceRounds: 3, userspaceSearch: 3,
+		userspaceLadder: []float64{20000, 50000, 100000, 150000, 200000, 0}, userspacePinned: []float64{100000, 150000},
+		userspaceRounds: 3, userspaceSearch: 3,
 	},
 	"smoke": {
 		mode:      "smoke",
@@ -78,7 +80,7 @@ var configs = map[string]config{
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 500 * time.Millisecond,
 		liveRate: 50000, livePoint: 500 * time.Millisecond, liveRounds: 3,
 		lo: 20000, hi: 100000,
-		userspaceLadder: []float64{20000, 100000, 0}, userspaceRounds: 1, userspaceSearch: 1,
+		userspaceLadder: []float64{20000, 100000, 0}, userspacePinned: []float64{100000}, userspaceRounds: 1, userspaceSearch: 1,
 	},
 }
 
@@ -123,9 +125,9 @@ func TestBench(t *testing.T) {
 		LatencyServers: []string{ServerXDPNative, ServerXDPGeneric, ServerXDPOff, ServerXDPOffSteered, ServerStunnerd, ServerCoturn, ServerKernelFwd},
 		IperfServers:   []string{ServerXDPNative, ServerXDPOff, ServerStunnerd, ServerCoturn},
 		ScalingPoints:  2 * len(cfg.scalingChannels),
-		// One row per rung, and the pinned max rung.
+		// One row per rung, pinned or not, and the pinned max rung.
 		UserspaceServers: []string{ServerUser1, ServerUserN, ServerUser16, ServerCoturn, ServerStunnerd121N, ServerStunnerd12116},
-		UserspacePoints:  (len(cfg.userspaceLadder) + 1) * cfg.userspaceRounds,
+		UserspacePoints:  (len(cfg.userspaceLadder) + len(cfg.userspacePinned) + 1) * cfg.userspaceRounds,
 		UserspaceSearch:  cfg.userspaceSearch,
 	}
 	h.daemonBin, h.stunnerdBin, h.turncatBin = netns.RequireBinary(t, netns.Daemon), netns.RequireBinary(t, netns.Stunnerd), netns.RequireBinary(t, netns.Turncat)

@@ -19,9 +19,15 @@ type UserspaceSummary struct {
 	Server string
 	Rounds int
 	// LossFreePPS is the highest delivered rate of an unpinned rung with at
-	// most lossFree % loss (0: none); LossFreeLo and LossFreeHi its range
-	// over the rounds.
+	// most lossFree % loss (0: none), LossFreeLo and LossFreeHi its range over
+	// the rounds. Unpinned, the generator shares the cores with the relay and
+	// falls short of the higher rungs' targets: this rate is partly the
+	// generator's.
 	LossFreePPS, LossFreeLo, LossFreeHi float64
+	// PinnedLossFreePPS is the same with the generator on CPU 0 and the relay
+	// on the others, from the pinned rungs and the search between them: the
+	// relay's own loss-free rate.
+	PinnedLossFreePPS, PinnedLossFreeLo, PinnedLossFreeHi float64
 	// UsPerPkt is the server CPU per packet at the lowest rung (process and
 	// the system's softirq), ProcUsPerPkt the process's alone: the softirq
 	// also holds whatever else runs on the machine.
@@ -32,9 +38,11 @@ type UserspaceSummary struct {
 	// rounds), so the generator, not the relay, set the rate.
 	GeneratorBound, PinnedGeneratorBound bool
 	// Ratios to coturn in the same round (median; NaN without coturn):
-	// loss-free rate, server CPU and process CPU at the lowest rung, and the
-	// range of the process ratio over the rounds.
-	LossFreeX, UsX, ProcX, ProcXLo, ProcXHi float64
+	// loss-free rates, server CPU and process CPU at the lowest rung, and
+	// the range of the process ratio and the pinned loss-free ratio over the
+	// rounds.
+	LossFreeX, PinnedLossFreeX, PinnedLossFreeXLo, PinnedLossFreeXHi float64
+	UsX, ProcX, ProcXLo, ProcXHi                                     float64
 	// LoadedX is the process CPU ratio at the highest rung both relays
 	// carried loss-free in the round (median and range; NaN if none).
 	LoadedX, LoadedXLo, LoadedXHi float64
@@ -46,11 +54,11 @@ type UserspaceSummary struct {
 const higherBy = 1.02
 
 // searchBounds are the rates the loss-free search narrows down from the
-// ladder's unpinned fixed rungs: the highest rung carried loss-free and the
-// lowest rung above it that was not (ok false: nothing to search).
+// fixed pinned rungs: the highest rung carried loss-free and the lowest rung
+// above it that was not (ok false: nothing to search).
 func searchBounds(points []RelayPoint) (lo, hi float64, ok bool) {
 	for _, p := range points {
-		if !p.Pinned && !p.Search && p.TargetPPS > 0 && p.LossPercent <= lossFree && p.TargetPPS > lo {
+		if p.Pinned && !p.Search && p.TargetPPS > 0 && p.LossPercent <= lossFree && p.TargetPPS > lo {
 			lo = p.TargetPPS
 		}
 	}
@@ -58,7 +66,7 @@ func searchBounds(points []RelayPoint) (lo, hi float64, ok bool) {
 		return 0, 0, false
 	}
 	for _, p := range points {
-		if !p.Pinned && !p.Search && p.TargetPPS > lo && p.LossPercent > lossFree && (hi == 0 || p.TargetPPS < hi) {
+		if p.Pinned && !p.Search && p.TargetPPS > lo && p.LossPercent > lossFree && (hi == 0 || p.TargetPPS < hi) {
 			hi = p.TargetPPS
 		}
 	}
@@ -87,8 +95,8 @@ func highestShared(a, b map[float64]float64) float64 {
 
 // roundSummary is one server's figures in one round.
 type roundSummary struct {
-	lossFree, us, proc, max, pinnedMax float64
-	bound, pinnedBound                 bool
+	lossFree, pinnedLossFree, us, proc, max, pinnedMax float64
+	bound, pinnedBound                                 bool
 	// loaded is the process CPU per packet of each fixed unpinned rung
 	// carried loss-free, by target rate.
 	loaded map[float64]float64
@@ -99,15 +107,21 @@ func summarizeRound(points []RelayPoint) roundSummary {
 	lowest := math.Inf(1)
 	for _, p := range points {
 		bound := p.LossPercent <= lossFree
-		if bound && !p.Pinned && !p.Search && p.TargetPPS > 0 {
+		if p.Pinned {
+			if p.TargetPPS == 0 && !p.Search {
+				sum.pinnedMax, sum.pinnedBound = p.DeliveredPPS, bound
+			}
+			if bound && p.DeliveredPPS > sum.pinnedLossFree {
+				sum.pinnedLossFree = p.DeliveredPPS
+			}
+			continue
+		}
+		if bound && !p.Search && p.TargetPPS > 0 {
 			sum.loaded[p.TargetPPS] = p.ProcUsPerPkt
 		}
 		switch {
 		case p.Search:
 			// Counts for the loss-free rate only.
-		case p.Pinned:
-			sum.pinnedMax, sum.pinnedBound = p.DeliveredPPS, bound
-			continue
 		case p.TargetPPS == 0:
 			sum.max, sum.bound = p.DeliveredPPS, bound
 		case p.TargetPPS < lowest:
@@ -142,10 +156,11 @@ func (r *Report) UserspaceSummaries() []UserspaceSummary {
 	var out []UserspaceSummary
 	for _, s := range r.Expected.UserspaceServers {
 		rounds := r.rounds(s)
-		var lf, us, proc, mx, pmx, lfX, usX, procX, loadX []float64
+		var lf, plf, us, proc, mx, pmx, lfX, plfX, usX, procX, loadX []float64
 		bound, pbound := 0, 0
 		for round, rs := range rounds {
-			lf, us, proc, mx, pmx = append(lf, rs.lossFree), append(us, rs.us), append(proc, rs.proc), append(mx, rs.max), append(pmx, rs.pinnedMax)
+			lf, plf, us, proc, mx, pmx = append(lf, rs.lossFree), append(plf, rs.pinnedLossFree), append(us, rs.us), append(proc, rs.proc),
+				append(mx, rs.max), append(pmx, rs.pinnedMax)
 			if rs.bound {
 				bound++
 			}
@@ -153,7 +168,8 @@ func (r *Report) UserspaceSummaries() []UserspaceSummary {
 				pbound++
 			}
 			if c, ok := coturn[round]; ok {
-				lfX, usX, procX = append(lfX, rs.lossFree/c.lossFree), append(usX, rs.us/c.us), append(procX, rs.proc/c.proc)
+				lfX, plfX = append(lfX, rs.lossFree/c.lossFree), append(plfX, rs.pinnedLossFree/c.pinnedLossFree)
+				usX, procX = append(usX, rs.us/c.us), append(procX, rs.proc/c.proc)
 				if rate := highestShared(rs.loaded, c.loaded); rate > 0 {
 					loadX = append(loadX, rs.loaded[rate]/c.loaded[rate])
 				}
@@ -161,9 +177,10 @@ func (r *Report) UserspaceSummaries() []UserspaceSummary {
 		}
 		sum := UserspaceSummary{Server: s, Rounds: len(rounds),
 			LossFreePPS: median(lf), LossFreeLo: lowest(lf), LossFreeHi: highest(lf),
+			PinnedLossFreePPS: median(plf), PinnedLossFreeLo: lowest(plf), PinnedLossFreeHi: highest(plf),
 			UsPerPkt: median(us), ProcUsPerPkt: median(proc), MaxPPS: median(mx), PinnedMaxPPS: median(pmx),
 			GeneratorBound: 2*bound > len(rounds), PinnedGeneratorBound: 2*pbound > len(rounds),
-			LossFreeX: median(lfX), UsX: median(usX), ProcX: median(procX), ProcXLo: lowest(procX), ProcXHi: highest(procX),
+			LossFreeX: median(lfX), PinnedLossFreeX: median(plfX), PinnedLossFreeXLo: lowest(plfX), PinnedLossFreeXHi: highest(plfX), UsX: median(usX), ProcX: median(procX), ProcXLo: lowest(procX), ProcXHi: highest(procX),
 			LoadedX: median(loadX), LoadedXLo: lowest(loadX), LoadedXHi: highest(loadX)}
 		out = append(out, sum)
 	}
@@ -229,19 +246,22 @@ func writeUserspace(b *strings.Builder, r *Report) {
 	fmt.Fprintf(b, "stunnerd-xdp with `--xdp-mode=off` at one read loop, at one per CPU and at the operator's 16, coturn with its default thread model, "+
 		"and STUNner's current stunnerd (v1.2.1) at `-u` = CPUs and the operator's `-u 16`; 100-byte ChannelData spread by the "+
 		"generator over %d allocations (one client socket each: the kernel's SO_REUSEPORT hash keeps a 4-tuple on one socket, so a "+
-		"single flow never uses more than one read loop). Loss-free = the highest delivered rate of a rung with at most %.1f %% loss; "+
-		"after the ladder, each round searches between the highest rung carried loss-free and the next one up (%d halvings, "+
-		"marked \"search\"), and a loss-free rate counts as higher than coturn's only when it is more than %.0f %% higher. "+
-		"The pinned max rung runs the generator on CPU 0 and the server on the other CPUs (the client→server veth's softirq still runs "+
-		"where the generator sends); unpinned, they share every core. \"generator-bound\": at the max rung everything offered arrived, "+
-		"so the generator set the rate, not the relay. On a machine shared with other work, pinning the relay to fewer CPUs makes it "+
-		"compete there with everything else, and the system-wide softirq column holds that work's packets too: the process column "+
-		"is the cleaner comparison. The servers take turns over several rounds (each round starts with the next server), "+
-		"so that a drift of the shared machine's load falls on all of them: the summary gives each figure's median over the "+
-		"rounds, and each ratio to coturn is the median of the ratios to coturn in the same round.\n\n", userspaceFlowsOf(r), lossFree,
+		"single flow never uses more than one read loop). Each round runs the ladder unpinned (generator and relay share every core), "+
+		"then pinned: the generator on CPU 0, the server on the other CPUs (the client→server veth's softirq still runs where the "+
+		"generator sends, the server→peer one where the server sends). Unpinned, the generator falls short of the higher rungs' "+
+		"targets (see offered pps), so an unpinned loss-free rate is partly the generator's; pinned, the relay sets it. "+
+		"Loss-free = the highest delivered rate of a rung with at most %.1f %% loss; the pinned loss-free rate comes from the pinned "+
+		"rungs and a search between the highest carried loss-free and the next one up (%d halvings, marked \"search\", RFC 2544 style), "+
+		"and counts as higher than coturn's only when it is more than %.0f %% higher. \"generator-bound\": at the max rung everything "+
+		"offered arrived, so the generator set the rate, not the relay. CPU per packet comes from the unpinned rungs: on a machine "+
+		"shared with other work the system-wide softirq column holds that work's packets too, so the process column is the cleaner "+
+		"comparison. The servers take turns over several rounds (each round starts with the next server), so that a drift of the "+
+		"shared machine's load falls on all of them: the summary gives each figure's median over the rounds, and each ratio to coturn "+
+		"is the median of the ratios to coturn in the same round.\n\n", userspaceFlowsOf(r), lossFree,
 		r.Expected.UserspaceSearch, (higherBy-1)*100)
 	sums := r.UserspaceSummaries()
-	st := table{head: []string{"server", "rounds", "loss-free pps (median, range)", "× coturn", "server CPU µs/pkt (lowest rung)", "× coturn",
+	st := table{head: []string{"server", "rounds", "loss-free pps, unpinned (median, range)", "× coturn",
+		"loss-free pps, pinned (median, range)", "× coturn (median, range)", "server CPU µs/pkt (lowest rung)", "× coturn",
 		"server process µs/pkt (lowest rung)", "× coturn (median, range)",
 		"process × coturn at the highest rung both carried loss-free (median, range)", "max delivered pps", "pinned max delivered pps"}}
 	bound := func(pps float64, gen bool) string {
@@ -252,7 +272,8 @@ func writeUserspace(b *strings.Builder, r *Report) {
 	}
 	for _, s := range sums {
 		st.add(s.Server, fmt.Sprint(s.Rounds), fmt.Sprintf("%s (%s–%s)", f(s.LossFreePPS, 0), f(s.LossFreeLo, 0), f(s.LossFreeHi, 0)),
-			ratio(s.LossFreeX), f(s.UsPerPkt, 2), ratio(s.UsX), f(s.ProcUsPerPkt, 2),
+			ratio(s.LossFreeX), fmt.Sprintf("%s (%s–%s)", f(s.PinnedLossFreePPS, 0), f(s.PinnedLossFreeLo, 0), f(s.PinnedLossFreeHi, 0)),
+			fmt.Sprintf("%s (%s–%s)", ratio(s.PinnedLossFreeX), ratio(s.PinnedLossFreeXLo), ratio(s.PinnedLossFreeXHi)), f(s.UsPerPkt, 2), ratio(s.UsX), f(s.ProcUsPerPkt, 2),
 			fmt.Sprintf("%s (%s–%s)", ratio(s.ProcX), ratio(s.ProcXLo), ratio(s.ProcXHi)),
 			fmt.Sprintf("%s (%s–%s)", ratio(s.LoadedX), ratio(s.LoadedXLo), ratio(s.LoadedXHi)),
 			bound(s.MaxPPS, s.GeneratorBound), bound(s.PinnedMaxPPS, s.PinnedGeneratorBound))

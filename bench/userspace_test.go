@@ -93,8 +93,10 @@ func (h *harness) userspaceOne(t *testing.T, spec serverSpec, round int) {
 		streams = append(streams, sess.stream(100))
 	}
 	pids := []int{rs.proc.PID()}
-	record := func(p RelayPoint, pinned bool) {
-		p.Payload, p.Pinned, p.Flows, p.Round = 100, pinned, userspaceFlows, round
+	// rung measures one rung and records it.
+	rung := func(rate float64, pinned, search bool) RelayPoint {
+		p := h.measure(t, spec, streams, rate, pids)
+		p.Payload, p.Pinned, p.Search, p.Flows, p.Round = 100, pinned, search, userspaceFlows, round
 		h.rep.Userspace = append(h.rep.Userspace, p)
 		target := rateLabel(p.TargetPPS)
 		if p.Search {
@@ -102,6 +104,7 @@ func (h *harness) userspaceOne(t *testing.T, spec serverSpec, round int) {
 		}
 		t.Logf("round %d: %s target %s pinned %v: offered %.0f delivered %.0f pps, loss %.2f %%, server %.2f µs/pkt (process %.2f + softirq %.2f)",
 			round, spec.name, target, pinned, p.OfferedPPS, p.DeliveredPPS, p.LossPercent, p.TotalUsPerPkt, p.ProcUsPerPkt, p.SoftUsPerPkt)
+		return p
 	}
 	ladder := h.cfg.userspaceLadder
 	if l := os.Getenv("BENCH_USERSPACE_LADDER"); l != "" { // debugging: these rungs only (comma-separated pps, 0 = max)
@@ -114,39 +117,38 @@ func (h *harness) userspaceOne(t *testing.T, spec serverSpec, round int) {
 			ladder = append(ladder, r)
 		}
 	}
-	var points []RelayPoint
 	for _, rate := range ladder {
-		p := h.measure(t, spec, streams, rate, pids)
-		record(p, false)
-		points = append(points, p)
+		rung(rate, false, false)
 	}
-	// The loss-free search: halve the gap between the highest rung carried
-	// loss-free and the next one up, as RFC 2544 searches for a throughput.
+	// The pinned rungs: the generator on CPU 0 and the relay on the other
+	// CPUs, so that the relay, not a generator short of CPU, sets the
+	// loss-free rate (the softirq of the client->server veth still runs where
+	// the generator sends).
+	if runtime.NumCPU() < 2 {
+		t.Fatalf("the pinned rungs need 2 CPUs, have %d", runtime.NumCPU())
+	}
+	restore := pin(t, os.Getpid(), cpuSet(0))
+	defer restore()
+	restoreServer := pin(t, rs.proc.PID(), cpuSet(cpusFrom(1)...))
+	defer restoreServer()
+	var points []RelayPoint
+	for _, rate := range h.cfg.userspacePinned {
+		points = append(points, rung(rate, true, false))
+	}
+	// The loss-free search: halve the gap between the highest pinned rung
+	// carried loss-free and the next one up, as RFC 2544 searches for a
+	// throughput.
 	if lo, hi, ok := searchBounds(points); ok {
 		for range h.cfg.userspaceSearch {
 			rate := searchNext(lo, hi)
-			p := h.measure(t, spec, streams, rate, pids)
-			p.Search = true
-			record(p, false)
-			if p.LossPercent <= lossFree {
+			if p := rung(rate, true, true); p.LossPercent <= lossFree {
 				lo = rate
 			} else {
 				hi = rate
 			}
 		}
 	}
-	// The max rung again with the generator on CPU 0 and the relay on the
-	// other CPUs: what the relay does when it does not share its cores with
-	// the generator (the softirq of the client->server veth still runs where
-	// the generator sends).
-	if runtime.NumCPU() < 2 {
-		t.Fatalf("the pinned rung needs 2 CPUs, have %d", runtime.NumCPU())
-	}
-	restore := pin(t, os.Getpid(), cpuSet(0))
-	restoreServer := pin(t, rs.proc.PID(), cpuSet(cpusFrom(1)...))
-	record(h.measure(t, spec, streams, 0, pids), true)
-	restoreServer()
-	restore()
+	rung(0, true, false)
 }
 
 func cpusFrom(first int) []int {
