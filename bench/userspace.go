@@ -252,13 +252,13 @@ func writeUserspace(b *strings.Builder, r *Report) {
 		"targets (see offered pps), so an unpinned loss-free rate is partly the generator's; pinned, the relay sets it. "+
 		"Loss-free = the highest delivered rate of a rung with at most %.1f %% loss; the pinned loss-free rate comes from the pinned "+
 		"rungs and a search between the highest carried loss-free and the next one up (%d halvings, marked \"search\", RFC 2544 style), "+
-		"and counts as higher than coturn's only when it is more than %.0f %% higher. \"generator-bound\": at the max rung everything "+
+		"and counts as higher than coturn's only when it is more than %.0f %% higher (\"none\": not even the lowest pinned rung, %s/s, was carried loss-free in any round). \"generator-bound\": at the max rung everything "+
 		"offered arrived, so the generator set the rate, not the relay. CPU per packet comes from the unpinned rungs: on a machine "+
 		"shared with other work the system-wide softirq column holds that work's packets too, so the process column is the cleaner "+
 		"comparison. The servers take turns over several rounds (each round starts with the next server), so that a drift of the "+
 		"shared machine's load falls on all of them: the summary gives each figure's median over the rounds, and each ratio to coturn "+
 		"is the median of the ratios to coturn in the same round.\n\n", userspaceFlowsOf(r), lossFree,
-		r.Expected.UserspaceSearch, (higherBy-1)*100)
+		r.Expected.UserspaceSearch, (higherBy-1)*100, f(lowestPinnedRung(r), 0))
 	sums := r.UserspaceSummaries()
 	st := table{head: []string{"server", "rounds", "loss-free pps, unpinned (median, range)", "× coturn",
 		"loss-free pps, pinned (median, range)", "× coturn (median, range)", "server CPU µs/pkt (lowest rung)", "× coturn",
@@ -271,8 +271,8 @@ func writeUserspace(b *strings.Builder, r *Report) {
 		return f(pps, 0)
 	}
 	for _, s := range sums {
-		st.add(s.Server, fmt.Sprint(s.Rounds), fmt.Sprintf("%s (%s–%s)", f(s.LossFreePPS, 0), f(s.LossFreeLo, 0), f(s.LossFreeHi, 0)),
-			ratio(s.LossFreeX), fmt.Sprintf("%s (%s–%s)", f(s.PinnedLossFreePPS, 0), f(s.PinnedLossFreeLo, 0), f(s.PinnedLossFreeHi, 0)),
+		st.add(s.Server, fmt.Sprint(s.Rounds), lossFreeCell(s.LossFreePPS, s.LossFreeLo, s.LossFreeHi),
+			ratio(s.LossFreeX), lossFreeCell(s.PinnedLossFreePPS, s.PinnedLossFreeLo, s.PinnedLossFreeHi),
 			fmt.Sprintf("%s (%s–%s)", ratio(s.PinnedLossFreeX), ratio(s.PinnedLossFreeXLo), ratio(s.PinnedLossFreeXHi)), f(s.UsPerPkt, 2), ratio(s.UsX), f(s.ProcUsPerPkt, 2),
 			fmt.Sprintf("%s (%s–%s)", ratio(s.ProcX), ratio(s.ProcXLo), ratio(s.ProcXHi)),
 			fmt.Sprintf("%s (%s–%s)", ratio(s.LoadedX), ratio(s.LoadedXLo), ratio(s.LoadedXHi)),
@@ -297,9 +297,33 @@ func writeUserspace(b *strings.Builder, r *Report) {
 	b.WriteString(rt.String())
 }
 
-// ratio is a ratio to coturn with two decimals ("–" when there is none).
+// lowestPinnedRung is the lowest fixed pinned rate of the stage (0: none).
+func lowestPinnedRung(r *Report) float64 {
+	var low float64
+	for _, p := range r.Userspace {
+		if p.Pinned && !p.Search && p.TargetPPS > 0 && (low == 0 || p.TargetPPS < low) {
+			low = p.TargetPPS
+		}
+	}
+	return low
+}
+
+// lossFreeCell is a loss-free rate's median and range, or "none" when no
+// rung of any round was carried loss-free.
+func lossFreeCell(med, lo, hi float64) string {
+	if hi == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%s (%s–%s)", f(med, 0), f(lo, 0), f(hi, 0))
+}
+
+// ratio is a ratio to coturn with two decimals ("–" when there is none,
+// "∞" when coturn's figure was 0: it carried no rung loss-free).
 func ratio(x float64) string {
-	if math.IsNaN(x) || math.IsInf(x, 0) {
+	switch {
+	case math.IsInf(x, 1):
+		return "∞"
+	case math.IsNaN(x) || math.IsInf(x, 0):
 		return "–"
 	}
 	return f(x, 2)

@@ -73,6 +73,12 @@ func TestUserspaceSummaries(t *testing.T) {
 	if row := "| " + ServerUser1 + " | 3 | 99,000 (20,000–100,000) | 1.11 | 150,000 (100,000–160,000) | 1.58 (1.00–1.62) | 11.00 | 1.00 | 7.00 | 1.00 (0.75–1.50) | 1.25 (0.75–1.50) | 110,000 | 150,000 (generator-bound) |"; !strings.Contains(b.String(), row) {
 		t.Errorf("summary row not rendered as expected, want\n%s\nin\n%s", row, b.String())
 	}
+	if got := ratio(math.Inf(1)); got != "∞" {
+		t.Errorf("a ratio to a coturn that carried nothing loss-free: %q", got)
+	}
+	if got := lossFreeCell(0, 0, 0); got != "none" {
+		t.Errorf("no rung carried loss-free in any round: %q", got)
+	}
 	r.Userspace = r.Userspace[1:]
 	r.Userspace[0].TotalUsPerPkt = math.NaN()
 	if err := validateUserspace(r); len(err) != 2 {
