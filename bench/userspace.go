@@ -107,8 +107,10 @@ func summarizeRound(points []RelayPoint) roundSummary {
 	lowest := math.Inf(1)
 	for _, p := range points {
 		bound := p.LossPercent <= lossFree
+		// Search points are pinned and not max rungs: they count for the
+		// pinned loss-free rate only.
 		if p.Pinned {
-			if p.TargetPPS == 0 && !p.Search {
+			if p.TargetPPS == 0 {
 				sum.pinnedMax, sum.pinnedBound = p.DeliveredPPS, bound
 			}
 			if bound && p.DeliveredPPS > sum.pinnedLossFree {
@@ -116,16 +118,14 @@ func summarizeRound(points []RelayPoint) roundSummary {
 			}
 			continue
 		}
-		if bound && !p.Search && p.TargetPPS > 0 {
-			sum.loaded[p.TargetPPS] = p.ProcUsPerPkt
-		}
 		switch {
-		case p.Search:
-			// Counts for the loss-free rate only.
 		case p.TargetPPS == 0:
 			sum.max, sum.bound = p.DeliveredPPS, bound
 		case p.TargetPPS < lowest:
 			lowest, sum.us, sum.proc = p.TargetPPS, p.TotalUsPerPkt, p.ProcUsPerPkt
+		}
+		if bound && p.TargetPPS > 0 {
+			sum.loaded[p.TargetPPS] = p.ProcUsPerPkt
 		}
 		if bound && p.DeliveredPPS > sum.lossFree {
 			sum.lossFree = p.DeliveredPPS
@@ -180,7 +180,8 @@ func (r *Report) UserspaceSummaries() []UserspaceSummary {
 			PinnedLossFreePPS: median(plf), PinnedLossFreeLo: lowest(plf), PinnedLossFreeHi: highest(plf),
 			UsPerPkt: median(us), ProcUsPerPkt: median(proc), MaxPPS: median(mx), PinnedMaxPPS: median(pmx),
 			GeneratorBound: 2*bound > len(rounds), PinnedGeneratorBound: 2*pbound > len(rounds),
-			LossFreeX: median(lfX), PinnedLossFreeX: median(plfX), PinnedLossFreeXLo: lowest(plfX), PinnedLossFreeXHi: highest(plfX), UsX: median(usX), ProcX: median(procX), ProcXLo: lowest(procX), ProcXHi: highest(procX),
+			LossFreeX: median(lfX), PinnedLossFreeX: median(plfX), PinnedLossFreeXLo: lowest(plfX), PinnedLossFreeXHi: highest(plfX),
+			UsX: median(usX), ProcX: median(procX), ProcXLo: lowest(procX), ProcXHi: highest(procX),
 			LoadedX: median(loadX), LoadedXLo: lowest(loadX), LoadedXHi: highest(loadX)}
 		out = append(out, sum)
 	}
