@@ -199,6 +199,7 @@ type harness struct {
 	stunnerd121Bin          string
 	pins                    string // private bpffs for the steered daemon's maps
 	peers                   *peers
+	liveObject              string // the relay object the live-cost stage runs ("": the embedded one)
 }
 
 // command records a command line for the report.

@@ -242,7 +242,10 @@ func (h *harness) stageLiveCost(t *testing.T) {
 	// Debugging a program change: BENCH_LIVE_ROWS=relay measures only the
 	// relay rows (the report is then incomplete, as with BENCH_ONLY).
 	// BENCH_LIVE_ROWS=active only the rows with many bindings sending.
-	quick := os.Getenv("BENCH_LIVE_ROWS") != ""
+	// BENCH_LIVE_AB=<relay object> compares the embedded program with that
+	// object (see liveAB), and writes no report either.
+	ab := os.Getenv("BENCH_LIVE_AB")
+	quick := os.Getenv("BENCH_LIVE_ROWS") != "" || ab != ""
 	switch os.Getenv("BENCH_LIVE_ROWS") {
 	case "relay":
 		rows = rows[:6]
@@ -277,6 +280,10 @@ func (h *harness) stageLiveCost(t *testing.T) {
 				h.liveInterval(t, prog, maps, floors, row, &results[i])
 			}
 		}
+	}
+	if ab != "" {
+		h.liveAB(t, prog, maps, floors, rows, results, ab)
+		return
 	}
 	measure(rows, results)
 	if quick {
@@ -318,7 +325,53 @@ func (h *harness) stageLiveCost(t *testing.T) {
 // liveConfig is the stage's program configuration.
 func (h *harness) liveConfig(noFlow bool) loader.Config {
 	return loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535,
-		MaxBindings: liveManyBindings + liveActiveMax + 1024, IPv6Clients: true, NoFlowCache: noFlow}
+		MaxBindings: liveManyBindings + liveActiveMax + 1024, IPv6Clients: true, NoFlowCache: noFlow, Object: h.liveObject}
+}
+
+// liveAB measures each row alternately with the embedded program (A) and the
+// relay object obj (B, built from other sources: `make generate`, copy
+// bpf/relay_bpfel.o, restore the sources), swapped in over the same maps
+// between intervals, A first in even rounds and B first in odd ones. On a
+// shared machine run-to-run drift is larger than most program changes; the
+// median of the paired per-interval ratios B/A resolves a few percent.
+func (h *harness) liveAB(t *testing.T, prog *loader.Program, maps *channelmap.Maps, floors map[string]*ebpf.Program,
+	rows []liveRow, resA []LiveCostRow, obj string) {
+	resB := slices.Clone(resA)
+	use := func(object string) {
+		h.liveObject = object
+		if err := h.rig.Server.Do(func() error { return prog.Reconfigure(h.liveConfig(false)) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer use("")
+	for round := 0; round < h.cfg.liveRounds; round++ {
+		for i, row := range rows {
+			order := []string{"", obj}
+			if round%2 == 1 {
+				order = []string{obj, ""}
+			}
+			for _, object := range order {
+				use(object)
+				res := &resA[i]
+				if object != "" {
+					res = &resB[i]
+				}
+				h.liveInterval(t, prog, maps, floors, row, res)
+			}
+		}
+	}
+	for i := range resA {
+		a, b := &resA[i], &resB[i]
+		ratios := make([]float64, len(a.RelayNs))
+		for k := range a.RelayNs {
+			ratios[k] = b.RelayNs[k] / a.RelayNs[k]
+		}
+		sort.Float64s(ratios)
+		a.finish()
+		b.finish()
+		t.Logf("A/B %s: A %.0f ns/run (%.2fx trivial), B %.0f ns/run (%.2fx); B/A median %.3f (intervals %.3f-%.3f)",
+			a.Name, a.RelayMedianNs, a.Ratio, b.RelayMedianNs, b.Ratio, quantile(ratios, 0.5), ratios[0], ratios[len(ratios)-1])
+	}
 }
 
 // liveActiveMax is how many bindings the active rows install in all.

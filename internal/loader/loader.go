@@ -58,6 +58,10 @@ type Config struct {
 	// NoFlowCache leaves the flow caches unused: every packet takes the hash
 	// lookups (for measuring what the caches save).
 	NoFlowCache bool
+	// Object is a relay object file built from other sources, loaded instead
+	// of the embedded one (benchmarks measure two builds side by side over
+	// one set of maps). Its maps must match the embedded object's.
+	Object string
 }
 
 // Program is the loaded relay program and its maps.
@@ -110,9 +114,9 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	if cfg.MaxBindings == 0 {
 		return errors.New("max bindings must be positive")
 	}
-	spec, err := bpf.LoadRelay()
+	spec, err := relaySpec(cfg.Object)
 	if err != nil {
-		return fmt.Errorf("read program spec: %w", err)
+		return err
 	}
 	var c bpf.RelayConfig
 	for i, p := range cfg.ListenerPorts {
@@ -179,6 +183,41 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 		return fmt.Errorf("load XDP program: %w", err)
 	}
 	return nil
+}
+
+// relaySpec reads the embedded relay object, or the one at path.
+func relaySpec(path string) (*ebpf.CollectionSpec, error) {
+	if path == "" {
+		spec, err := bpf.LoadRelay()
+		if err != nil {
+			return nil, fmt.Errorf("read program spec: %w", err)
+		}
+		return spec, nil
+	}
+	spec, err := ebpf.LoadCollectionSpec(path)
+	if err != nil {
+		return nil, fmt.Errorf("read relay object %s: %w", path, err)
+	}
+	want, err := bpf.LoadRelay()
+	if err != nil {
+		return nil, fmt.Errorf("read program spec: %w", err)
+	}
+	for name, m := range want.Maps {
+		// Sizes are the loader's; the layout must be the embedded one's,
+		// which the Go side writes.
+		got, ok := spec.Maps[name]
+		if !ok {
+			return nil, fmt.Errorf("relay object %s: no map %s", path, name)
+		}
+		if got.Type != m.Type || got.KeySize != m.KeySize || got.ValueSize != m.ValueSize || got.Flags != m.Flags {
+			return nil, fmt.Errorf("relay object %s: map %s is %v key %d value %d flags %#x, want %v key %d value %d flags %#x",
+				path, name, got.Type, got.KeySize, got.ValueSize, got.Flags, m.Type, m.KeySize, m.ValueSize, m.Flags)
+		}
+	}
+	if _, ok := spec.Programs[bpf.RelayProgXdpTurnRelay]; !ok {
+		return nil, fmt.Errorf("relay object %s: no program %s", path, bpf.RelayProgXdpTurnRelay)
+	}
+	return spec, nil
 }
 
 // flowSlots is the power of two at or above bindings (at least 64), capped.
