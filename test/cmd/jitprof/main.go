@@ -47,8 +47,11 @@ func main() {
 	}
 }
 
-// lines writes "tag offset file:line source" for every line info of every
-// loaded relay program, offsets from the start of its main function.
+// lines writes "start:length offset file:line source" for every line info of
+// every loaded relay program: the kernel address and length of its main
+// function's JIT image, and the offset into it. Samples are matched by
+// address: the tag in a perf symbol name need not be the one the kernel
+// reports (perf 6.1 on kernel 6.18 names programs with other tags).
 func lines(w io.Writer) error {
 	found := 0
 	for id := ebpf.ProgramID(0); ; {
@@ -85,6 +88,10 @@ func programLines(w io.Writer, info *ebpf.ProgramInfo) error {
 	if !ok || len(ksyms) == 0 {
 		return errors.New("no JIT symbols (is the JIT on, and are we root?)")
 	}
+	lens, ok := info.JitedFuncLens()
+	if !ok || len(lens) == 0 {
+		return errors.New("no JIT function lengths")
+	}
 	addrs, ok := info.JitedLineInfos()
 	if !ok {
 		return errors.New("no JIT line info")
@@ -102,7 +109,10 @@ func programLines(w io.Writer, info *ebpf.ProgramInfo) error {
 		if off < 0 {
 			continue
 		}
-		fmt.Fprintf(bw, "%s %x %s:%d %s\n", info.Tag, off, strings.TrimPrefix(li.Line.FileName(), "././"),
+		if off >= int64(lens[0]) {
+			continue // a subprogram's
+		}
+		fmt.Fprintf(bw, "%x:%x %x %s:%d %s\n", ksyms[0], lens[0], off, strings.TrimPrefix(li.Line.FileName(), "././"),
 			li.Line.LineNumber(), strings.Join(strings.Fields(li.Line.Line()), " "))
 	}
 	return bw.Flush()
@@ -113,12 +123,18 @@ type lineInfo struct {
 	line string
 }
 
-var frame = regexp.MustCompile(`^\s*[0-9a-f]+\s+(\S+?)(?:\+0x([0-9a-f]+))?(?:\s|$)`)
+// frame is a line of perf script's -F ip,sym,symoff: the address and the
+// symbol (with its offset).
+var frame = regexp.MustCompile(`^\s*([0-9a-f]+)\s+(\S+?)(?:\+0x[0-9a-f]+)?(?:\s|$)`)
 
 // report reads perf script output (ip,sym,symoff; with or without call
 // chains) and the line table.
 func report(linesPath string, in io.Reader, w io.Writer) error {
-	table := map[string][]lineInfo{}
+	type image struct {
+		start, end uint64
+		lines      []lineInfo
+	}
+	var images []*image
 	data, err := os.ReadFile(linesPath)
 	if err != nil {
 		return err
@@ -128,20 +144,27 @@ func report(linesPath string, in io.Reader, w io.Writer) error {
 		if len(f) < 3 {
 			continue
 		}
-		off, err := strconv.ParseInt(f[1], 16, 64)
-		if err != nil {
-			return fmt.Errorf("%s: %q: %w", linesPath, l, err)
+		start, length, ok := strings.Cut(f[0], ":")
+		a, err1 := strconv.ParseUint(start, 16, 64)
+		n, err2 := strconv.ParseUint(length, 16, 64)
+		off, err3 := strconv.ParseInt(f[1], 16, 64)
+		if !ok || err1 != nil || err2 != nil || err3 != nil {
+			return fmt.Errorf("%s: not a line of `jitprof lines`: %q", linesPath, l)
 		}
-		table[f[0]] = append(table[f[0]], lineInfo{off, f[2]})
+		if len(images) == 0 || images[len(images)-1].start != a {
+			images = append(images, &image{start: a, end: a + n})
+		}
+		im := images[len(images)-1]
+		im.lines = append(im.lines, lineInfo{off, f[2]})
 	}
-	for _, t := range table {
-		slices.SortFunc(t, func(a, b lineInfo) int { return cmp.Compare(a.off, b.off) })
+	for _, im := range images {
+		slices.SortFunc(im.lines, func(a, b lineInfo) int { return cmp.Compare(a.off, b.off) })
 	}
 
 	leaves, bySource := map[string]int{}, map[string]int{}
 	onStack, own := 0, 0
 	var sample []string // symbols, leaf first
-	var leafOff int64
+	var leafIP uint64
 	flush := func() {
 		defer func() { sample = sample[:0] }()
 		if !slices.ContainsFunc(sample, func(s string) bool { return strings.HasSuffix(s, "_"+progName) }) {
@@ -149,22 +172,25 @@ func report(linesPath string, in io.Reader, w io.Writer) error {
 		}
 		onStack++
 		leaves[sample[0]]++
-		tag, ok := strings.CutPrefix(sample[0], "bpf_prog_")
-		if !ok || !strings.HasSuffix(tag, "_"+progName) {
+		if !strings.HasPrefix(sample[0], "bpf_prog_") || !strings.HasSuffix(sample[0], "_"+progName) {
 			return
 		}
-		tag = strings.TrimSuffix(tag, "_"+progName)
-		off := leafOff
-		t := table[tag]
+		own++
+		k := slices.IndexFunc(images, func(im *image) bool { return im.start <= leafIP && leafIP < im.end })
+		if k < 0 {
+			bySource[fmt.Sprintf("(no line table for the program at %x)", leafIP)]++
+			return
+		}
+		t := images[k].lines
+		off := int64(leafIP - images[k].start)
 		i, found := slices.BinarySearchFunc(t, off, func(l lineInfo, off int64) int { return cmp.Compare(l.off, off) })
 		if !found {
 			i--
 		}
-		src := "(no line table for program " + tag + ")"
-		if i >= 0 && len(t) > 0 {
+		src := "(before the first line)"
+		if i >= 0 {
 			src = t[i].line
 		}
-		own++
 		bySource[src]++
 	}
 	sc := bufio.NewScanner(in)
@@ -177,9 +203,9 @@ func report(linesPath string, in io.Reader, w io.Writer) error {
 		}
 		if m := frame.FindStringSubmatch(l); m != nil {
 			if len(sample) == 0 {
-				leafOff, _ = strconv.ParseInt(m[2], 16, 64)
+				leafIP, _ = strconv.ParseUint(m[1], 16, 64)
 			}
-			sample = append(sample, m[1])
+			sample = append(sample, m[2])
 		}
 	}
 	flush()
