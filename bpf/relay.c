@@ -710,66 +710,14 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	return action;
 }
 
-static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, struct input *in,
-					  struct udphdr *udp, __u32 *reason)
+/* peer_to_client's second half, once per client family (to_v4 a constant:
+ * each copy holds only its family's rewrite). */
+static __always_inline int p2c_out(struct xdp_md *ctx, struct cursor *c, struct input *in, struct udphdr *udp,
+				   __u32 *reason, struct binding_state *st, const struct p2c_binding *bind, __u32 gen,
+				   const int to_v4)
 {
-	if (in->family != AF_INET) {
-		/* Relays are IPv4: no binding can match an IPv6 peer. */
-		*reason = REASON_NO_PEER_BINDING;
-		return XDP_PASS;
-	}
-	/* The binding: from this CPU's flow cache while the entry stands for it,
-	 * else through the binding map (and cached). */
-	__u32 gen = fib_generation();
-	__be32 peer_addr = addr_v4(&in->saddr), relay_addr = addr_v4(&in->daddr);
-	struct binding_state *st = 0;
-	struct p2c_flow *f = 0;
-	struct p2c_binding v;
-	int hit = 0;
-	if (cfg.flow_cache && gen) {
-		__u64 h = flow_mix(cfg.flow_seed, ((__u64)peer_addr << 32) | relay_addr);
-		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 16) | udp->dest));
-		f = bpf_map_lookup_elem(&p2c_flows, &idx);
-	}
-	if (f && f->fib_gen == gen && f->peer_addr == peer_addr && f->relay_addr == relay_addr &&
-	    f->peer_port == udp->source && f->relay_port == udp->dest) {
-		__u32 id = f->bind.binding_id;
-		st = bpf_map_lookup_elem(&binding_states, &id);
-		hit = st && st->gen == f->bind.gen;
-	}
-	if (hit) {
-		v = f->bind;
-	} else {
-		struct p2c_key key = {};
-		key.peer_addr = in->saddr;
-		key.relay_addr = in->daddr;
-		key.peer_port = udp->source;
-		key.relay_port = udp->dest;
-		struct p2c_val *b = bpf_map_lookup_elem(&p2c_bindings, &key);
-		if (!b || !words_eq(&b->key, &key, sizeof(key) / 4)) {
-			*reason = REASON_NO_PEER_BINDING;
-			return XDP_PASS;
-		}
-		barrier();
-		v = b->bind;
-		barrier();
-		/* Still this binding's element (see c2p_val and client_to_peer). */
-		if (!words_eq(&b->key, &key, sizeof(key) / 4)) {
-			*reason = REASON_NO_PEER_BINDING;
-			return XDP_PASS;
-		}
-		st = bpf_map_lookup_elem(&binding_states, &v.binding_id);
-		if (f && st && st->gen == v.gen) {
-			f->peer_addr = peer_addr;
-			f->relay_addr = relay_addr;
-			f->peer_port = udp->source;
-			f->relay_port = udp->dest;
-			f->bind = v;
-			f->fib_gen = gen;
-		}
-	}
-	__u32 alloc_id = v.alloc_id;
-	int to_v4 = addr_is_v4(&v.client_addr);
+	__u32 alloc_id = bind->alloc_id;
+	struct p2c_binding v = *bind;
 	if (!st || (to_v4 ? addr_v4(&st->listener_addr) == 0 : addr_is_zero(&st->listener_addr))) {
 		*reason = REASON_CLIENT_ADDR_UNKNOWN;
 		return XDP_PASS;
@@ -861,6 +809,69 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	return action;
 }
 
+static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, struct input *in,
+					  struct udphdr *udp, __u32 *reason)
+{
+	if (in->family != AF_INET) {
+		/* Relays are IPv4: no binding can match an IPv6 peer. */
+		*reason = REASON_NO_PEER_BINDING;
+		return XDP_PASS;
+	}
+	/* The binding: from this CPU's flow cache while the entry stands for it,
+	 * else through the binding map (and cached). */
+	__u32 gen = fib_generation();
+	__be32 peer_addr = addr_v4(&in->saddr), relay_addr = addr_v4(&in->daddr);
+	struct binding_state *st = 0;
+	struct p2c_flow *f = 0;
+	struct p2c_binding v;
+	int hit = 0;
+	if (cfg.flow_cache && gen) {
+		__u64 h = flow_mix(cfg.flow_seed, ((__u64)peer_addr << 32) | relay_addr);
+		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 16) | udp->dest));
+		f = bpf_map_lookup_elem(&p2c_flows, &idx);
+	}
+	if (f && f->fib_gen == gen && f->peer_addr == peer_addr && f->relay_addr == relay_addr &&
+	    f->peer_port == udp->source && f->relay_port == udp->dest) {
+		__u32 id = f->bind.binding_id;
+		st = bpf_map_lookup_elem(&binding_states, &id);
+		hit = st && st->gen == f->bind.gen;
+	}
+	if (hit) {
+		v = f->bind;
+	} else {
+		struct p2c_key key = {};
+		key.peer_addr = in->saddr;
+		key.relay_addr = in->daddr;
+		key.peer_port = udp->source;
+		key.relay_port = udp->dest;
+		struct p2c_val *b = bpf_map_lookup_elem(&p2c_bindings, &key);
+		if (!b || !words_eq(&b->key, &key, sizeof(key) / 4)) {
+			*reason = REASON_NO_PEER_BINDING;
+			return XDP_PASS;
+		}
+		barrier();
+		v = b->bind;
+		barrier();
+		/* Still this binding's element (see c2p_val and client_to_peer). */
+		if (!words_eq(&b->key, &key, sizeof(key) / 4)) {
+			*reason = REASON_NO_PEER_BINDING;
+			return XDP_PASS;
+		}
+		st = bpf_map_lookup_elem(&binding_states, &v.binding_id);
+		if (f && st && st->gen == v.gen) {
+			f->peer_addr = peer_addr;
+			f->relay_addr = relay_addr;
+			f->peer_port = udp->source;
+			f->relay_port = udp->dest;
+			f->bind = v;
+			f->fib_gen = gen;
+		}
+	}
+	if (addr_is_v4(&v.client_addr))
+		return p2c_out(ctx, c, in, udp, reason, st, &v, gen, 1);
+	return p2c_out(ctx, c, in, udp, reason, st, &v, gen, 0);
+}
+
 static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 {
 	struct cursor c = {
@@ -891,6 +902,12 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 		in.l3_total = bpf_ntohs(ip->tot_len);
 		addr_set_v4(&in.saddr, ip->saddr);
 		addr_set_v4(&in.daddr, ip->daddr);
+		/* The paths are inlined once per family, each specialised for it:
+		 * a relayed packet runs (and fetches) only its family's code. */
+		if (is_listener_port(udp->dest))
+			return client_to_peer(ctx, &c, &in, udp, reason);
+		if (is_relay_port(udp->dest))
+			return peer_to_client(ctx, &c, &in, udp, reason);
 	} else {
 		struct ipv6hdr *ip6;
 		if ((r = parse_ipv6(&c, &ip6)) >= 0 ||
@@ -905,11 +922,11 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 		in.l3_total = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
 		__builtin_memcpy(in.saddr.b, &ip6->saddr, 16);
 		__builtin_memcpy(in.daddr.b, &ip6->daddr, 16);
+		if (is_listener_port(udp->dest))
+			return client_to_peer(ctx, &c, &in, udp, reason);
+		if (is_relay_port(udp->dest))
+			return peer_to_client(ctx, &c, &in, udp, reason);
 	}
-	if (is_listener_port(udp->dest))
-		return client_to_peer(ctx, &c, &in, udp, reason);
-	if (is_relay_port(udp->dest))
-		return peer_to_client(ctx, &c, &in, udp, reason);
 	*reason = REASON_NOT_OURS;
 	return XDP_PASS;
 }
