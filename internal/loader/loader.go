@@ -187,22 +187,18 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 
 // relaySpec reads the embedded relay object, or the one at path.
 func relaySpec(path string) (*ebpf.CollectionSpec, error) {
+	embedded, err := bpf.LoadRelay()
+	if err != nil {
+		return nil, fmt.Errorf("read program spec: %w", err)
+	}
 	if path == "" {
-		spec, err := bpf.LoadRelay()
-		if err != nil {
-			return nil, fmt.Errorf("read program spec: %w", err)
-		}
-		return spec, nil
+		return embedded, nil
 	}
 	spec, err := ebpf.LoadCollectionSpec(path)
 	if err != nil {
 		return nil, fmt.Errorf("read relay object %s: %w", path, err)
 	}
-	want, err := bpf.LoadRelay()
-	if err != nil {
-		return nil, fmt.Errorf("read program spec: %w", err)
-	}
-	for name, m := range want.Maps {
+	for name, m := range embedded.Maps {
 		// Sizes are the loader's; the layout must be the embedded one's,
 		// which the Go side writes.
 		got, ok := spec.Maps[name]

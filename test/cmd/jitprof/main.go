@@ -106,10 +106,7 @@ func programLines(w io.Writer, info *ebpf.ProgramInfo) error {
 	bw := bufio.NewWriter(w)
 	for i, li := range infos {
 		off := int64(addrs[i]) - int64(ksyms[0])
-		if off < 0 {
-			continue
-		}
-		if off >= int64(lens[0]) {
+		if off < 0 || off >= int64(lens[0]) {
 			continue // a subprogram's
 		}
 		fmt.Fprintf(bw, "%x:%x %x %s:%d %s\n", ksyms[0], lens[0], off, strings.TrimPrefix(li.Line.FileName(), "././"),
