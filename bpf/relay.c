@@ -640,7 +640,8 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	__builtin_memcpy((__u8 *)&to[3] + 2, &new_udp_len, 2);
 	if (is_partial(in, udp)) {
 		/* Nobody summed the data yet: sum the output from scratch. */
-		int ds = sum_data(ctx, (__u32)(c->pos - (void *)(long)ctx->data), data_len);
+		int ds = data_len <= SUM_INLINE_MAX ? sum_short(c->pos, c->end, data_len)
+						    : sum_data(ctx, (__u32)(c->pos - (void *)(long)ctx->data), data_len);
 		if (ds < 0) {
 			*reason = REASON_MALFORMED_CHANNEL_DATA;
 			return XDP_PASS;
@@ -776,7 +777,8 @@ static __always_inline int p2c_out(struct xdp_md *ctx, struct cursor *c, struct 
 	__builtin_memcpy(&to[n + 2], &channel, 2);
 	__builtin_memcpy((__u8 *)&to[n + 2] + 2, &cd_len, 2);
 	if (is_partial(in, udp)) {
-		int ds = sum_data(ctx, (__u32)(c->pos - (void *)(long)ctx->data), data_len);
+		int ds = data_len <= SUM_INLINE_MAX ? sum_short(c->pos, c->end, data_len)
+						    : sum_data(ctx, (__u32)(c->pos - (void *)(long)ctx->data), data_len);
 		if (ds < 0) {
 			*reason = REASON_MALFORMED_UDP;
 			return XDP_PASS;

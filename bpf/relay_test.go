@@ -302,8 +302,10 @@ func contractCases(e *env) []golden {
 		add("not-listener-address/"+dst, "a0", in.Marshal(), xdpPass, bpf.RelayReasonREASON_NOT_LISTENER_ADDR, nil)
 	}
 	// CHECKSUM_PARTIAL senders: the output carries a full checksum. Lengths
-	// around every chunk the program sums in.
-	for _, n := range []int{0, 1, 2, 3, 4, 5, 8, 16, 63, 64, 67, 100, 260, 511, 512, 513, 515, 1023, 1200, 1201} {
+	// around every chunk the program sums in, inline (sum_short, up to 255
+	// bytes) and in sum_data.
+	for _, n := range []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 63, 64, 67, 100, 127, 128, 254, 255, 256, 257, 260,
+		511, 512, 513, 515, 1023, 1200, 1201} {
 		for _, name := range []string{"redirect", "v6redirect"} {
 			b := bindings[name]
 			in := fromClient(b, map[string]string{"redirect": "10.100.0.1", "v6redirect": "fd00:100::1"}[name],

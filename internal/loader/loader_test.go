@@ -46,3 +46,30 @@ func TestObject(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifierBudget: the verifier walks the relay program in well under its
+// limit of 1M instructions, so that another kernel's verifier, which may prune
+// less, still loads it. The figure is logged: a program change shows what it
+// costs the verifier.
+func TestVerifierBudget(t *testing.T) {
+	testenv.RequireRoot(t)
+	cfg := loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 1024}
+	prog, err := loader.Load(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	info, err := prog.XDP().Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, ok := info.VerifiedInstructions()
+	if !ok {
+		t.Fatal("the kernel does not report verified instructions (5.16+)")
+	}
+	t.Logf("the verifier processed %d instructions", n)
+	const budget = 500_000
+	if n > budget {
+		t.Errorf("the verifier processed %d instructions, over the budget of %d (its limit is 1,000,000)", n, budget)
+	}
+}
