@@ -241,8 +241,10 @@ static __always_inline __u16 udp_csum_update(__u16 old, const __be32 *from, int 
 			sum += (__u32)~from[i];
 	}
 	sum = sum_words(to, nto, sum);
-	/* Subtracting x in ones' complement is adding ~x, and csum_fold(sub) is ~x. */
-	sum += csum_fold(sub);
+	/* Subtracting x in ones' complement is adding ~x, and csum_fold(sub) is ~x.
+	 * Nothing to subtract (csum_fold(0), negative zero) changes no result. */
+	if (sub)
+		sum += csum_fold(sub);
 	__u16 folded = csum_fold(sum);
 	/* RFC 768: a computed zero is sent as all ones. */
 	return folded == 0 ? 0xffff : folded;

@@ -91,9 +91,10 @@ static __always_inline int addr_eq(const struct addr *a, const struct addr *b)
 
 static __always_inline int is_listener_port(__be16 port)
 {
+	__u16 n = cfg.listener_port_count; /* cfg is volatile: read it once */
 #pragma unroll
 	for (int i = 0; i < MAX_LISTENER_PORTS; i++) {
-		if (i < cfg.listener_port_count && cfg.listener_ports[i] == port)
+		if (i < n && cfg.listener_ports[i] == port)
 			return 1;
 	}
 	return 0;
@@ -164,10 +165,9 @@ static __always_inline int hop_valid(const struct next_hop *h, __u32 gen, __u32 
 /* next_hop resolves the rewritten packet's next hop and fills in the MACs,
  * from the binding's cached one when it is still valid (gen 0: no cache). It
  * returns -1 when the packet can be forwarded, else the PASS reason. */
-static __always_inline int next_hop(struct xdp_md *ctx, struct rewrite *rw, struct binding_state *st,
-				    int c2p, __u32 gen)
+static __always_inline int next_hop(struct xdp_md *ctx, __u32 in_ifindex, struct rewrite *rw,
+				    struct binding_state *st, int c2p, __u32 gen)
 {
-	__u32 in_ifindex = ctx->ingress_ifindex;
 	struct next_hop *h = 0;
 	if (st && gen) {
 		int hit = 0;
@@ -205,7 +205,7 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct rewrite *rw, stru
 	fib.dport = rw->dport;
 	/* The whole packet against the MTU: for IPv6, stricter than payload-only. */
 	fib.tot_len = rw->len;
-	fib.ifindex = ctx->ingress_ifindex;
+	fib.ifindex = in_ifindex;
 	if (rw->family == AF_INET) {
 		fib.tos = rw->tos;
 		fib.ipv4_src = addr_v4(&rw->saddr);
@@ -236,7 +236,7 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct rewrite *rw, stru
 	__builtin_memcpy(rw->dmac, fib.dmac, ETH_ALEN);
 	__builtin_memcpy(rw->smac, fib.smac, ETH_ALEN);
 	rw->egress_ifindex = fib.ifindex;
-	if (fib.ifindex != ctx->ingress_ifindex) {
+	if (fib.ifindex != in_ifindex) {
 		__u32 ifindex = fib.ifindex;
 		if (!bpf_map_lookup_elem(&tx_ports, &ifindex))
 			return REASON_EGRESS_NOT_ATTACHED;
@@ -268,7 +268,7 @@ static __always_inline int next_hop(struct xdp_md *ctx, struct rewrite *rw, stru
  * ChannelData header) at the start of the resized packet and returns the XDP
  * action with its reason. ip4 is the IPv4 header to write for an IPv4 output
  * (its check is computed here); an IPv6 output is built from rw. */
-static __always_inline int emit(struct xdp_md *ctx, struct iphdr *ip4, struct rewrite *rw,
+static __always_inline int emit(struct xdp_md *ctx, __u32 in_ifindex, struct iphdr *ip4, struct rewrite *rw,
 				__be16 channel, __u16 data_len, int c2p, __u32 *reason)
 {
 	void *data = (void *)(long)ctx->data;
@@ -310,8 +310,17 @@ static __always_inline int emit(struct xdp_md *ctx, struct iphdr *ip4, struct re
 		eth->h_proto = bpf_htons(ETH_P_IPV6);
 		udp = (void *)(nip6 + 1);
 	}
-	__builtin_memcpy(eth->h_dest, rw->dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, rw->smac, ETH_ALEN);
+	/* In 16-bit words: struct ethhdr is packed, and clang copies it byte by
+	 * byte (24 instructions). The frame starts 2 bytes before a 4-byte
+	 * boundary (NET_IP_ALIGN), so wider stores would be misaligned. */
+	__u16 *mac = (__u16 *)eth;
+	const __u16 *dmac = (const __u16 *)rw->dmac, *smac = (const __u16 *)rw->smac;
+	mac[0] = dmac[0];
+	mac[1] = dmac[1];
+	mac[2] = dmac[2];
+	mac[3] = smac[0];
+	mac[4] = smac[1];
+	mac[5] = smac[2];
 
 	__u8 *cd = (void *)(udp + 1);
 	if ((void *)cd > data_end) {
@@ -331,7 +340,7 @@ static __always_inline int emit(struct xdp_md *ctx, struct iphdr *ip4, struct re
 		*(__be16 *)(cd + 2) = bpf_htons(data_len);
 	}
 
-	if (rw->egress_ifindex == ctx->ingress_ifindex) {
+	if (rw->egress_ifindex == in_ifindex) {
 		*reason = c2p ? REASON_RELAY_C2P_TX : REASON_RELAY_P2C_TX;
 		return XDP_TX;
 	}
@@ -419,6 +428,9 @@ struct input {
 	__u8 family;
 	__u8 tos;                 /* TOS or traffic class */
 	__u8 ttl;                 /* TTL or hop limit */
+	/* ctx->ingress_ifindex, read once at entry: clang may otherwise keep
+	 * its address, and the verifier refuses loads through a moved ctx. */
+	__u32 ifindex;
 };
 
 /* pseudo_words adds an address pair of the input or output to a checksum word
@@ -617,7 +629,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	rw.sport = relay_port;
 	rw.dport = peer_port;
 	rw.len = sizeof(struct iphdr) + sizeof(struct udphdr) + data_len;
-	r = next_hop(ctx, &rw, st, 1, gen);
+	r = next_hop(ctx, in->ifindex, &rw, st, 1, gen);
 	if (r >= 0) {
 		*reason = r;
 		return XDP_PASS;
@@ -705,7 +717,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		*reason = REASON_ADJUST_FAILED;
 		return XDP_PASS;
 	}
-	int action = emit(ctx, &ip4, &rw, channel, data_len, 1, reason);
+	int action = emit(ctx, in->ifindex, &ip4, &rw, channel, data_len, 1, reason);
 	if (action != XDP_DROP && st)
 		count_binding(st, 1, data_len);
 	return action;
@@ -717,8 +729,6 @@ static __always_inline int p2c_out(struct xdp_md *ctx, struct cursor *c, struct 
 				   __u32 *reason, struct binding_state *st, const struct p2c_binding *bind, __u32 gen,
 				   const int to_v4)
 {
-	__u32 alloc_id = bind->alloc_id;
-	struct p2c_binding v = *bind;
 	if (!st || (to_v4 ? addr_v4(&st->listener_addr) == 0 : addr_is_zero(&st->listener_addr))) {
 		*reason = REASON_CLIENT_ADDR_UNKNOWN;
 		return XDP_PASS;
@@ -751,21 +761,21 @@ static __always_inline int p2c_out(struct xdp_md *ctx, struct cursor *c, struct 
 	rw.tos = in->tos;
 	rw.ttl = in->ttl - 1;
 	rw.saddr = st->listener_addr;
-	rw.daddr = v.client_addr;
-	rw.sport = v.listener_port;
-	rw.dport = v.client_port;
+	rw.daddr = bind->client_addr;
+	rw.sport = bind->listener_port;
+	rw.dport = bind->client_port;
 	__u32 out_l3 = to_v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
 	rw.len = out_l3 + sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len;
-	int r = next_hop(ctx, &rw, st, 0, gen);
+	int r = next_hop(ctx, in->ifindex, &rw, st, 0, gen);
 	if (r >= 0) {
 		*reason = r;
 		return XDP_PASS;
 	}
 	const struct rate_limit *rl = limit_on();
-	if (rl && (r = over_limit(rl, alloc_id, data_len, reason)) >= 0)
+	if (rl && (r = over_limit(rl, bind->alloc_id, data_len, reason)) >= 0)
 		return r;
 
-	__be16 channel = v.channel;
+	__be16 channel = bind->channel;
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len);
 	__be16 cd_len = bpf_htons(data_len);
 	__be32 from[4] = {}, to[12] = {};
@@ -805,7 +815,7 @@ static __always_inline int p2c_out(struct xdp_md *ctx, struct cursor *c, struct 
 		*reason = REASON_ADJUST_FAILED;
 		return XDP_PASS;
 	}
-	int action = emit(ctx, &ip4, &rw, channel, data_len, 0, reason);
+	int action = emit(ctx, in->ifindex, &ip4, &rw, channel, data_len, 0, reason);
 	if (action != XDP_DROP)
 		count_binding(st, 0, data_len);
 	return action;
@@ -826,6 +836,9 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	struct binding_state *st = 0;
 	struct p2c_flow *f = 0;
 	struct p2c_binding v;
+	/* The binding: the flow entry's own (this CPU's, stable while the program
+	 * runs), or a copy of the hash map element's taken between checks. */
+	const struct p2c_binding *bind = &v;
 	int hit = 0;
 	if (cfg.flow_cache && gen) {
 		__u64 h = flow_mix(cfg.flow_seed, ((__u64)peer_addr << 32) | relay_addr);
@@ -839,7 +852,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		hit = st && st->gen == f->bind.gen;
 	}
 	if (hit) {
-		v = f->bind;
+		bind = &f->bind;
 	} else {
 		struct p2c_key key = {};
 		key.peer_addr = in->saddr;
@@ -869,9 +882,9 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 			f->fib_gen = gen;
 		}
 	}
-	if (addr_is_v4(&v.client_addr))
-		return p2c_out(ctx, c, in, udp, reason, st, &v, gen, 1);
-	return p2c_out(ctx, c, in, udp, reason, st, &v, gen, 0);
+	if (addr_is_v4(&bind->client_addr))
+		return p2c_out(ctx, c, in, udp, reason, st, bind, gen, 1);
+	return p2c_out(ctx, c, in, udp, reason, st, bind, gen, 0);
 }
 
 static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
@@ -886,6 +899,7 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 	__u16 proto;
 	int r;
 
+	in.ifindex = ctx->ingress_ifindex;
 	if ((r = parse_eth(&c, &eth, &proto)) >= 0) {
 		*reason = r;
 		return XDP_PASS;
