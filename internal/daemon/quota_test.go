@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,25 +26,33 @@ func startQuota(t *testing.T, userQuota, totalQuota int) (*Daemon, netip.AddrPor
 	if err != nil {
 		t.Fatal(err)
 	}
-	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
-	d, err := Start(Config{
-		Listeners: []config.ResolvedListener{
-			{Name: "udp", Protocol: config.UDP, Addr: listen},
-			{Name: "tcp", Protocol: config.TCP, Addr: listen},
-		},
-		Users:        map[string]string{"alice": "a", "bob": "b", "carol": "c"},
-		RelayAddress: netip.MustParseAddr("127.0.0.1"),
-		MinRelayPort: 61000, MaxRelayPort: 61999,
-		XDPMode:      loader.ModeOff,
-		UDPThreadNum: 4,
-		UserQuota:    userQuota, TotalQuota: totalQuota,
-		Logger: lf,
-	})
-	if err != nil {
-		t.Fatal(err)
+	// Another test (packages run in parallel) may take the port between
+	// freePort and the bind: then try another.
+	for try := 1; ; try++ {
+		listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+		d, err := Start(Config{
+			Listeners: []config.ResolvedListener{
+				{Name: "udp", Protocol: config.UDP, Addr: listen},
+				{Name: "tcp", Protocol: config.TCP, Addr: listen},
+			},
+			Users:        map[string]string{"alice": "a", "bob": "b", "carol": "c"},
+			RelayAddress: netip.MustParseAddr("127.0.0.1"),
+			MinRelayPort: 61000, MaxRelayPort: 61999,
+			XDPMode:      loader.ModeOff,
+			UDPThreadNum: 4,
+			UserQuota:    userQuota, TotalQuota: totalQuota,
+			Logger: lf,
+		})
+		if errors.Is(err, syscall.EADDRINUSE) && try < 5 {
+			t.Logf("port %d taken before the daemon bound it: %v", listen.Port(), err)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d, listen
 	}
-	t.Cleanup(func() { d.Close() })
-	return d, listen
 }
 
 // allocateAs allocates as user over a fresh UDP socket or TCP connection.

@@ -16,17 +16,30 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
 
-// freePort finds a UDP port on loopback that is free now: an ephemeral one,
-// so the tests' relay ranges lie above net.ipv4.ip_local_port_range
-// (32768-60999 by default).
+// freePort finds a port on loopback that is free now for both UDP and TCP
+// (the tests' listeners take both): an ephemeral one, so the tests' relay
+// ranges lie above net.ipv4.ip_local_port_range (32768-60999 by default).
+// TCP picks it: a UDP pick may be the source port of another test's TCP
+// connection. It can still be taken before the caller binds it (see
+// startQuota).
 func freePort(t testing.TB) uint16 {
 	t.Helper()
-	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 20 {
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		c, err := net.ListenPacket("udp4", netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)).String())
+		_ = l.Close()
+		if err != nil {
+			continue
+		}
+		_ = c.Close()
+		return uint16(port)
 	}
-	defer c.Close()
-	return uint16(c.LocalAddr().(*net.UDPAddr).Port)
+	t.Fatal("no port free for both UDP and TCP on 127.0.0.1")
+	return 0
 }
 
 func startOn(t *testing.T, listen netip.AddrPort, dir string) (*Daemon, *testenv.LockedBuffer, error) {
