@@ -9,7 +9,7 @@ TESTFLAGS ?= -count=1 -p 1 -timeout 40m
 # goroutines meet there; instrumenting the traffic tests would only slow them.
 RACEFLAGS ?= -race -short -count=1 -timeout 20m
 
-.PHONY: help generate check-generate build tools test test-short test-race test-modules fuzz-ci vet lint demo bench bench-smoke clean
+.PHONY: help generate check-generate check-repo build tools test test-short test-race test-modules fuzz-ci vet lint demo bench bench-smoke clean
 
 # golangci-lint is built from the module proxy at this version (go install
 # checks it against the checksum database); .golangci.yml configures it.
@@ -30,6 +30,14 @@ generate: ## rebuild the BPF object and its Go bindings with clang (bpf2go)
 
 check-generate: generate ## fail if `make generate` changes a committed file
 	@git diff --exit-code -- bpf/ || { echo "bpf/: generated files differ from the committed ones; run make generate and commit"; exit 1; }
+
+# A 49 MB binary was committed twice: no tracked file may exceed MAX_TRACKED_KB
+# outside testdata/ (fuzz corpora and captures may be large).
+MAX_TRACKED_KB ?= 1024
+
+check-repo: ## fail if a tracked file outside testdata/ is over 1 MB
+	@big=$$(git ls-files -z | grep -zv '/testdata/' | xargs -0 -r du -k --apparent-size | awk '$$1 > $(MAX_TRACKED_KB) {print $$2 " (" $$1 " KiB)"}'); \
+	if [ -n "$$big" ]; then echo "tracked files over $(MAX_TRACKED_KB) KiB (build outputs belong in .gitignore):"; echo "$$big"; exit 1; fi
 
 build: ## build bin/stunnerd-xdp
 	$(GO) build -o $(BIN)/stunnerd-xdp ./cmd/stunnerd-xdp
