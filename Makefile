@@ -39,8 +39,11 @@ check-repo: ## fail if a tracked file outside testdata/ is over 1 MB
 	@big=$$(git ls-files -z | grep -zv '/testdata/' | xargs -0 -r du -k --apparent-size | awk '$$1 > $(MAX_TRACKED_KB) {print $$2 " (" $$1 " KiB)"}'); \
 	if [ -n "$$big" ]; then echo "tracked files over $(MAX_TRACKED_KB) KiB (build outputs belong in .gitignore):"; echo "$$big"; exit 1; fi
 
-build: ## build bin/stunnerd-xdp
-	$(GO) build -o $(BIN)/stunnerd-xdp ./cmd/stunnerd-xdp
+# --version prints it; without it the binary reports its VCS revision.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+
+build: ## build bin/stunnerd-xdp (--version prints VERSION: git describe)
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/stunnerd-xdp ./cmd/stunnerd-xdp
 
 $(BIN)/turncat $(BIN)/stunnerd $(BIN)/stunnerd-v1.2.1:
 	test/tools/build.sh $(BIN)

@@ -78,7 +78,7 @@ type options struct {
 	maxAllocPPS, maxAllocBPS                             uint64
 	overLimit                                            string
 	forceReady, verbose, dryRun                          bool
-	shortcut                                             bool
+	shortcut, version                                    bool
 	udpThreadNum, userQuota, totalQuota, maxPermissions  int
 	gracePeriod                                          time.Duration
 	allowPeers, denyPeers, noOffloadPeers                prefixList
@@ -122,6 +122,10 @@ func main() {
 
 // errUsage is bad input on the command line (exit 2).
 var errUsage = errors.New("usage")
+
+// errVersion says --version was given: print it and exit 0, whatever else the
+// command line holds.
+var errVersion = errors.New("version")
 
 // parseFlags reads the command line and the environment stunnerd reads.
 func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error) {
@@ -174,6 +178,7 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.nodeName, "node-name", "", "`NODE` whose label stunner.l7mp.io/xdp-offload (enabled|disabled) attaches or detaches XDP live;\n"+
 		"empty: no label, --xdp-mode decides (default: $NODE_NAME; else $STUNNER_NODENAME, followed only when\nthe Kubernetes API answers)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig `FILE` for --node-name outside a cluster (default: in-cluster config)")
+	fs.BoolVar(&o.version, "version", false, "print the version (set by the build: release tag or VCS revision) and exit")
 	fs.DurationVar(&o.gracePeriod, "grace-period", time.Hour, "on SIGTERM or SIGINT, how long to drain: new allocations are refused,\nlive ones keep relaying until they end or this runs out; a second signal exits at once")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usageHead)
@@ -184,6 +189,9 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 			return o, fs, err
 		}
 		return o, fs, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if o.version {
+		return o, fs, errVersion
 	}
 	o.set = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
@@ -231,6 +239,10 @@ func run(args []string, stderr io.Writer) int {
 	}
 	o, fs, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if errors.Is(err, errVersion) {
+		fmt.Println(versionString())
 		return 0
 	}
 	if err != nil {

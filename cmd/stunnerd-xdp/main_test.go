@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/netip"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -122,5 +123,20 @@ func TestUsageAndBadInvocations(t *testing.T) {
 		if out.Len() == 0 {
 			t.Errorf("%v: no error message", args)
 		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	if code := run([]string{"--version", "turn://u:p@10.0.0.1:3478"}, io.Discard); code != 0 {
+		t.Fatalf("--version exit %d, want 0 whatever else the command line holds", code)
+	}
+	got := versionString()
+	if !strings.HasPrefix(got, "stunnerd-xdp ") || !strings.Contains(got, runtime.Version()) {
+		t.Errorf("versionString() = %q, want stunnerd-xdp VERSION and the Go version", got)
+	}
+	defer func(v string) { version = v }(version)
+	version = "v9.9.9-test"
+	if got := versionString(); !strings.HasPrefix(got, "stunnerd-xdp v9.9.9-test,") {
+		t.Errorf("with a link-time version: %q", got)
 	}
 }
