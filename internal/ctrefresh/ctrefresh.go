@@ -160,6 +160,13 @@ type Refresher struct {
 	// gone are the flows logged as having lost their entry, so that a flow
 	// is logged once per loss.
 	gone map[tuple]bool
+	// streams are the flows whose entry was a stream (SEEN_REPLY and
+	// ASSURED) at the last look, by the entry's reply tuple: a stream stays
+	// one, so the next refresh is a blind update of its timeout, without a
+	// look-up. Looking the entry up by its reply tuple also checks that it
+	// still translates as it did: an entry re-created to another endpoint
+	// has another reply tuple, and the update does not find it.
+	streams map[tuple]conntrack.Tuple
 
 	rounds, refreshed, clientMissing, peerMissing, elsewhere, skipped, errs atomic.Uint64
 }
@@ -183,6 +190,7 @@ func New(cfg Config) *Refresher {
 	r := &Refresher{
 		log: cfg.Log, now: cfg.Now, timeouts: cfg.Timeouts, dial: cfg.Dial, isLocal: cfg.IsLocal,
 		last: map[channelmap.Key]channelmap.Stats{}, firstSeen: map[uint32]time.Time{}, gone: map[tuple]bool{},
+		streams: map[tuple]conntrack.Tuple{},
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
@@ -319,6 +327,10 @@ type want struct {
 func (r *Refresher) Round(bindings []channelmap.Live, to Timeouts) error {
 	wants := r.advanced(bindings)
 	if len(wants) == 0 {
+		// Nothing relayed: what was known of the flows is stale by the
+		// next time they are.
+		clear(r.streams)
+		clear(r.gone)
 		return nil
 	}
 	if r.table == nil {
@@ -334,9 +346,10 @@ func (r *Refresher) Round(bindings []channelmap.Live, to Timeouts) error {
 	r.rounds.Add(1)
 	now := r.now()
 	seen := make(map[uint32]time.Time, len(r.firstSeen))
+	streams := make(map[tuple]conntrack.Tuple, len(r.streams))
 	var errs []error
 	for tp, w := range wants {
-		if err := r.refresh(tp, w, to, now, seen); err != nil {
+		if err := r.refresh(tp, w, to, now, seen, streams); err != nil {
 			r.errs.Add(1)
 			errs = append(errs, err)
 			if !errors.Is(err, unix.EBUSY) {
@@ -347,6 +360,7 @@ func (r *Refresher) Round(bindings []channelmap.Live, to Timeouts) error {
 		}
 	}
 	r.firstSeen = seen
+	r.streams = streams // a flow idle for a look is looked up again
 	for tp := range r.gone {
 		if wants[tp] == nil {
 			delete(r.gone, tp) // the flow stopped, or its binding went
@@ -396,7 +410,20 @@ func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr()
 
 // refresh looks the flow's entry up and sets its timeout as the kernel would
 // have on the packets the kernel path relayed.
-func (r *Refresher) refresh(tp tuple, w *want, to Timeouts, now time.Time, seen map[uint32]time.Time) error {
+func (r *Refresher) refresh(tp tuple, w *want, to Timeouts, now time.Time, seen map[uint32]time.Time,
+	streams map[tuple]conntrack.Tuple) error {
+	if reply, ok := r.streams[tp]; ok {
+		err := r.table.Update(conntrack.Flow{TupleReply: reply, Timeout: uint32(to.Stream / time.Second)})
+		if err == nil {
+			streams[tp] = reply
+			r.refreshed.Add(1)
+			return nil
+		}
+		if !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("conntrack update %v->%v: %w", tp.src, tp.dst, err)
+		}
+		// Gone, or re-created with another translation: look it up.
+	}
 	q := conntrack.NewFlow(unix.IPPROTO_UDP, 0, tp.src.Addr(), tp.dst.Addr(), tp.src.Port(), tp.dst.Port(), 0, 0)
 	e, err := r.table.Get(q)
 	if errors.Is(err, unix.ENOENT) {
@@ -439,6 +466,11 @@ func (r *Refresher) refresh(tp tuple, w *want, to Timeouts, now time.Time, seen 
 		return fmt.Errorf("conntrack update %v->%v: %w", tp.src, tp.dst, err)
 	}
 	r.refreshed.Add(1)
+	final := conntrack.StatusSeenReply | conntrack.StatusAssured
+	if st := e.Status | upd.Status; st&final == final && upd.Timeout == uint32(to.Stream/time.Second) &&
+		!e.TupleReply.IP.IsIPv6() { // conntrack.Update takes a reply tuple alone only for IPv4
+		streams[tp] = e.TupleReply
+	}
 	return nil
 }
 

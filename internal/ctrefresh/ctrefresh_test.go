@@ -111,6 +111,10 @@ type fakeTable struct {
 	// dnat translates destinations as a DNAT rule would: the reply comes
 	// from the target.
 	dnat map[netip.AddrPort]netip.AddrPort
+	// status is every entry's; noReply makes an update by a reply tuple
+	// from these sources fail with ENOENT (the entry re-created elsewhere).
+	status  conntrack.Status
+	noReply map[netip.AddrPort]bool
 }
 
 func (f *fakeTable) Get(q conntrack.Flow) (conntrack.Flow, error) {
@@ -122,12 +126,73 @@ func (f *fakeTable) Get(q conntrack.Flow) (conntrack.Flow, error) {
 	if to, ok := f.dnat[dst]; ok {
 		q.TupleReply.IP.SourceAddress, q.TupleReply.Proto.SourcePort = to.Addr(), to.Port()
 	}
+	q.Status = f.status
 	return q, nil
 }
 
 func (f *fakeTable) Update(u conntrack.Flow) error {
 	f.updates = append(f.updates, u)
+	if !u.TupleOrig.IP.SourceAddress.IsValid() &&
+		f.noReply[netip.AddrPortFrom(u.TupleReply.IP.SourceAddress, u.TupleReply.Proto.SourcePort)] {
+		return unix.ENOENT
+	}
 	return nil
+}
+
+// TestRoundStreams: an entry found a stream is refreshed by a blind update of
+// its reply tuple from then on (one request instead of two); when that finds
+// nothing (the entry re-created with another translation), the refresher
+// looks the flow up again, and a flow idle for a look is looked up again.
+func TestRoundStreams(t *testing.T) {
+	if _, err := os.Stat("/proc/sys/net/netfilter/nf_conntrack_count"); err != nil {
+		t.Skip("the refresher dials only where conntrack is loaded")
+	}
+	vip := netip.MustParseAddrPort("10.96.1.1:3478")
+	listener := netip.MustParseAddrPort("10.0.0.1:3478")
+	ft := &fakeTable{dnat: map[netip.AddrPort]netip.AddrPort{vip: listener}, noReply: map[netip.AddrPort]bool{},
+		status: conntrack.StatusConfirmed | conntrack.StatusSeenReply | conntrack.StatusAssured}
+	r := New(Config{Dial: func() (Table, func() error, error) { return ft, nil, nil }})
+	b := channelmap.Binding{
+		Client: netip.MustParseAddrPort("10.1.0.2:40000"), Listener: listener, Channel: 0x4000,
+		Peer: netip.MustParseAddrPort("10.2.0.2:5000"), Relay: netip.MustParseAddrPort("10.0.0.1:50000"), ReplySource: vip.Addr(),
+	}
+	var n uint64
+	round := func() (gets, blind int) {
+		t.Helper()
+		ft.got, ft.updates = nil, nil
+		n++
+		if err := r.Round([]channelmap.Live{{Binding: b, Stats: channelmap.Stats{ClientToPeerPackets: n}}}, defaults); err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range ft.updates {
+			if !u.TupleOrig.IP.SourceAddress.IsValid() {
+				blind++
+				if u.Timeout != uint32(defaults.Stream/time.Second) {
+					t.Errorf("blind update with timeout %d", u.Timeout)
+				}
+			}
+		}
+		return len(ft.got), blind
+	}
+	if gets, blind := round(); gets != 2 || blind != 0 {
+		t.Fatalf("first look: %d look-ups, %d blind updates; want 2, 0", gets, blind)
+	}
+	if gets, blind := round(); gets != 0 || blind != 2 {
+		t.Fatalf("streams: %d look-ups, %d blind updates; want 0, 2", gets, blind)
+	}
+	// The client's entry re-created to the listener no more: the blind
+	// update misses, the look-up finds it leading elsewhere.
+	ft.noReply[listener] = true
+	ft.dnat[vip] = netip.MustParseAddrPort("10.3.0.7:3478")
+	if gets, blind := round(); gets != 1 || blind != 2 || r.Stats().Elsewhere != 1 {
+		t.Fatalf("re-created elsewhere: %d look-ups, %d blind updates, %d elsewhere; want 1, 2, 1", gets, blind, r.Stats().Elsewhere)
+	}
+	// Idle for a look: looked up again.
+	n--
+	round()
+	if gets, blind := round(); gets != 2 || blind != 0 {
+		t.Fatalf("after an idle look: %d look-ups, %d blind updates; want 2, 0", gets, blind)
+	}
 }
 
 // TestRoundAdvanced: only the flows of bindings whose counters moved since the
