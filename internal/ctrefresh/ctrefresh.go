@@ -176,7 +176,8 @@ type Config struct {
 	Log *slog.Logger
 	// Timeouts reads the UDP timeouts (ReadTimeouts).
 	Timeouts func() (Timeouts, error)
-	// Dial opens ctnetlink in the calling thread's network namespace.
+	// Dial opens ctnetlink in the calling thread's network namespace; a
+	// nil Table (and no error) when conntrack is not loaded there.
 	Dial func() (Table, func() error, error)
 	// IsLocal tells whether an address is this node's (a wildcard
 	// listener's entries lead to one of them); net.InterfaceAddrs by default.
@@ -203,6 +204,11 @@ func New(cfg Config) *Refresher {
 	}
 	if r.dial == nil {
 		r.dial = func() (Table, func() error, error) {
+			if _, err := os.Stat(natcheck.CountSysctl); err != nil {
+				// Not loaded: no entries, and a ctnetlink request would
+				// load it.
+				return nil, nil, nil
+			}
 			c, err := conntrack.Dial(&netlink.Config{})
 			if err != nil {
 				return nil, nil, err
@@ -334,12 +340,12 @@ func (r *Refresher) Round(bindings []channelmap.Live, to Timeouts) error {
 		return nil
 	}
 	if r.table == nil {
-		if _, err := os.Stat(natcheck.CountSysctl); err != nil {
-			return nil // conntrack not loaded: no entries; don't load it
-		}
 		t, closeConn, err := r.dial()
 		if err != nil {
 			return fmt.Errorf("conntrack netlink: %w", err)
+		}
+		if t == nil {
+			return nil // conntrack not loaded: no entries
 		}
 		r.table, r.closeConn = t, closeConn
 	}
