@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -255,5 +256,48 @@ func TestRoundAdvanced(t *testing.T) {
 	round(channelmap.Live{Binding: lb, Stats: channelmap.Stats{ClientToPeerPackets: 12, PeerToClientPackets: 2}})
 	if len(ft.updates) != 1 || r.Stats().Elsewhere != 1 {
 		t.Fatalf("updates %v, %d entries elsewhere; want the peer's update and 1", ft.updates, r.Stats().Elsewhere)
+	}
+}
+
+// TestRun: the loop looks at the interval the timeouts call for, reads no
+// conntrack while the kernel path relays nothing, and refreshes once it does.
+func TestRun(t *testing.T) {
+	ft := &fakeTable{}
+	var dials atomic.Int32
+	r := New(Config{
+		Timeouts: func() (Timeouts, error) { return Timeouts{Unreplied: time.Second, Stream: time.Second}, nil },
+		Dial:     func() (Table, func() error, error) { dials.Add(1); return ft, nil, nil },
+	})
+	b := channelmap.Binding{
+		Client: netip.MustParseAddrPort("10.1.0.2:40000"), Listener: netip.MustParseAddrPort("10.0.0.1:3478"),
+		Channel: 0x4000, Peer: netip.MustParseAddrPort("10.2.0.2:5000"), Relay: netip.MustParseAddrPort("10.0.0.1:50000"),
+	}
+	looks := make(chan bool, 100)
+	var n uint64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(done)
+		r.Run(stop, func() ([]channelmap.Live, bool, error) {
+			n++
+			attached := n > 2 // the first two looks: XDP not attached
+			looks <- attached
+			return []channelmap.Live{{Binding: b, Stats: channelmap.Stats{ClientToPeerPackets: n}}}, attached, nil
+		})
+	}()
+	for i := 0; i < 4; i++ {
+		if attached := <-looks; !attached && dials.Load() != 0 {
+			t.Fatalf("look %d: dialled conntrack while nothing was attached", i)
+		}
+	}
+	close(stop)
+	<-done
+	// 1 s timeouts: a look every MinInterval (a quarter would be less).
+	if d := time.Since(start); d < 4*MinInterval {
+		t.Errorf("4 looks in %v: faster than every %v", d, MinInterval)
+	}
+	if dials.Load() != 1 || r.Stats().Refreshed == 0 {
+		t.Errorf("%d dials, stats %+v: want one dial and refreshes once attached", dials.Load(), r.Stats())
 	}
 }
