@@ -169,6 +169,7 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			bpf.RelayMapFibGen:        reuse.FibGen,
 			bpf.RelayMapRateLimits:    reuse.RateLimits,
 			bpf.RelayMapAllocRates:    reuse.AllocRates,
+			bpf.RelayMapDevCaps:       reuse.DevCaps,
 			// Entries are self-describing: the new seed only moves where
 			// a key's entry is looked for.
 			bpf.RelayMapC2pFlows: reuse.C2pFlows,
