@@ -145,84 +145,98 @@ type Event struct {
 	Features Act
 }
 
+// Watcher delivers the family's notifications; Close ends it.
+type Watcher struct {
+	c    *genetlink.Conn
+	stop chan struct{}
+	done chan struct{}
+}
+
 // Watch calls fn for every notification of the family in the calling thread's
-// network namespace until stop is closed, from a goroutine of its own (never
-// concurrently). It returns once subscribed: a change after Watch returned is
-// seen. ErrUnsupported (wrapped): the kernel sends none.
-func Watch(stop <-chan struct{}, fn func(Event)) error {
+// network namespace, from a goroutine of its own (never concurrently), until
+// Close. It returns once subscribed: a change after Watch returned is seen.
+// ErrUnsupported (wrapped): the kernel sends none.
+func Watch(fn func(Event)) (*Watcher, error) {
 	c, err := genetlink.Dial(nil)
 	if err != nil {
-		return fmt.Errorf("generic netlink: %w", err)
+		return nil, fmt.Errorf("generic netlink: %w", err)
 	}
 	f, err := c.GetFamily(familyName)
 	if err != nil {
 		c.Close()
 		if errors.Is(err, os.ErrNotExist) {
-			return ErrUnsupported
+			return nil, ErrUnsupported
 		}
-		return fmt.Errorf("generic netlink family %s: %w", familyName, err)
+		return nil, fmt.Errorf("generic netlink family %s: %w", familyName, err)
 	}
 	joined := false
 	for _, g := range f.Groups {
 		if g.Name == mgmtGroup {
 			if err := c.JoinGroup(g.ID); err != nil {
 				c.Close()
-				return fmt.Errorf("join %s/%s: %w", familyName, mgmtGroup, err)
+				return nil, fmt.Errorf("join %s/%s: %w", familyName, mgmtGroup, err)
 			}
 			joined = true
 		}
 	}
 	if !joined {
 		c.Close()
-		return ErrUnsupported
+		return nil, ErrUnsupported
 	}
-	go func() {
-		defer c.Close()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
+	w := &Watcher{c: c, stop: make(chan struct{}), done: make(chan struct{})}
+	go w.run(fn)
+	return w, nil
+}
+
+// Close stops the watcher and waits for its goroutine: fn is not called after
+// Close returned.
+func (w *Watcher) Close() error {
+	close(w.stop)
+	err := w.c.Close() // a blocked Receive returns
+	<-w.done
+	return err
+}
+
+func (w *Watcher) run(fn func(Event)) {
+	defer close(w.done)
+	for {
+		msgs, _, err := w.c.Receive()
+		select {
+		case <-w.stop:
+			return
+		default:
+		}
+		if err != nil {
+			fn(Event{Kind: Lost})
+			if !errors.Is(err, unix.ENOBUFS) {
+				select { // a broken socket: do not spin
+				case <-w.stop:
+					return
+				case <-time.After(time.Second):
+				}
 			}
-			// Receive returns at least this often to look at stop.
-			_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-			msgs, _, err := c.Receive()
-			if err != nil {
-				if errors.Is(err, os.ErrDeadlineExceeded) {
-					continue
-				}
-				fn(Event{Kind: Lost})
-				if !errors.Is(err, unix.ENOBUFS) {
-					select { // a broken socket: do not spin
-					case <-stop:
-						return
-					case <-time.After(time.Second):
-					}
-				}
+			continue
+		}
+		for _, m := range msgs {
+			var k Kind
+			switch m.Header.Command {
+			case cmdDevAddNtf:
+				k = Added
+			case cmdDevDelNtf:
+				k = Deleted
+			case cmdDevChangeNtf:
+				k = Changed
+			default:
 				continue
 			}
-			for _, m := range msgs {
-				var k Kind
-				switch m.Header.Command {
-				case cmdDevAddNtf:
-					k = Added
-				case cmdDevDelNtf:
-					k = Deleted
-				case cmdDevChangeNtf:
-					k = Changed
-				default:
-					continue
-				}
-				d, err := parseDev(m.Data)
-				if err != nil {
-					fn(Event{Kind: Lost})
-					continue
-				}
-				fn(Event{Kind: k, Ifindex: d.Ifindex, Features: d.Features})
+			d, err := parseDev(m.Data)
+			if err != nil {
+				fn(Event{Kind: Lost})
+				continue
 			}
+			fn(Event{Kind: k, Ifindex: d.Ifindex, Features: d.Features})
 		}
-	}()
-	return nil
+	}
 }
 
 type dev struct {

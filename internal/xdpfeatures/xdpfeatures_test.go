@@ -32,8 +32,7 @@ func TestVethFollowsItsPeer(t *testing.T) {
 		near, far int
 	)
 	events := make(chan xdpfeatures.Event, 64)
-	stop := make(chan struct{})
-	defer close(stop)
+	var w *xdpfeatures.Watcher
 	err = ns.Do(func() error {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "near"}, PeerName: "far"}); err != nil {
 			return err
@@ -51,12 +50,14 @@ func TestVethFollowsItsPeer(t *testing.T) {
 		if c, err = xdpfeatures.Dial(); err != nil {
 			return err
 		}
-		return xdpfeatures.Watch(stop, func(e xdpfeatures.Event) { events <- e })
+		w, err = xdpfeatures.Watch(func(e xdpfeatures.Event) { events <- e })
+		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	defer w.Close()
 
 	get := func() xdpfeatures.Act {
 		t.Helper()
