@@ -316,19 +316,24 @@ func TestRedirectIntoVethWithoutXDP(t *testing.T) {
 	}
 	clientConn, listenerConn, peerConn := listen(client, b.Client), listen(srv, listener), listen(peer, b.Peer)
 
+	snapshot := func() ([]uint64, channelmap.Stats) {
+		t.Helper()
+		v, err := maps.Verdicts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := maps.Totals()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v, s
+	}
 	// round sends n ChannelData messages and reports what arrived where and
 	// what the program counted.
 	const n = 200
 	round := func(name string) (atListener, atPeer int, relayed, noXmit uint64) {
 		t.Helper()
-		v0, err := maps.Verdicts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s0, err := maps.Totals()
-		if err != nil {
-			t.Fatal(err)
-		}
+		v0, s0 := snapshot()
 		msg := packet.ChannelData(b.Channel, []byte("media-payload-0123456789"), nil)
 		for i := 0; i < n; i++ {
 			if _, err := clientConn.WriteToUDPAddrPort(msg, listener); err != nil {
@@ -350,14 +355,7 @@ func TestRedirectIntoVethWithoutXDP(t *testing.T) {
 			}
 		}
 		atListener, atPeer = count(listenerConn), count(peerConn)
-		v1, err := maps.Verdicts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s1, err := maps.Totals()
-		if err != nil {
-			t.Fatal(err)
-		}
+		v1, s1 := snapshot()
 		relayed = s1.ClientToPeerPackets - s0.ClientToPeerPackets
 		noXmit = v1[bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT] - v0[bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT]
 		t.Logf("%s: %d sent, %d at the listener (stack), %d at the peer, %d counted relayed, %d pass_egress_no_xdp_xmit",
