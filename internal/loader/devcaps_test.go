@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
@@ -203,23 +204,52 @@ func TestDevCapsFollowTheDevices(t *testing.T) {
 	}
 }
 
-// TestRedirectIntoVethWithoutXDP: real traffic. The program runs natively on
-// the client's and the peer's veths; the peer's veth leads into a namespace
-// (a pod) that runs no XDP. Client->peer ChannelData must not be redirected
-// there (the veth would drop it after the program returned): it reaches the
-// stack (here the listener's socket: pion/turn's path), its verdict is
-// pass_egress_no_xdp_xmit and nothing is counted as relayed. Once the pod's
-// end runs an XDP program, the same packets are relayed and every one
-// counted arrives. Attached generically, the client's veth redirects through
-// the skb path, which the pod's veth takes without XDP.
-func TestRedirectIntoVethWithoutXDP(t *testing.T) {
+// relayRig is a server namespace with the program on two veths: c0 to a
+// client's namespace, p0 to a peer's (a pod: no XDP at its end), a binding
+// between them, and sockets at the client, the listener, the relay address
+// (what the stack hands pion/turn) and the peer.
+type relayRig struct {
+	srv, client, peer *testenv.NSWorker
+	prog              *loader.Program
+	maps              *channelmap.Maps
+	b                 channelmap.Binding
+	listener          netip.AddrPort
+	podIdx            int
+
+	clientConn, listenerConn, peerConn, relayConn *net.UDPConn
+}
+
+// snapshot reads the verdict counters and the per-binding totals.
+func (r *relayRig) snapshot(t *testing.T) ([]uint64, channelmap.Stats) {
+	t.Helper()
+	v, err := r.maps.Verdicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := r.maps.Totals()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, s
+}
+
+func setMTU(dev string, mtu int) error {
+	l, err := netlink.LinkByName(dev)
+	if err != nil {
+		return err
+	}
+	return netlink.LinkSetMTU(l, mtu)
+}
+
+func newRelayRig(t *testing.T, clientMode, peerMode loader.Mode, clientMTU int) *relayRig {
+	t.Helper()
 	testenv.RequireRoot(t)
 	srv, client, peer := testenv.NewNSWorker(t), testenv.NewNSWorker(t), testenv.NewNSWorker(t)
 	prog, err := loader.Load(testCfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer prog.Close()
+	t.Cleanup(func() { prog.Close() })
 	if _, err := vethPair(srv, "c0", "c1", client); err != nil {
 		t.Fatal(err)
 	}
@@ -282,8 +312,14 @@ func TestRedirectIntoVethWithoutXDP(t *testing.T) {
 				return err
 			}
 		}
-		for _, dev := range []string{"c0", "p0"} {
-			if _, err := prog.Attach(dev, loader.ModeNative); err != nil {
+		if err := setMTU("c0", clientMTU); err != nil {
+			return err
+		}
+		if err := client.Do(func() error { return setMTU("c1", clientMTU) }); err != nil {
+			return err
+		}
+		for dev, mode := range map[string]loader.Mode{"c0": clientMode, "p0": peerMode} {
+			if _, err := prog.Attach(dev, mode); err != nil {
 				return err
 			}
 		}
@@ -314,20 +350,26 @@ func TestRedirectIntoVethWithoutXDP(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	clientConn, listenerConn, peerConn := listen(client, b.Client), listen(srv, listener), listen(peer, b.Peer)
+	return &relayRig{srv: srv, client: client, peer: peer, prog: prog, maps: maps, b: b, listener: listener, podIdx: podIdx,
+		clientConn: listen(client, b.Client), listenerConn: listen(srv, listener), peerConn: listen(peer, b.Peer),
+		relayConn: listen(srv, b.Relay)}
+}
 
-	snapshot := func() ([]uint64, channelmap.Stats) {
-		t.Helper()
-		v, err := maps.Verdicts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := maps.Totals()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v, s
-	}
+// TestRedirectIntoVethWithoutXDP: real traffic. The program runs natively on
+// the client's and the peer's veths; the peer's veth leads into a namespace
+// (a pod) that runs no XDP. Client->peer ChannelData must not be redirected
+// there (the veth would drop it after the program returned): it reaches the
+// stack (here the listener's socket: pion/turn's path), its verdict is
+// pass_egress_no_xdp_xmit and nothing is counted as relayed. Once the pod's
+// end runs an XDP program, the same packets are relayed and every one
+// counted arrives. Attached generically, the client's veth redirects through
+// the skb path, which the pod's veth takes without XDP.
+func TestRedirectIntoVethWithoutXDP(t *testing.T) {
+	r := newRelayRig(t, loader.ModeNative, loader.ModeNative, 1500)
+	prog, b, listener, podIdx := r.prog, r.b, r.listener, r.podIdx
+	clientConn, listenerConn, peerConn := r.clientConn, r.listenerConn, r.peerConn
+	srv, peer := r.srv, r.peer
+	snapshot := func() ([]uint64, channelmap.Stats) { return r.snapshot(t) }
 	// round sends n ChannelData messages and reports what arrived where and
 	// what the program counted.
 	const n = 200
@@ -408,5 +450,58 @@ func TestRedirectIntoVethWithoutXDP(t *testing.T) {
 	atListener, atPeer, relayed, noXmit = round("generic ingress, pod without XDP")
 	if atListener != 0 || atPeer != n || relayed != n || noXmit != 0 {
 		t.Errorf("want all %d relayed through the skb path, counted and at the peer", n)
+	}
+}
+
+// TestGSOSuperPacketPasses: a peer in a pod sends one UDP GSO super-packet
+// (UDP_SEGMENT: three 1,000-byte datagrams in one skb) over its veth; generic
+// XDP on the host side sees it as one 3,028-byte datagram, over the ingress
+// MTU of 1,500. It must pass (pass_ingress_over_mtu): the stack segments it and
+// the relay socket (pion/turn's) gets three datagrams, the client no
+// 3,004-byte ChannelData, nothing counted. The client's side has an MTU of
+// 9,000, so only the ingress check stands between the super-packet and the
+// client.
+func TestGSOSuperPacketPasses(t *testing.T) {
+	r := newRelayRig(t, loader.ModeGeneric, loader.ModeGeneric, 9000)
+	// The client's ChannelData teaches the program the reply source.
+	if _, err := r.clientConn.WriteToUDPAddrPort(packet.ChannelData(r.b.Channel, []byte("hello"), nil), r.listener); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 65536)
+	_ = r.peerConn.SetReadDeadline(time.Now().Add(time.Second))
+	if _, _, err := r.peerConn.ReadFromUDPAddrPort(buf); err != nil {
+		t.Fatalf("the client's first ChannelData did not reach the peer: %v", err)
+	}
+	v0, s0 := r.snapshot(t)
+	// One sendmsg, one skb: segment size 1,000, 3,000 bytes.
+	raw, err := r.peerConn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_SEGMENT, 1000) }); err != nil || serr != nil {
+		t.Fatalf("UDP_SEGMENT: %v %v", err, serr)
+	}
+	if _, err := r.peerConn.WriteToUDPAddrPort(make([]byte, 3000), r.b.Relay); err != nil {
+		t.Fatal(err)
+	}
+	read := func(c *net.UDPConn) []int {
+		var sizes []int
+		for {
+			_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			n, _, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return sizes
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	atRelay, atClient := read(r.relayConn), read(r.clientConn)
+	v1, s1 := r.snapshot(t)
+	over := v1[bpf.RelayReasonREASON_INGRESS_OVER_MTU] - v0[bpf.RelayReasonREASON_INGRESS_OVER_MTU]
+	counted := s1.PeerToClientPackets - s0.PeerToClientPackets
+	t.Logf("relay socket got %v, client got %v, pass_ingress_over_mtu %d, counted %d", atRelay, atClient, over, counted)
+	if len(atRelay) != 3 || atRelay[0] != 1000 || len(atClient) != 0 || over != 1 || counted != 0 {
+		t.Error("want three 1000-byte datagrams at the relay socket, nothing at the client, one pass_ingress_over_mtu, nothing counted")
 	}
 }
