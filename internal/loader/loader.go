@@ -1,7 +1,12 @@
 // Package loader loads the XDP relay program, attaches it to interfaces through
 // bpf_links held by this process (a crash closes them and so detaches the
 // program), and detaches it again. It detects what each interface supports by
-// trying: native first, then generic, then nothing (the userspace path).
+// trying: native first, then generic, then nothing (the userspace path). From
+// the first attachment on it keeps the program's view of the namespace's
+// devices live (dev_caps: the attachment modes, which devices transmit XDP
+// frames, MTUs; devcaps.go) and the FIB generation moving (fibwatch.go).
+// Attach every interface from one network namespace: both follow the first
+// attachment's.
 package loader
 
 import (
