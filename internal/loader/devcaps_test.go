@@ -233,6 +233,19 @@ func (r *relayRig) snapshot(t *testing.T) ([]uint64, channelmap.Stats) {
 	return v, s
 }
 
+// drain counts the datagrams that arrive at c until none came for 300 ms.
+func drain(c *net.UDPConn) int {
+	got := 0
+	buf := make([]byte, 2048)
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+			return got
+		}
+		got++
+	}
+}
+
 func setMTU(dev string, mtu int) error {
 	l, err := netlink.LinkByName(dev)
 	if err != nil {
@@ -385,18 +398,7 @@ func TestRedirectIntoVethWithoutXDP(t *testing.T) {
 				time.Sleep(time.Millisecond) // stay within the sockets' buffers
 			}
 		}
-		count := func(c *net.UDPConn) int {
-			got := 0
-			buf := make([]byte, 2048)
-			for {
-				_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-				if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
-					return got
-				}
-				got++
-			}
-		}
-		atListener, atPeer = count(listenerConn), count(peerConn)
+		atListener, atPeer = drain(listenerConn), drain(peerConn)
 		v1, s1 := snapshot()
 		relayed = s1.ClientToPeerPackets - s0.ClientToPeerPackets
 		noXmit = v1[bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT] - v0[bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT]
@@ -412,6 +414,28 @@ func TestRedirectIntoVethWithoutXDP(t *testing.T) {
 	atListener, atPeer, relayed, noXmit := round("pod without XDP")
 	if atListener != n || atPeer != 0 || relayed != 0 || noXmit != n {
 		t.Errorf("want all %d at the listener, none relayed or counted, %d pass_egress_no_xdp_xmit", n, n)
+	}
+	// The reverse direction: the client's veth leads to a namespace without
+	// XDP too. The reply source was learned from the ChannelData above.
+	{
+		v0, s0 := snapshot()
+		for i := 0; i < n; i++ {
+			if _, err := peerConn.WriteToUDPAddrPort([]byte("media-from-the-peer"), b.Relay); err != nil {
+				t.Fatal(err)
+			}
+			if i%20 == 19 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		atRelay, atClient := drain(r.relayConn), drain(clientConn)
+		v1, s1 := snapshot()
+		counted := s1.PeerToClientPackets - s0.PeerToClientPackets
+		noXmit := v1[bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT] - v0[bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT]
+		t.Logf("peer->client, client without XDP: %d sent, %d at the relay socket (stack), %d at the client, %d counted relayed, %d pass_egress_no_xdp_xmit",
+			n, atRelay, atClient, counted, noXmit)
+		if atRelay != n || atClient != 0 || counted != 0 || noXmit != n {
+			t.Errorf("want all %d at the relay socket, none relayed or counted, %d pass_egress_no_xdp_xmit", n, n)
+		}
 	}
 
 	// An XDP program in the pod: relayed, every counted packet arrives.
