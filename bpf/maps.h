@@ -327,7 +327,7 @@ enum dev_flag {
 };
 
 struct dev_cap {
-	__u32 flags; /* enum dev_flag */
+	enum dev_flag flags; /* a set of them (the enum is 32 bits wide) */
 	__u32 mtu;   /* the device's MTU */
 };
 

@@ -42,9 +42,8 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 /* Set by the loader through spec.Variables before the program is loaded. */
 volatile const struct config cfg = {};
 
-/* Force the enums into BTF for bpf2go. */
+/* Force the enum into BTF for bpf2go (enum dev_flag is struct dev_cap's). */
 const enum reason *_unused_reason __attribute__((unused));
-const enum dev_flag *_unused_dev_flag __attribute__((unused));
 
 static __always_inline __be32 addr_v4(const struct addr *a)
 {

@@ -116,7 +116,7 @@ type RelayConfig struct {
 
 type RelayDevCap struct {
 	_     structs.HostLayout
-	Flags uint32
+	Flags RelayDevFlag
 	Mtu   uint32
 }
 
@@ -266,7 +266,6 @@ const (
 	RelayMapTxPorts       = "tx_ports"
 	RelayMapVerdicts      = "verdicts"
 	RelayProgXdpTurnRelay = "xdp_turn_relay"
-	RelayVarUnusedDevFlag = "_unused_dev_flag"
 	RelayVarUnusedReason  = "_unused_reason"
 	RelayVarCfg           = "cfg"
 )
@@ -338,9 +337,8 @@ type RelayMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayVariableSpecs struct {
-	UnusedDevFlag *ebpf.VariableSpec `ebpf:"_unused_dev_flag"`
-	UnusedReason  *ebpf.VariableSpec `ebpf:"_unused_reason"`
-	Cfg           *ebpf.VariableSpec `ebpf:"cfg"`
+	UnusedReason *ebpf.VariableSpec `ebpf:"_unused_reason"`
+	Cfg          *ebpf.VariableSpec `ebpf:"cfg"`
 }
 
 // RelayObjects contains all objects after they have been loaded into the kernel.
@@ -398,9 +396,8 @@ func (m *RelayMaps) Close() error {
 //
 // It can be passed to LoadRelayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayVariables struct {
-	UnusedDevFlag *ebpf.Variable `ebpf:"_unused_dev_flag"`
-	UnusedReason  *ebpf.Variable `ebpf:"_unused_reason"`
-	Cfg           *ebpf.Variable `ebpf:"cfg"`
+	UnusedReason *ebpf.Variable `ebpf:"_unused_reason"`
+	Cfg          *ebpf.Variable `ebpf:"cfg"`
 }
 
 // RelayPrograms contains all programs after they have been loaded into the kernel.

@@ -140,15 +140,15 @@ func capOf(l netlink.Link, mode Mode, features xdpfeatures.Act, known bool) bpf.
 	v := bpf.RelayDevCap{Mtu: uint32(l.Attrs().MTU)}
 	switch mode {
 	case ModeNative:
-		v.Flags |= uint32(bpf.RelayDevFlagDEV_ATTACHED_NATIVE)
+		v.Flags |= bpf.RelayDevFlagDEV_ATTACHED_NATIVE
 	case ModeGeneric:
-		v.Flags |= uint32(bpf.RelayDevFlagDEV_ATTACHED_GENERIC)
+		v.Flags |= bpf.RelayDevFlagDEV_ATTACHED_GENERIC
 	}
 	if !known {
 		return v
 	}
 	if features&xdpfeatures.NDOXmit != 0 {
-		v.Flags |= uint32(bpf.RelayDevFlagDEV_XDP_XMIT)
+		v.Flags |= bpf.RelayDevFlagDEV_XDP_XMIT
 	}
 	// XDP_TX out of a veth is a transmit into its peer (veth_xdp_tx ->
 	// veth_xdp_xmit), dropped unless the peer can receive XDP frames: what
@@ -159,7 +159,7 @@ func capOf(l netlink.Link, mode Mode, features xdpfeatures.Act, known bool) bpf.
 		tx = features&xdpfeatures.NDOXmit != 0
 	}
 	if tx {
-		v.Flags |= uint32(bpf.RelayDevFlagDEV_XDP_TX)
+		v.Flags |= bpf.RelayDevFlagDEV_XDP_TX
 	}
 	return v
 }

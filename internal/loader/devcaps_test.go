@@ -116,9 +116,9 @@ func waitCap(t *testing.T, prog *loader.Program, ifindex int, what string, ok fu
 }
 
 const (
-	flagXmit   = uint32(bpf.RelayDevFlagDEV_XDP_XMIT)
-	flagTX     = uint32(bpf.RelayDevFlagDEV_XDP_TX)
-	flagNative = uint32(bpf.RelayDevFlagDEV_ATTACHED_NATIVE)
+	flagXmit   = bpf.RelayDevFlagDEV_XDP_XMIT
+	flagTX     = bpf.RelayDevFlagDEV_XDP_TX
+	flagNative = bpf.RelayDevFlagDEV_ATTACHED_NATIVE
 )
 
 // TestDevCapsFollowTheDevices: the loader writes every device of the
