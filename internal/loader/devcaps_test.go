@@ -125,8 +125,8 @@ const (
 // namespace into dev_caps once attached, and keeps it true: a pod-side veth
 // whose far end runs no XDP transmits no XDP frame; an XDP program attached
 // there turns that on within a second (netdev notification), detaching it
-// off again; an MTU change and a deleted device follow (link events); every
-// change moves the FIB generation.
+// off again; a new bridge is written without flags; an MTU change and a
+// deleted device follow (link events); every change moves the FIB generation.
 func TestDevCapsFollowTheDevices(t *testing.T) {
 	testenv.RequireRoot(t)
 	ns := testenv.NewNSWorker(t)
@@ -180,13 +180,25 @@ func TestDevCapsFollowTheDevices(t *testing.T) {
 	}
 	waitCap(t, prog, pod, "no flags", func(v bpf.RelayDevCap, ok bool) bool { return ok && v.Flags == 0 })
 
+	// A bridge added now (cni0): known at once (link event), transmitting no
+	// XDP frame: nothing is redirected into it.
+	var br int
 	if err := ns.Do(func() error {
-		p, err := netlink.LinkByName("pod0")
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "cni0"}}); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName("cni0")
 		if err != nil {
 			return err
 		}
-		return netlink.LinkSetMTU(p, 1400)
+		br = l.Attrs().Index
+		return netlink.LinkSetUp(l)
 	}); err != nil {
+		t.Fatal(err)
+	}
+	waitCap(t, prog, br, "present, no flags", func(v bpf.RelayDevCap, ok bool) bool { return ok && v.Flags == 0 && v.Mtu == 1500 })
+
+	if err := ns.Do(func() error { return setMTU("pod0", 1400) }); err != nil {
 		t.Fatal(err)
 	}
 	waitCap(t, prog, pod, "MTU 1400", func(v bpf.RelayDevCap, ok bool) bool { return ok && v.Mtu == 1400 })
