@@ -172,8 +172,9 @@ static __always_inline int hop_valid(const struct next_hop *h, __u32 gen, __u32 
  * ingress both go out through the skb path (generic_xdp_tx), which every
  * device takes. Nothing known of the ingress: as native; of the egress: it
  * transmits nothing. Asked on the slow path only: the cached next hop is
- * stored only when the answer was "transmitted". */
-static __always_inline int xdp_xmit_refused(__u32 in_ifindex, __u32 out_ifindex)
+ * stored only when the answer was "transmitted". A global function: one copy,
+ * verified once, called (a few ns) only after a bpf_fib_lookup. */
+__attribute__((noinline)) int xdp_xmit_refused(__u32 in_ifindex, __u32 out_ifindex)
 {
 	const struct dev_cap *in = bpf_map_lookup_elem(&dev_caps, &in_ifindex);
 	if (in && (in->flags & DEV_ATTACHED_GENERIC))
