@@ -2,6 +2,7 @@ package bpf_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -92,6 +93,11 @@ type iface struct {
 	unreach string             // a route of type unreachable added with this interface
 	// unreach6 is an IPv6 route of type unreachable added with this interface.
 	unreach6 string
+	// caps is the interface's dev_caps entry (nil: none), as the loader
+	// would write it: by default, in the devmap means attached natively with
+	// XDP frames transmitted (a NIC, or a veth whose far end runs XDP); e0
+	// (not attached) transmits none.
+	caps *model.DevCaps
 }
 
 // ifaceNames is the fixed order in which fuzz inputs choose an ingress.
@@ -185,7 +191,14 @@ func newEnv(t testing.TB) *env {
 	err = e.ns.Do(func() error {
 		return loader.WatchFIB(stop, func() {
 			if err := bpf.EnableFibGen(fibGen); err != nil {
-				t.Errorf("FIB generation: %v", err)
+				select {
+				case <-stop:
+					// The watcher may call once more after stop (a message
+					// read as the test ended): the map is closed by then,
+					// and the test may be over.
+				default:
+					t.Errorf("FIB generation: %v", err)
+				}
 			}
 		}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	})
@@ -276,9 +289,69 @@ func (e *env) setup() error {
 			if err := e.prog.Maps().TxPorts.Put(uint32(i.index), uint32(i.index)); err != nil {
 				return fmt.Errorf("devmap %s: %w", i.name, err)
 			}
+			i.caps = &model.DevCaps{Native: true, XDPXmit: true, XDPTX: true, MTU: i.mtu}
+		} else {
+			i.caps = &model.DevCaps{MTU: i.mtu}
+		}
+		if err := e.writeCaps(i); err != nil {
+			return err
 		}
 	}
 	return waitLocal6(e.ifaces)
+}
+
+// writeCaps writes i.caps into the program's dev_caps map (nil: no entry).
+func (e *env) writeCaps(i *iface) error {
+	if i.caps == nil {
+		if err := e.prog.Maps().DevCaps.Delete(uint32(i.index)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("dev_caps %s: %w", i.name, err)
+		}
+		return nil
+	}
+	var v bpf.RelayDevCap
+	for _, f := range []struct {
+		on   bool
+		flag bpf.RelayDevFlag
+	}{{i.caps.Native, bpf.RelayDevFlagDEV_ATTACHED_NATIVE}, {i.caps.Generic, bpf.RelayDevFlagDEV_ATTACHED_GENERIC},
+		{i.caps.XDPXmit, bpf.RelayDevFlagDEV_XDP_XMIT}, {i.caps.XDPTX, bpf.RelayDevFlagDEV_XDP_TX}} {
+		if f.on {
+			v.Flags |= f.flag
+		}
+	}
+	v.Mtu = uint32(i.caps.MTU)
+	if err := e.prog.Maps().DevCaps.Put(uint32(i.index), v); err != nil {
+		return fmt.Errorf("dev_caps %s: %w", i.name, err)
+	}
+	return nil
+}
+
+// setCaps gives the named interface caps (nil: no entry) in the program and
+// in the model m (when not nil), and moves the FIB generation as the loader
+// does, so that cached next hops are decided again; the test's end restores
+// the interface's caps.
+func (e *env) setCaps(t testing.TB, m *model.Model, name string, caps *model.DevCaps) {
+	t.Helper()
+	i := e.ifaces[name]
+	old := i.caps
+	set := func(c *model.DevCaps) {
+		i.caps = c
+		if err := e.writeCaps(i); err != nil {
+			t.Fatal(err)
+		}
+		if err := bpf.BumpFibGen(e.prog.Maps().FibGen); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(caps)
+	if m != nil {
+		m.SetEnv(e.modelEnv())
+	}
+	t.Cleanup(func() {
+		set(old)
+		if m != nil {
+			m.SetEnv(e.modelEnv())
+		}
+	})
 }
 
 func bit(b bool) string {
@@ -328,6 +401,10 @@ func (e *env) modelEnv() model.Env {
 			Attached: i.devmap, Addr: netip.MustParsePrefix(i.addr + "/24"), Neighbours: map[netip.Addr][6]byte{}}
 		if i.addr6 != "" {
 			mi.Addr6 = netip.MustParsePrefix(i.addr6 + "/64")
+		}
+		if i.caps != nil {
+			c := *i.caps
+			mi.Caps = &c
 		}
 		for ip, mac := range i.neigh {
 			mi.Neighbours[netip.MustParseAddr(ip)] = mac

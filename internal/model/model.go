@@ -51,6 +51,23 @@
 //     nothing and dropped, or passed untouched when the limit says so. Packets
 //     that pass for any other reason are not charged: pion/turn's limiter
 //     counts those.
+//  8. A relayed frame leaves only where it will be transmitted. From an
+//     interface where the program runs natively (or of which nothing is
+//     known), XDP_REDIRECT hands the frame to the egress driver's
+//     ndo_xdp_xmit, and a device without one (a bridge, VLAN, macvlan or
+//     tunnel device) or refusing it (a veth whose peer runs no XDP) drops it
+//     after the program returned; XDP_TX out of a veth is that same transmit
+//     into its peer. So such a packet is relayed only when the egress says it
+//     transmits XDP frames (Interface.Caps: XDPXmit for a redirect, XDPTX for
+//     XDP_TX), and otherwise passes untouched to the stack, which forwards it.
+//     From an interface where the program runs generically, both go out
+//     through the skb path, which every device takes. The decision is the next
+//     hop's: it is made again whenever the FIB generation moves.
+//  9. A packet longer than its ingress interface's MTU did not come off that
+//     wire as one frame (generic XDP sees a UDP GSO super-packet as one
+//     datagram): it passes untouched, for the stack to segment. Only packets
+//     (from the IP header on) longer than MTUCheckAbove are measured, against
+//     Interface.Caps.MTU; with no Caps every such packet passes.
 package model
 
 import (
@@ -104,7 +121,25 @@ const (
 	// MinTTL is the smallest TTL (hop limit) relayed in the kernel: what it
 	// sends has one less, and what would leave with 0 is pion/turn's.
 	MinTTL = 2
+	// MTUCheckAbove is the IP packet length above which the ingress
+	// interface's MTU is checked (MTU_CHECK_ABOVE): shorter packets fit every
+	// default MTU and pay no lookup.
+	MTUCheckAbove = 1500
 )
+
+// DevCaps is what the program knows of a device (its dev_caps entry).
+type DevCaps struct {
+	// Native and Generic: the program is attached there in that mode (at most
+	// one); neither, as a device the program is not attached to.
+	Native, Generic bool
+	// XDPXmit: a native XDP_REDIRECT to it is transmitted
+	// (NETDEV_XDP_ACT_NDO_XMIT).
+	XDPXmit bool
+	// XDPTX: a native XDP_TX out of it is transmitted.
+	XDPTX bool
+	// MTU is the device's MTU as the program was told it.
+	MTU int
+}
 
 // Interface is one network interface as the FIB and the program see it.
 type Interface struct {
@@ -136,6 +171,10 @@ type Interface struct {
 	// Down: the interface is administratively down. The kernel drops its
 	// routes (connected ones and those through it) and its neighbours.
 	Down bool
+	// Caps is the program's dev_caps entry for the interface; nil: none (the
+	// program assumes a native ingress, an egress that transmits no XDP
+	// frame, and an MTU that no packet longer than MTUCheckAbove fits).
+	Caps *DevCaps
 }
 
 // Route is an IPv4 route through a gateway: Dst via Via, whose connected
@@ -433,6 +472,9 @@ func (m *Model) isListenerPort(p uint16) bool {
 // fromClient handles UDP to a listener port (RFC 8656 §12.4, §12.5).
 func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	pass := func(r bpf.RelayReason) Result { return Result{Verdict: Pass, Reason: r, Frame: frame} }
+	if m.overIngressMTU(ingress, in) {
+		return pass(bpf.RelayReasonREASON_INGRESS_OVER_MTU)
+	}
 	msg := in.udp[8:]
 	if len(msg) < 4 {
 		return pass(bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA) // no room for a header
@@ -484,6 +526,9 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 // fromPeer handles UDP to a relay port: a peer's datagram becomes ChannelData.
 func (m *Model) fromPeer(ingress int, frame []byte, in datagram) Result {
 	pass := func(r bpf.RelayReason) Result { return Result{Verdict: Pass, Reason: r, Frame: frame} }
+	if m.overIngressMTU(ingress, in) {
+		return pass(bpf.RelayReasonREASON_INGRESS_OVER_MTU)
+	}
 	b, ok := m.peer[peerKey{in.src, in.dst}]
 	if !ok {
 		return pass(bpf.RelayReasonREASON_NO_PEER_BINDING)
@@ -512,6 +557,33 @@ func (m *Model) fromPeer(ingress int, frame []byte, in datagram) Result {
 	out := outPacket{src: netip.AddrPortFrom(b.ReplySource, b.Listener.Port()), dst: b.Client, payload: msg, dataLen: len(data)}
 	return m.send(ingress, in, out, Result{Verdict: Pass, Frame: frame}, b.Key(), b.Relay,
 		bpf.RelayReasonREASON_RELAY_P2C_TX, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT)
+}
+
+// overIngressMTU tells a packet longer than its ingress interface's MTU, as far
+// as the program measures (point 9).
+func (m *Model) overIngressMTU(ingress int, in datagram) bool {
+	if len(in.ip) <= MTUCheckAbove {
+		return false
+	}
+	ifc := m.iface(ingress)
+	return ifc == nil || ifc.Caps == nil || len(in.ip) > ifc.Caps.MTU
+}
+
+// xmitRefused tells whether a frame sent out of egress from ingress would be
+// dropped after the program returned (point 8).
+func (m *Model) xmitRefused(ingress int, egress *Interface) bool {
+	in := m.iface(ingress)
+	var inCaps *DevCaps
+	if in != nil {
+		inCaps = in.Caps
+	}
+	if inCaps != nil && inCaps.Generic {
+		return false // the skb path
+	}
+	if egress.Index == ingress {
+		return inCaps == nil || !inCaps.XDPTX
+	}
+	return egress.Caps == nil || !egress.Caps.XDPXmit
 }
 
 // outPacket is what the relay sends: addresses and the UDP payload, of which
@@ -671,6 +743,9 @@ func (m *Model) finish(ingress int, dst, hop netip.Addr, totLen int, egress *Int
 	}
 	if egress.Index != ingress && !egress.Attached {
 		return nil, bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED
+	}
+	if m.xmitRefused(ingress, egress) {
+		return nil, bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT
 	}
 	return &nextHop{egress: egress, dmac: mac}, 0
 }
