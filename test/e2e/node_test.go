@@ -48,26 +48,37 @@ type nodeListener struct {
 }
 
 // nodeConfig renders a STUNner dataplane config with static credentials and
-// one listener and cluster per nodeListener.
+// one listener and cluster per nodeListener, its metrics and health endpoints
+// on the rig's 10.100.0.1.
 func nodeConfig(listeners []nodeListener) string {
+	return dataplaneConfig("10.100.0.1", listeners, nil)
+}
+
+// dataplaneConfig is nodeConfig with the metrics (:8080) and health (:8086)
+// endpoints on admin and, when given, the config's offload_interfaces.
+func dataplaneConfig(admin string, listeners []nodeListener, offloadInterfaces []string) string {
 	var ls, cs strings.Builder
 	for i, l := range listeners {
 		fmt.Fprintf(&ls, "  - {name: udp-%d, protocol: TURN-UDP, address: %s, port: 3478, routes: [peers-%d]}\n", i, l.addr, i)
 		fmt.Fprintf(&cs, "  - {name: peers-%d, type: STATIC, endpoints: [%s]}\n", i, strings.Join(l.peers, ", "))
 	}
+	offload := ""
+	if len(offloadInterfaces) > 0 {
+		offload = fmt.Sprintf("  offload_interfaces: [%s]\n", strings.Join(offloadInterfaces, ", "))
+	}
 	return fmt.Sprintf(`version: v1
 admin:
   name: contract
   loglevel: all:INFO
-  metrics_endpoint: "http://10.100.0.1:8080/metrics"
-  healthcheck_endpoint: "http://10.100.0.1:8086"
-auth:
+  metrics_endpoint: "http://%[1]s:8080/metrics"
+  healthcheck_endpoint: "http://%[1]s:8086"
+%[2]sauth:
   type: static
   realm: %s
   credentials: {username: %s, password: %s}
 listeners:
 %sclusters:
-%s`, config.DefaultRealm, user, password, ls.String(), cs.String())
+%s`, admin, offload, config.DefaultRealm, user, password, ls.String(), cs.String())
 }
 
 // startNode runs the stunnerd-xdp binary in the rig's server namespace on a
@@ -97,7 +108,14 @@ type samples map[string]float64
 // scrape reads every sample of the daemon's /metrics inside the namespace.
 func scrape(t *testing.T, ns *netns.NS) samples {
 	t.Helper()
-	m, err := ns.Scrape("http://10.100.0.1:8080/metrics")
+	return scrapeAt(t, ns, "10.100.0.1")
+}
+
+// scrapeAt reads every sample of the /metrics the daemon serves on addr:8080
+// inside the namespace.
+func scrapeAt(t *testing.T, ns *netns.NS, addr string) samples {
+	t.Helper()
+	m, err := ns.Scrape("http://" + addr + ":8080/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -155,6 +155,7 @@ func BuildNode(shape Shape, opts ...Option) (r *NodeRig, err error) {
 	}()
 	b := &nodeBuilder{builder: builder{closers: &r.closers, id: o.tag + uniqueTag()}, r: r}
 	r.LAN, r.Client, r.Node = b.ns("lan"), b.ns("cl"), b.ns("node")
+	b.disableIPv6(r.LAN) // else lan0 floods its MLD reports to every machine
 	b.ip(r.LAN, "link", "add", "lan0", "type", "bridge")
 	b.ip(r.LAN, "link", "set", "lan0", "up")
 	b.machine(r.Client, lanRouter, "cl", false)
