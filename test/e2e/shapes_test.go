@@ -21,7 +21,8 @@ import (
 // The node-shape twin tests (issue 23): the stunnerd-xdp binary as a STUNner
 // user runs it, on rigs built like Kubernetes nodes (netns.NodeRig), relaying
 // a pion/turn client's 500 datagrams to an echoing peer, in the daemon's
-// default XDP mode and with --xdp-mode=off. Every row must lose nothing and
+// default XDP mode and with --xdp-mode=off, after 10 datagrams that set up
+// the channel binding. Every row must lose nothing and
 // count exactly what arrived; the kernel's share is printed for every row and
 // asserted where shapeCases says the current code engages.
 
@@ -180,6 +181,20 @@ func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
 		t.Fatal(err)
 	}
 	node := r.NodeIP.String()
+	// A few datagrams first make the channel binding (pion/turn sends the first ones as Send
+	// indications while its ChannelBind is under way) and let the daemon decide where it goes
+	// (the NAT gate waits for conntrack's evidence): the 500 then measure the shape's steady
+	// state, not the start of a session on a loaded machine.
+	warm := &taggedSession{peer: net.UDPAddrFromAddrPort(peerAddr), limit: 10}
+	warm.run(t, relay, 0x5B, 50, time.Second)
+	waitFor(t, "the channel binding, settled on a path", 10*time.Second, func() bool {
+		m := scrapeAt(t, r.Node, node)
+		if m.get(t, "stunnerd_xdp_channels_active") != 1 {
+			return false
+		}
+		return mode == "off" || m["stunnerd_xdp_bindings_offloaded"]+m[`stunnerd_xdp_bindings_userspace{reason="nat"}`]+
+			m[`stunnerd_xdp_bindings_userspace{reason="no_offload_peer"}`]+m[`stunnerd_xdp_bindings_userspace{reason="full"}`] == 1
+	})
 	before := scrapeAt(t, r.Node, node)
 	s := &taggedSession{peer: net.UDPAddrFromAddrPort(peerAddr), limit: shapeDatagrams}
 	const tag = 0x5A

@@ -45,8 +45,8 @@ const (
 	// RemoteHost: a hostNetwork peer on the other node: the peer listens on node2's IP.
 	RemoteHost Shape = "remote-hostnet"
 	// NodePort: RemoteHost's peer, and a client that reaches the listener through a NodePort:
-	// kube-proxy's nat PREROUTING chains DNAT nodeIP:31478 to nodeIP:3478 (the endpoint of a
-	// hostNetwork STUNner pod) for packets to a local address.
+	// kube-proxy's nat chains DNAT nodeIP:31478 to nodeIP:3478 (the endpoint of a hostNetwork
+	// STUNner pod) for packets to a local address.
 	NodePort Shape = "nodeport"
 	// MacvlanNIC: a second NIC "eth1" whose address is on a macvlan device on it, "mv0"
 	// 10.10.0.1/24, with the peer host at 10.10.0.2 at the far end of eth1. A macvlan device has
@@ -94,6 +94,8 @@ var (
 //     Pods and the client have no route to each other: only a relay connects them.
 //   - Addresses are resolved by ARP, as on a node; only what the CNI plugin itself makes
 //     permanent is (Calico's pod neighbour, flannel's VTEP neighbour and FDB entries).
+//   - Both nodes run kube-proxy's nat chains (iptables mode, no Service but the NodePort
+//     shape's), so their conntrack tracks every flow, as a node's does.
 //   - No XDP program runs inside any pod, nor on any client or pod interface. The far ends of
 //     the nodes' NICs (their ports on the LAN's bridge) and of the second NIC's wire carry an
 //     XDP_PASS program: they stand for the wire and the switch a physical NIC transmits into,
@@ -173,6 +175,8 @@ func BuildNode(shape Shape, opts ...Option) (r *NodeRig, err error) {
 		b.pod(r.Node2, r.Pod, pod2IP, BridgePod, flannelMTU)
 		b.flannel(r.Node, node1IP, 0, node2IP, 1)
 		b.flannel(r.Node2, node2IP, 1, node1IP, 0)
+		b.flannelForward(r.Node)
+		b.flannelForward(r.Node2)
 		r.EgressIf = "flannel.1"
 		if shape == VXLANMasq {
 			b.flannelMasq(r.Node, "10.244.0.0/24")
@@ -278,6 +282,7 @@ func (b *nodeBuilder) machine(n *NS, addr netip.Addr, port string, node bool) {
 	if node {
 		b.ip(n, "route", "add", "default", "via", lanRouter.String(), "dev", "eth0")
 		b.attachXDPPass(b.r.LAN, port)
+		b.kubeProxy(n)
 	}
 }
 
@@ -370,8 +375,7 @@ func (b *nodeBuilder) flannel(n *NS, ip netip.Addr, i int, other netip.Addr, j i
 }
 
 // flannelMasq installs the rules flanneld --ip-masq installs on a node whose pod subnet is
-// podCIDR (flannel's pkg/trafficmngr/iptables masqRules and forwardRules, iptables mode), in
-// their order. 0x4000/0x4000 is kube-proxy's masquerade mark, which flannel leaves to kube-proxy.
+// podCIDR (flannel's pkg/trafficmngr/iptables masqRules, iptables mode), in their order. 0x4000/0x4000 is kube-proxy's masquerade mark, which flannel leaves to kube-proxy.
 func (b *nodeBuilder) flannelMasq(n *NS, podCIDR string) {
 	const comment = "flanneld masq"
 	b.in(n, "iptables", "-t", "nat", "-N", "FLANNEL-POSTRTG")
@@ -387,6 +391,11 @@ func (b *nodeBuilder) flannelMasq(n *NS, podCIDR string) {
 		args := append([]string{"-t", "nat", "-A", "FLANNEL-POSTRTG", "-m", "comment", "--comment", comment}, rule...)
 		b.in(n, "iptables", args...)
 	}
+}
+
+// flannelForward installs the FORWARD accept rules flanneld installs whatever --ip-masq says
+// (forwardRules).
+func (b *nodeBuilder) flannelForward(n *NS) {
 	b.in(n, "iptables", "-N", "FLANNEL-FWD")
 	b.in(n, "iptables", "-A", "FORWARD", "-m", "comment", "--comment", "flanneld forward", "-j", "FLANNEL-FWD")
 	for _, dir := range []string{"-s", "-d"} {
@@ -394,20 +403,35 @@ func (b *nodeBuilder) flannelMasq(n *NS, podCIDR string) {
 	}
 }
 
-// nodePort installs kube-proxy's (iptables mode) NodePort DNAT of a UDP Service whose endpoint
-// is the hostNetwork pod on this node: KUBE-SERVICES, jumped to from PREROUTING and OUTPUT, sends
-// packets to a local address to KUBE-NODEPORTS, which DNATs port to ip:target through the
-// Service's chains. externalTrafficPolicy Cluster marks them for masquerade (KUBE-MARK-MASQ);
-// the mark acts in POSTROUTING, which packets delivered locally never pass.
-func (b *nodeBuilder) nodePort(n *NS, ip netip.Addr, port, target int) {
+// kubeProxy installs the nat chains kube-proxy (iptables mode) keeps on every node with no
+// Service yet: PREROUTING and OUTPUT jump to KUBE-SERVICES, whose last rule sends packets to a
+// local address to KUBE-NODEPORTS; KUBE-MARK-MASQ marks for masquerade, and KUBE-POSTROUTING
+// (jumped to first in POSTROUTING: kube-proxy prepends its jumps) masquerades what is marked.
+// Their nat table is what makes the node's conntrack track every flow, as on a real node.
+func (b *nodeBuilder) kubeProxy(n *NS) {
 	ipt := func(args ...string) { b.in(n, "iptables", append([]string{"-t", "nat"}, args...)...) }
-	for _, chain := range []string{"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-EXT-STUNNER", "KUBE-SVC-STUNNER", "KUBE-SEP-STUNNER", "KUBE-MARK-MASQ"} {
+	for _, chain := range []string{"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"} {
 		ipt("-N", chain)
 	}
-	ipt("-A", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
-	ipt("-A", "OUTPUT", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+	ipt("-I", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+	ipt("-I", "OUTPUT", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+	ipt("-I", "POSTROUTING", "-m", "comment", "--comment", "kubernetes postrouting rules", "-j", "KUBE-POSTROUTING")
 	ipt("-A", "KUBE-MARK-MASQ", "-j", "MARK", "--or-mark", "0x4000")
+	ipt("-A", "KUBE-POSTROUTING", "-m", "mark", "!", "--mark", "0x4000/0x4000", "-j", "RETURN")
+	ipt("-A", "KUBE-POSTROUTING", "-j", "MARK", "--xor-mark", "0x4000")
+	ipt("-A", "KUBE-POSTROUTING", "-m", "comment", "--comment", "kubernetes service traffic requiring SNAT", "-j", "MASQUERADE", "--random-fully")
 	ipt("-A", "KUBE-SERVICES", "-m", "comment", "--comment", "kubernetes service nodeports", "-m", "addrtype", "--dst-type", "LOCAL", "-j", "KUBE-NODEPORTS")
+}
+
+// nodePort adds kube-proxy's NodePort of a UDP Service whose endpoint is the hostNetwork pod on
+// this node: KUBE-NODEPORTS sends port to the Service's chains, which mark it for masquerade
+// (externalTrafficPolicy Cluster) and DNAT it to ip:target. The mark acts in POSTROUTING, which
+// packets delivered locally never pass.
+func (b *nodeBuilder) nodePort(n *NS, ip netip.Addr, port, target int) {
+	ipt := func(args ...string) { b.in(n, "iptables", append([]string{"-t", "nat"}, args...)...) }
+	for _, chain := range []string{"KUBE-EXT-STUNNER", "KUBE-SVC-STUNNER", "KUBE-SEP-STUNNER"} {
+		ipt("-N", chain)
+	}
 	ipt("-A", "KUBE-NODEPORTS", "-p", "udp", "--dport", fmt.Sprint(port), "-j", "KUBE-EXT-STUNNER")
 	ipt("-A", "KUBE-EXT-STUNNER", "-j", "KUBE-MARK-MASQ")
 	ipt("-A", "KUBE-EXT-STUNNER", "-j", "KUBE-SVC-STUNNER")
