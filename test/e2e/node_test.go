@@ -48,37 +48,26 @@ type nodeListener struct {
 }
 
 // nodeConfig renders a STUNner dataplane config with static credentials and
-// one listener and cluster per nodeListener, its metrics and health endpoints
-// on the rig's 10.100.0.1.
+// one listener and cluster per nodeListener.
 func nodeConfig(listeners []nodeListener) string {
-	return dataplaneConfig("10.100.0.1", listeners, nil)
-}
-
-// dataplaneConfig is nodeConfig with the metrics (:8080) and health (:8086)
-// endpoints on admin and, when given, the config's offload_interfaces.
-func dataplaneConfig(admin string, listeners []nodeListener, offloadInterfaces []string) string {
 	var ls, cs strings.Builder
 	for i, l := range listeners {
 		fmt.Fprintf(&ls, "  - {name: udp-%d, protocol: TURN-UDP, address: %s, port: 3478, routes: [peers-%d]}\n", i, l.addr, i)
 		fmt.Fprintf(&cs, "  - {name: peers-%d, type: STATIC, endpoints: [%s]}\n", i, strings.Join(l.peers, ", "))
 	}
-	offload := ""
-	if len(offloadInterfaces) > 0 {
-		offload = fmt.Sprintf("  offload_interfaces: [%s]\n", strings.Join(offloadInterfaces, ", "))
-	}
 	return fmt.Sprintf(`version: v1
 admin:
   name: contract
   loglevel: all:INFO
-  metrics_endpoint: "http://%[1]s:8080/metrics"
-  healthcheck_endpoint: "http://%[1]s:8086"
-%[2]sauth:
+  metrics_endpoint: "http://10.100.0.1:8080/metrics"
+  healthcheck_endpoint: "http://10.100.0.1:8086"
+auth:
   type: static
   realm: %s
   credentials: {username: %s, password: %s}
 listeners:
 %sclusters:
-%s`, admin, offload, config.DefaultRealm, user, password, ls.String(), cs.String())
+%s`, config.DefaultRealm, user, password, ls.String(), cs.String())
 }
 
 // startNode runs the stunnerd-xdp binary in the rig's server namespace on a

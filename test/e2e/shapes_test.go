@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -172,7 +171,8 @@ func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
 	if c.offload != nil {
 		offload = c.offload(r)
 	}
-	startNodeDaemon(t, r, mode, offload)
+	r.StartDaemon(t, netns.DaemonOptions{Binary: netns.RequireBinary(t, netns.Daemon), HandoverDir: testenv.BPFFS(t),
+		Off: mode == "off", OffloadInterfaces: offload, User: user, Password: password})
 	peerAddr := netip.AddrPortFrom(r.PeerIP, 5002)
 	peer := startPeer(t, r.Peer, peerAddr.String(), true, 0)
 	relay, err := r.Client.Allocate(t, "udp4", netip.AddrPortFrom(r.ClientIP, 0).String(), &turn.ClientConfig{
@@ -188,12 +188,8 @@ func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
 	warm := &taggedSession{peer: net.UDPAddrFromAddrPort(peerAddr), limit: 10}
 	warm.run(t, relay, 0x5B, 50, time.Second)
 	waitFor(t, "the channel binding, settled on a path", 10*time.Second, func() bool {
-		m := scrapeAt(t, r.Node, node)
-		if m.get(t, "stunnerd_xdp_channels_active") != 1 {
-			return false
-		}
-		return mode == "off" || m["stunnerd_xdp_bindings_offloaded"]+m[`stunnerd_xdp_bindings_userspace{reason="nat"}`]+
-			m[`stunnerd_xdp_bindings_userspace{reason="no_offload_peer"}`]+m[`stunnerd_xdp_bindings_userspace{reason="full"}`] == 1
+		m, err := r.Node.Scrape(r.MetricsURL())
+		return err == nil && m.Settled(mode == "off")
 	})
 	before := scrapeAt(t, r.Node, node)
 	s := &taggedSession{peer: net.UDPAddrFromAddrPort(peerAddr), limit: shapeDatagrams}
@@ -281,22 +277,4 @@ func (row shapeRow) check(t *testing.T, c shapeCase) {
 // isLossOrCount tells the problems a known loss explains.
 func isLossOrCount(p string) bool {
 	return strings.Contains(p, "echoes lost") || strings.Contains(p, "counted as relayed")
-}
-
-// startNodeDaemon runs the stunnerd-xdp binary in the node rig's node
-// namespace as a STUNner Dataplane runs it: a config whose one TURN-UDP
-// listener is on the node IP, routing to the shape's peers, with
-// offload_interfaces when given, and no flags but the mode ("off":
-// --xdp-mode=off; else the default) and the test's own bpffs for the handover
-// maps (`ip netns exec` hides the host's). It waits for /ready.
-func startNodeDaemon(t *testing.T, r *netns.NodeRig, mode string, offload []string) *netns.Proc {
-	t.Helper()
-	cfg := filepath.Join(t.TempDir(), "stunnerd.conf")
-	node := r.NodeIP.String()
-	writeConfig(t, cfg, dataplaneConfig(node, []nodeListener{{addr: node, peers: []string{r.PeerCIDR}}}, offload))
-	cmd := []string{netns.RequireBinary(t, netns.Daemon), "--handover-dir=" + testenv.BPFFS(t), "-c", cfg}
-	if mode == "off" {
-		cmd = append(cmd, "--xdp-mode=off")
-	}
-	return runIn(t, r.Node, func() error { return r.Node.GetOK("http://" + node + ":8086/ready") }, cmd)
 }

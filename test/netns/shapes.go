@@ -4,9 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/l7mp/stunnerd-xdp/internal/config"
 )
 
 // Shape names one way a Kubernetes node reaches a TURN peer (issue 23's table): where the peer
@@ -456,4 +461,87 @@ func (b *nodeBuilder) macvlanNIC() {
 	b.ip(host, "addr", "add", macHost.String()+"/24", "dev", "eth0")
 	b.ip(host, "route", "add", "default", "via", macNode.String(), "dev", "eth0")
 	b.attachXDPPass(host, "eth0")
+}
+
+// DaemonOptions say how StartDaemon runs the daemon on a node rig.
+type DaemonOptions struct {
+	Binary      string // the stunnerd-xdp binary (Binary(Daemon))
+	HandoverDir string // a bpffs directory of the test's own: `ip netns exec` hides the host's /sys/fs/bpf
+	Off         bool   // --xdp-mode=off; else no mode flag: the daemon's default
+	// OffloadInterfaces are the config's offload_interfaces; empty, as a STUNner user leaves
+	// them (STUNner reads that as "all"; the daemon attaches to the interfaces carrying the
+	// listener and relay addresses).
+	OffloadInterfaces []string
+	User, Password    string // the static TURN credentials
+}
+
+// MetricsURL is where the daemon StartDaemon runs serves /metrics.
+func (r *NodeRig) MetricsURL() string { return "http://" + r.NodeIP.String() + ":8080/metrics" }
+
+// StartDaemon runs the stunnerd-xdp binary in the node's namespace as a STUNner Dataplane runs
+// it on a hostNetwork node: a STUNner config whose one TURN-UDP listener is on the node IP, port
+// 3478, routing to a STATIC cluster of PeerCIDR, with metrics on NodeIP:8080 and health on
+// NodeIP:8086, and no flag but the mode and the handover directory. It waits at most 10 s for
+// /ready and stops the daemon when the test ends.
+func (r *NodeRig) StartDaemon(t testing.TB, o DaemonOptions) *Proc {
+	t.Helper()
+	node := r.NodeIP.String()
+	offload := ""
+	if len(o.OffloadInterfaces) > 0 {
+		offload = fmt.Sprintf("  offload_interfaces: [%s]\n", strings.Join(o.OffloadInterfaces, ", "))
+	}
+	conf := fmt.Sprintf(`version: v1
+admin:
+  name: %[1]s
+  loglevel: all:INFO
+  metrics_endpoint: "http://%[2]s:8080/metrics"
+  healthcheck_endpoint: "http://%[2]s:8086"
+%[3]sauth:
+  type: static
+  realm: %[4]s
+  credentials: {username: %[5]s, password: %[6]s}
+listeners:
+  - {name: udp, protocol: TURN-UDP, address: %[2]s, port: 3478, routes: [peers]}
+clusters:
+  - {name: peers, type: STATIC, endpoints: [%[7]s]}
+`, r.Shape, node, offload, config.DefaultRealm, o.User, o.Password, r.PeerCIDR)
+	path := filepath.Join(t.TempDir(), "stunnerd.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--handover-dir=" + o.HandoverDir, "-c", path}
+	if o.Off {
+		args = append(args, "--xdp-mode=off")
+	}
+	p := r.Node.Start(t, o.Binary, args...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", p.Stderr())
+		}
+	})
+	if err := Eventually(10*time.Second, 50*time.Millisecond, func() error {
+		if p.Exited() {
+			return Abort(fmt.Errorf("the daemon exited: %w\n%s", p.Wait(time.Second), p.Stderr()))
+		}
+		return r.Node.GetOK("http://" + node + ":8086/ready")
+	}); err != nil {
+		t.Fatalf("node %s: the daemon did not come up: %v", r.Shape, err)
+	}
+	return p
+}
+
+// Settled reports, from one scrape of the daemon's metrics, whether its one channel binding has
+// settled on a path: bound, and unless off, in the kernel's maps or kept in userspace for a
+// reason other than pending (the NAT gate waits for conntrack's evidence).
+func (m Metrics) Settled(off bool) bool {
+	if ch, _ := m.Sum("stunnerd_xdp_channels_active"); ch != 1 {
+		return false
+	}
+	if off {
+		return true
+	}
+	offloaded, _ := m.Sum("stunnerd_xdp_bindings_offloaded")
+	userspace, _ := m.Sum("stunnerd_xdp_bindings_userspace")
+	pending, _ := m.Sum("stunnerd_xdp_bindings_userspace", "reason", "pending")
+	return offloaded+userspace-pending == 1
 }
