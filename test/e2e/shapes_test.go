@@ -61,17 +61,15 @@ type shapeCase struct {
 // client and peer sides use different devices.
 func egressToo(r *netns.NodeRig) []string { return []string{r.NIC, r.EgressIf} }
 
-// issue23Item1 is the open issue the lossy rows wait for.
-const issue23Item1 = "issue 23 item 1: XDP redirects into an egress that cannot transmit XDP frames, which drops them after the verdict counted them relayed"
-
 var shapeCases = []shapeCase{
 	{name: "pod-veth", shape: netns.PodVeth,
 		why: "only the NIC carries the listener and relay addresses, so only it is attached: client->peer leaves through the pod's " +
 			"host-side veth (pass_egress_not_attached) and peer->client enters there, where no program runs"},
 	{name: "pod-veth-listed", shape: netns.PodVeth, offload: egressToo, attach: map[string]string{"eth0": "native"},
-		lossKnown: issue23Item1,
-		why: "offload_interfaces name the NIC and the pod's host-side veth: client->peer is redirected into the veth, whose pod " +
-			"side runs no XDP program, so the veth drops it (issue 23's 2 of 500); peer->client is relayed in the kernel"},
+		engagesP2C: true,
+		why: "offload_interfaces name the NIC and the pod's host-side veth: the veth cannot transmit XDP frames (its pod side runs no " +
+			"XDP program), so client->peer passes to the stack (pass_egress_no_xdp_xmit; before issue 23 item 1 the veth dropped " +
+			"498 of 500 after they were counted relayed); peer->client enters on the veth and is redirected to the NIC"},
 	{name: "calico-pod", shape: netns.CalicoPod,
 		why: "the cali veth carries no address, so it is never attached: pass_egress_not_attached; peer->client enters on it"},
 	{name: "bridge-pod", shape: netns.BridgePod,
@@ -89,13 +87,15 @@ var shapeCases = []shapeCase{
 		why: "the client's packets arrive for port 31478, which no listener has (the DNAT comes after XDP): userspace both ways"},
 	// The acceptance rigs of issue 23: an egress that cannot take XDP frames sits in the devmap.
 	{name: "mixed-native-generic", shape: netns.MacvlanNIC, offload: egressToo,
-		attach: map[string]string{"eth0": "native", "mv0": "generic"}, engagesP2C: true, lossKnown: issue23Item1,
-		why: "auto mode attaches eth0 native and mv0 generic (a macvlan has no native XDP): client->peer is redirected natively into mv0, " +
-			"which cannot transmit XDP frames; peer->client enters mv0 in generic mode and is redirected to eth0"},
+		attach: map[string]string{"eth0": "native", "mv0": "generic"},
+		why: "auto mode attaches eth0 native and mv0 generic (a macvlan has no native XDP): a native redirect into mv0 would be " +
+			"dropped (no ndo_xdp_xmit), so client->peer passes to the stack (pass_egress_no_xdp_xmit); peer->client arrives on " +
+			"eth1 itself, not on mv0 (no verdict grows for it: with arp_ignore=0, as on a node, eth1 answers the peer's ARP for " +
+			"mv0's address with its own MAC, and the macvlan passes frames to that MAC to eth1), where nothing is attached"},
 	{name: "bridge-egress", shape: netns.BridgePod, offload: egressToo,
-		attach: map[string]string{"eth0": "native", "cni0": "generic"}, lossKnown: issue23Item1,
-		why: "cni0 is attached generic beside the native NIC: client->peer is redirected into the bridge, which cannot transmit XDP frames; " +
-			"peer->client enters on the pod's bridge port, where no program runs"},
+		attach: map[string]string{"eth0": "native", "cni0": "generic"},
+		why: "cni0 is attached generic beside the native NIC: a native redirect into the bridge would be dropped, so client->peer " +
+			"passes to the stack (pass_egress_no_xdp_xmit); peer->client is bridged up to cni0, measured below"},
 }
 
 // shapeModes are the twin runs: the daemon's default XDP mode (no flag) and
