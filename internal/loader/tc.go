@@ -1,0 +1,162 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+)
+
+// TC is the second kernel engine (bpf/relay_tc.c): the relay on the skb path,
+// attached with tcx at ingress. It shares every map with the XDP program it
+// was loaded for (bindings, states, counters, rate limits, flow caches), and
+// reaches any egress (bpf_redirect), so it relays where XDP cannot transmit: a
+// pod's veth, a tunnel or bridge device, and traffic entering on a pod's
+// host-side veth, where no XDP program runs.
+type TC struct {
+	objs bpf.RelayTcObjects
+
+	mu sync.Mutex
+	// links are keyed by ifindex, as the XDP program's.
+	links map[int]tcAttachment
+}
+
+type tcAttachment struct {
+	link link.Link
+	name string
+}
+
+// LoadTC loads the TC engine over the XDP program's maps, with its
+// configuration (listener ports, relay range, flow cache seed). Reconfigure
+// does not reach it: load it again after a reconfiguration.
+func (p *Program) LoadTC() (*TC, error) {
+	spec, err := bpf.LoadRelayTc()
+	if err != nil {
+		return nil, fmt.Errorf("read TC program spec: %w", err)
+	}
+	var c bpf.RelayConfig
+	if err := p.objs.Cfg.Get(&c); err != nil {
+		return nil, fmt.Errorf("read the XDP program's config: %w", err)
+	}
+	if err := spec.Variables[bpf.RelayTcVarCfg].Set(bpf.RelayTcConfig(c)); err != nil {
+		return nil, fmt.Errorf("set TC program config: %w", err)
+	}
+	shared := mapsByName(&p.objs.RelayMaps)
+	repl := map[string]*ebpf.Map{}
+	for name, ms := range spec.Maps {
+		m, ok := shared[name]
+		if !ok {
+			continue // the engine's own (tc_verdicts) and .rodata
+		}
+		// Sized by the loader from the XDP program's configuration.
+		ms.MaxEntries = m.MaxEntries()
+		repl[name] = m
+	}
+	t := &TC{links: map[int]tcAttachment{}}
+	if err := spec.LoadAndAssign(&t.objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load TC program: %w\n%s", err, strings.Join(ve.Log, "\n"))
+		}
+		return nil, fmt.Errorf("load TC program: %w", err)
+	}
+	return t, nil
+}
+
+// mapsByName lists the maps of a bpf2go Maps struct by their names in the
+// object (the ebpf struct tags).
+func mapsByName(ms *bpf.RelayMaps) map[string]*ebpf.Map {
+	out := map[string]*ebpf.Map{}
+	v := reflect.ValueOf(ms).Elem()
+	for i := range v.NumField() {
+		if m, ok := v.Field(i).Interface().(*ebpf.Map); ok && m != nil {
+			out[v.Type().Field(i).Tag.Get("ebpf")] = m
+		}
+	}
+	return out
+}
+
+// Prog returns the TC program (for BPF_PROG_RUN in tests).
+func (t *TC) Prog() *ebpf.Program { return t.objs.TcTurnRelay }
+
+// Verdicts returns the TC engine's verdict counters, summed over CPUs,
+// indexed by reason (bpf.RelayReason below bpf.RelayTcTcReasonTC_REASON_GSO,
+// bpf.RelayTcTcReason from it).
+func (t *TC) Verdicts() ([]uint64, error) {
+	n := bpf.RelayTcTcReasonTC_REASON_MAX
+	out := make([]uint64, n)
+	for r := range uint32(n) {
+		var per []uint64
+		if err := t.objs.TcVerdicts.Lookup(r, &per); err != nil {
+			return nil, fmt.Errorf("TC verdict %d: %w", r, err)
+		}
+		for _, c := range per {
+			out[r] += c
+		}
+	}
+	return out, nil
+}
+
+// Attach attaches the engine at the interface's ingress (tcx, after any
+// program already there). Call it from the interface's network namespace.
+func (t *TC) Attach(iface string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ifc, err := interfaceByName(iface)
+	if err != nil {
+		return err
+	}
+	if _, ok := t.links[ifc.Index]; ok {
+		return nil
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Program: t.objs.TcTurnRelay, Attach: ebpf.AttachTCXIngress, Interface: ifc.Index})
+	if err != nil {
+		return fmt.Errorf("attach TC to %s: %w", iface, err)
+	}
+	t.links[ifc.Index] = tcAttachment{link: l, name: iface}
+	return nil
+}
+
+// Detach detaches the engine from the interface of that name.
+func (t *TC) Detach(iface string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for ifindex, a := range t.links {
+		if a.name == iface {
+			delete(t.links, ifindex)
+			return a.link.Close()
+		}
+	}
+	return nil
+}
+
+// Attached returns the names of the interfaces the engine is attached to.
+func (t *TC) Attached() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]string, 0, len(t.links))
+	for _, a := range t.links {
+		out = append(out, a.name)
+	}
+	return out
+}
+
+// Close detaches the engine everywhere and frees it (the shared maps stay
+// with the XDP program).
+func (t *TC) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var errs []error
+	for ifindex, a := range t.links {
+		delete(t.links, ifindex)
+		errs = append(errs, a.link.Close())
+	}
+	errs = append(errs, t.objs.Close())
+	return errors.Join(errs...)
+}
