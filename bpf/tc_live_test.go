@@ -1,0 +1,408 @@
+package bpf_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+)
+
+// TestTCLivePodPeer: real traffic through a node shaped like a Kubernetes
+// node with a peer pod behind a plain veth. A client namespace reaches the
+// node over a veth (the NIC) that runs the XDP program natively and the TC
+// engine; the pod's namespace sits behind a veth with NO XDP program and
+// default offloads (its sender hands over CHECKSUM_PARTIAL skbs), the host
+// side addressed and running the TC engine. client->peer: XDP passes (the
+// pod's veth is not in its devmap, and could not transmit XDP frames) and TC
+// relays into the veth; peer->client enters on the pod's veth, where only TC
+// runs. 500 datagrams each way must arrive, intact, relayed by TC and counted
+// once. The same again with tx checksumming off on the node's egresses, so
+// that the egress computes each CHECKSUM_PARTIAL skb's checksum from
+// csum_start, and the receiver verifies it.
+func TestTCLivePodPeer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("network namespaces: not in -short mode")
+	}
+	testenv.RequireRoot(t)
+	for _, egressSums := range []bool{false, true} {
+		t.Run(fmt.Sprintf("egress-computes-checksum=%v", egressSums), func(t *testing.T) { livePodPeer(t, egressSums) })
+	}
+}
+
+const (
+	liveN       = 500
+	liveChannel = 0x4000
+)
+
+func livePodPeer(t *testing.T, egressSums bool) {
+	client, node, pod := testenv.NewNSWorker(t), testenv.NewNSWorker(t), testenv.NewNSWorker(t)
+	var clientMAC, podMAC net.HardwareAddr
+	var prog *loader.Program
+	var tc *loader.TC
+	err := node.Do(func() error {
+		for _, f := range []string{"all/forwarding", "default/forwarding"} {
+			if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+f, []byte("1"), 0); err != nil {
+				return err
+			}
+		}
+		// The NIC (n0 <-> c0 in the client's namespace) and the pod's veth
+		// (p0 <-> eth0 in the pod's).
+		for _, l := range []struct {
+			host, peer, addr string
+			ns               *testenv.NSWorker
+		}{{"n0", "c0", "10.1.0.1/24", client}, {"p0", "eth0", "10.2.0.1/24", pod}} {
+			la := netlink.NewLinkAttrs()
+			la.Name = l.host
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: l.peer}); err != nil {
+				return err
+			}
+			h, _ := netlink.LinkByName(l.host)
+			p, _ := netlink.LinkByName(l.peer)
+			if err := netlink.LinkSetNsFd(p, int(l.ns.NS)); err != nil {
+				return err
+			}
+			a, _ := netlink.ParseAddr(l.addr)
+			if err := netlink.AddrAdd(h, a); err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(h); err != nil {
+				return err
+			}
+			if egressSums {
+				if out, err := exec.Command("ethtool", "-K", l.host, "tx", "off").CombinedOutput(); err != nil {
+					return fmt.Errorf("ethtool: %v: %s", err, out)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, side := range []struct {
+		ns         *testenv.NSWorker
+		name, addr string
+		gw         string
+		mac        *net.HardwareAddr
+	}{{client, "c0", "10.1.0.2/24", "10.1.0.1", &clientMAC}, {pod, "eth0", "10.2.0.2/24", "10.2.0.1", &podMAC}} {
+		err := side.ns.Do(func() error {
+			l, err := netlink.LinkByName(side.name)
+			if err != nil {
+				return err
+			}
+			a, _ := netlink.ParseAddr(side.addr)
+			if err := netlink.AddrAdd(l, a); err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+			lo, _ := netlink.LinkByName("lo")
+			_ = netlink.LinkSetUp(lo)
+			*side.mac = l.Attrs().HardwareAddr
+			return netlink.RouteAdd(&netlink.Route{Gw: net.ParseIP(side.gw)}) // a default route
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	cfg := loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 1024}
+	err = node.Do(func() error {
+		// The neighbours resolved, as on a node that has talked to both.
+		for _, n := range []struct {
+			dev, ip string
+			mac     net.HardwareAddr
+		}{{"n0", "10.1.0.2", clientMAC}, {"p0", "10.2.0.2", podMAC}} {
+			l, _ := netlink.LinkByName(n.dev)
+			if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, State: netlink.NUD_PERMANENT,
+				IP: net.ParseIP(n.ip), HardwareAddr: n.mac}); err != nil {
+				return err
+			}
+		}
+		var err error
+		prog, err = loader.Load(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			return err
+		}
+		if _, err := prog.Attach("n0", loader.ModeNative); err != nil {
+			return err
+		}
+		if tc, err = prog.LoadTC(); err != nil {
+			return err
+		}
+		for _, dev := range []string{"n0", "p0"} {
+			if err := tc.Attach(dev); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = node.Do(func() error { tc.Close(); return prog.Close() })
+	})
+	maps := channelmap.New(prog.Maps())
+	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{ap("10.1.0.1:3478"): ap("0.0.0.0:3478")}); err != nil {
+		t.Fatal(err)
+	}
+	b := channelmap.Binding{Client: ap("10.1.0.2:40000"), Listener: ap("0.0.0.0:3478"), Channel: liveChannel,
+		Peer: ap("10.2.0.2:5000"), Relay: ap("10.1.0.1:50000")}
+	if err := maps.Upsert(b); err != nil {
+		t.Fatal(err)
+	}
+
+	var clientConn, podConn *net.UDPConn
+	for _, s := range []struct {
+		ns   *testenv.NSWorker
+		addr string
+		conn **net.UDPConn
+	}{{client, "10.1.0.2:40000", &clientConn}, {pod, "10.2.0.2:5000", &podConn}} {
+		if err := s.ns.Do(func() error {
+			c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(ap(s.addr)))
+			*s.conn = c
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { (*s.conn).Close() })
+	}
+
+	stats := liveBPFStats(t)
+	before := stats.read(t, prog, tc)
+
+	// client->peer: ChannelData to the listener, the data at the pod.
+	payload := func(dir string, i int) []byte {
+		return []byte(fmt.Sprintf("%s %04d %s", dir, i, strings.Repeat("x", i%200)))
+	}
+	got := exchange(t, clientConn, podConn, ap("10.1.0.1:3478"), 0, func(i int) []byte {
+		d := payload("c2p", i)
+		m := make([]byte, 4+len(d)+(4-len(d)%4)%4)
+		binary.BigEndian.PutUint16(m, liveChannel)
+		binary.BigEndian.PutUint16(m[2:], uint16(len(d)))
+		copy(m[4:], d)
+		return m
+	}, func(i int, from netip.AddrPort, msg []byte) error {
+		if from != ap("10.1.0.1:50000") {
+			return fmt.Errorf("from %v, want the relay address", from)
+		}
+		if !bytes.Equal(msg, payload("c2p", i)) {
+			return fmt.Errorf("data %q", msg)
+		}
+		return nil
+	})
+	if got != liveN {
+		t.Errorf("client->peer: %d of %d arrived", got, liveN)
+	}
+	// peer->client: datagrams to the relay address, ChannelData at the client.
+	got = exchange(t, podConn, clientConn, ap("10.1.0.1:50000"), 4, func(i int) []byte { return payload("p2c", i) },
+		func(i int, from netip.AddrPort, msg []byte) error {
+			if from != ap("10.1.0.1:3478") {
+				return fmt.Errorf("from %v, want the listener", from)
+			}
+			d := payload("p2c", i)
+			if len(msg) != 4+len(d) || binary.BigEndian.Uint16(msg) != liveChannel ||
+				int(binary.BigEndian.Uint16(msg[2:])) != len(d) || !bytes.Equal(msg[4:], d) {
+				return fmt.Errorf("ChannelData %x", msg)
+			}
+			return nil
+		})
+	if got != liveN {
+		t.Errorf("peer->client: %d of %d arrived", got, liveN)
+	}
+
+	after := stats.read(t, prog, tc)
+	totals, err := maps.Totals()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if totals.ClientToPeerPackets != liveN || totals.PeerToClientPackets != liveN {
+		t.Errorf("per-binding counters: %d c2p, %d p2c; want %d each", totals.ClientToPeerPackets, totals.PeerToClientPackets, liveN)
+	}
+	tcv, xdpv := diff(after.tc, before.tc), diff(after.xdp, before.xdp)
+	if tcv[bpf.RelayReasonREASON_RELAY_C2P_REDIRECT] != liveN || tcv[bpf.RelayReasonREASON_RELAY_P2C_REDIRECT] != liveN {
+		t.Errorf("TC relayed %d c2p, %d p2c; want %d each (TC verdicts %v)", tcv[bpf.RelayReasonREASON_RELAY_C2P_REDIRECT],
+			tcv[bpf.RelayReasonREASON_RELAY_P2C_REDIRECT], liveN, nonZero(tcv))
+	}
+	for _, r := range []bpf.RelayReason{bpf.RelayReasonREASON_RELAY_C2P_TX, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
+		bpf.RelayReasonREASON_RELAY_P2C_TX, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT} {
+		if xdpv[r] != 0 {
+			t.Errorf("XDP counted %d %s: a packet is relayed by one engine", xdpv[r], reasonName(r))
+		}
+	}
+	t.Logf("XDP verdicts %v; TC verdicts %v", nonZero(xdpv), nonZero(tcv))
+	for name, ns := range map[string]*testenv.NSWorker{"client": client, "pod": pod} {
+		if n := udpCsumErrors(t, ns); n != 0 {
+			t.Errorf("%s: %d UDP checksum errors", name, n)
+		}
+	}
+	stats.report(t, before, after)
+}
+
+// exchange sends liveN messages from one socket to dst, reads what arrives at
+// the other (checking each with check) and returns how many arrived intact.
+func exchange(t *testing.T, from, to *net.UDPConn, dst netip.AddrPort, skip int, msg func(int) []byte,
+	check func(int, netip.AddrPort, []byte) error) int {
+	t.Helper()
+	_ = to.SetReadBuffer(4 << 20)
+	got := make(chan int)
+	go func() {
+		n, buf := 0, make([]byte, 2048)
+		for {
+			_ = to.SetReadDeadline(time.Now().Add(2 * time.Second))
+			l, a, err := to.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				got <- n
+				return
+			}
+			var i int
+			if _, err := fmt.Sscanf(string(buf[min(skip, l):l]), "%s %d", new(string), &i); err != nil {
+				t.Errorf("unreadable message %x", buf[:l])
+				continue
+			}
+			if err := check(i, a, buf[:l]); err != nil {
+				t.Errorf("message %d: %v", i, err)
+				continue
+			}
+			n++
+		}
+	}()
+	for i := range liveN {
+		if _, err := from.WriteToUDPAddrPort(msg(i), dst); err != nil {
+			t.Errorf("send %d: %v", i, err)
+		}
+		if i%20 == 19 {
+			time.Sleep(time.Millisecond) // a bounded, paced load
+		}
+	}
+	return <-got
+}
+
+// udpCsumErrors reads Udp InCsumErrors of the namespace (/proc/net/snmp).
+func udpCsumErrors(t *testing.T, ns *testenv.NSWorker) int {
+	t.Helper()
+	var n int
+	err := ns.Do(func() error {
+		b, err := os.ReadFile("/proc/net/snmp")
+		if err != nil {
+			return err
+		}
+		var head []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 || f[0] != "Udp:" {
+				continue
+			}
+			if head == nil {
+				head = f
+				continue
+			}
+			for i := range head {
+				if head[i] == "InCsumErrors" {
+					n, err = strconv.Atoi(f[i])
+					return err
+				}
+			}
+		}
+		return fmt.Errorf("no Udp InCsumErrors")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+type liveCounts struct {
+	xdp, tc           []uint64
+	xdpRuns, tcRuns   uint64
+	xdpNanos, tcNanos time.Duration
+}
+
+func diff(a, b []uint64) map[bpf.RelayReason]uint64 {
+	out := map[bpf.RelayReason]uint64{}
+	for i := range a {
+		out[bpf.RelayReason(i)] = a[i] - b[i]
+	}
+	return out
+}
+
+func nonZero(m map[bpf.RelayReason]uint64) map[string]uint64 {
+	out := map[string]uint64{}
+	for r, n := range m {
+		if n != 0 {
+			out[tcReasonName(r)] = n
+		}
+	}
+	return out
+}
+
+// bpfStats turns kernel.bpf_stats_enabled on for the test (and back to what
+// it was): the programs' run time and run count (live cost).
+type bpfStats struct{}
+
+func liveBPFStats(t *testing.T) bpfStats {
+	const knob = "/proc/sys/kernel/bpf_stats_enabled"
+	old, err := os.ReadFile(knob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(knob, []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile(knob, old, 0) })
+	return bpfStats{}
+}
+
+func (bpfStats) read(t *testing.T, prog *loader.Program, tc *loader.TC) liveCounts {
+	t.Helper()
+	var c liveCounts
+	var err error
+	m := channelmap.New(prog.Maps())
+	if c.xdp, err = m.Verdicts(); err != nil {
+		t.Fatal(err)
+	}
+	if c.tc, err = tc.Verdicts(); err != nil {
+		t.Fatal(err)
+	}
+	xs, err := prog.XDP().Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := tc.Prog().Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.xdpRuns, c.xdpNanos, c.tcRuns, c.tcNanos = xs.RunCount, xs.Runtime, ts.RunCount, ts.Runtime
+	return c
+}
+
+// report logs each program's mean live cost over the run and their ratio.
+func (bpfStats) report(t *testing.T, before, after liveCounts) {
+	xr, tr := after.xdpRuns-before.xdpRuns, after.tcRuns-before.tcRuns
+	if xr == 0 || tr == 0 {
+		t.Errorf("BPF stats: %d XDP runs, %d TC runs", xr, tr)
+		return
+	}
+	x := float64(after.xdpNanos-before.xdpNanos) / float64(xr)
+	c := float64(after.tcNanos-before.tcNanos) / float64(tr)
+	t.Logf("live cost (kernel.bpf_stats_enabled): XDP %.0f ns/run over %d runs, TC %.0f ns/run over %d runs: TC/XDP %.2f",
+		x, xr, c, tr, c/x)
+}
