@@ -3,6 +3,8 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"net"
+	"path"
 	"reflect"
 	"strings"
 	"sync"
@@ -159,4 +161,37 @@ func (t *TC) Close() error {
 	}
 	errs = append(errs, t.objs.Close())
 	return errors.Join(errs...)
+}
+
+// AttachMatching attaches the engine to every interface whose name matches
+// one of the patterns (path.Match: "lxc*", "cali*", "veth*"): pods' host-side
+// veths and tunnel devices, where the media of local pods and overlays
+// enters. It returns the names it attached to now. Interfaces that appear
+// later need another call (netlink-driven discovery is not built yet).
+func (t *TC) AttachMatching(patterns ...string) ([]string, error) {
+	for _, p := range patterns {
+		if _, err := path.Match(p, ""); err != nil {
+			return nil, fmt.Errorf("interface pattern %q: %w", p, err)
+		}
+	}
+	ifcs, err := net.Interfaces()
+	if err != nil {
+		return nil, fmt.Errorf("list interfaces: %w", err)
+	}
+	var attached []string
+	var errs []error
+	for _, ifc := range ifcs {
+		for _, p := range patterns {
+			if ok, _ := path.Match(p, ifc.Name); !ok {
+				continue
+			}
+			if err := t.Attach(ifc.Name); err != nil {
+				errs = append(errs, err)
+			} else {
+				attached = append(attached, ifc.Name)
+			}
+			break
+		}
+	}
+	return attached, errors.Join(errs...)
 }
