@@ -10,7 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
-	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/model"
 	"github.com/l7mp/stunnerd-xdp/internal/packet"
@@ -122,22 +121,8 @@ func (e *tcEnv) checkTC(t testing.TB, m *model.Model, ingress string, frame []by
 	if !equalCounts(beforeXDP, afterXDP) {
 		t.Errorf("the TC program moved an XDP verdict counter")
 	}
-	got := observation{verdict: ret, out: out, reason: bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_MAX)}
-	for r := range after {
-		switch d := after[r] - before[r]; {
-		case d == 0:
-		case d == 1 && got.reason == bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_MAX):
-			got.reason = bpf.RelayReason(r)
-		default:
-			t.Errorf("TC verdict counter %s moved by %d", tcReasonName(bpf.RelayReason(r)), d)
-		}
-	}
-	got.counted = channelmap.Stats{
-		ClientToPeerPackets: afterTotals.ClientToPeerPackets - beforeTotals.ClientToPeerPackets,
-		ClientToPeerBytes:   afterTotals.ClientToPeerBytes - beforeTotals.ClientToPeerBytes,
-		PeerToClientPackets: afterTotals.PeerToClientPackets - beforeTotals.PeerToClientPackets,
-		PeerToClientBytes:   afterTotals.PeerToClientBytes - beforeTotals.PeerToClientBytes,
-	}
+	got := observation{verdict: ret, out: out, counted: statsDelta(beforeTotals, afterTotals),
+		reason: movedByOne(t, before, after, bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_MAX), tcReasonName)}
 	clock := m.Now
 	m.Now = func() uint64 { return e.ranAt }
 	want := m.ProcessTC(e.ifaces[ingress].index, frame, skb)
@@ -154,23 +139,7 @@ func (e *tcEnv) checkTC(t testing.TB, m *model.Model, ingress string, frame []by
 	if !bytes.Equal(got.out, want.Frame) {
 		t.Errorf("output differs from the model's\nprogram %x\n  model %x", got.out, want.Frame)
 	}
-	var counted channelmap.Stats
-	if want.Counted != nil {
-		if want.Reason == bpf.RelayReasonREASON_RELAY_C2P_TX || want.Reason == bpf.RelayReasonREASON_RELAY_C2P_REDIRECT {
-			counted.ClientToPeerPackets, counted.ClientToPeerBytes = 1, uint64(want.DataLen)
-		} else {
-			counted.PeerToClientPackets, counted.PeerToClientBytes = 1, uint64(want.DataLen)
-		}
-	}
-	if got.counted != counted {
-		t.Errorf("per-binding counters gained %+v, model %+v", got.counted, counted)
-	}
-	kernel := e.listeners(t)
-	for _, b := range m.Bindings() {
-		if k, ok := kernel[b.Key()]; !ok || k != knownOrZero(b.ReplySource) {
-			t.Errorf("binding %v: reply source %v in the kernel, %v in the model", b.Key(), k, b.ReplySource)
-		}
-	}
+	e.checkEffects(t, m, got.counted, want.Reason, want.Counted, want.DataLen)
 	return got, want
 }
 
