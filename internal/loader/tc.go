@@ -114,7 +114,9 @@ func (t *TC) Attach(iface string) error {
 	if err != nil {
 		return err
 	}
-	if _, ok := t.links[ifc.Index]; ok {
+	if a, ok := t.links[ifc.Index]; ok {
+		a.name = iface // renamed, still attached
+		t.links[ifc.Index] = a
 		return nil
 	}
 	l, err := link.AttachTCX(link.TCXOptions{Program: t.objs.TcTurnRelay, Attach: ebpf.AttachTCXIngress, Interface: ifc.Index})

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -80,5 +81,93 @@ func TestTCAttachMatching(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTCDiscover: pods' veths that appear after Discover started are
+// attached, others not; a deleted one is forgotten, so that a new device that
+// reuses its name is attached again.
+func TestTCDiscover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("network namespace: not in -short mode")
+	}
+	testenv.RequireRoot(t)
+	ns := testenv.NewNSWorker(t)
+	cfg := loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 1024}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var tc *loader.TC
+	stop := make(chan struct{})
+	err := ns.Do(func() error {
+		prog, err := loader.Load(cfg, log)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { prog.Close() })
+		if tc, err = prog.LoadTC(); err != nil {
+			return err
+		}
+		t.Cleanup(func() { close(stop); tc.Close() })
+		return tc.Discover(stop, []string{"lxc*"}, log)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addVeth := func(name string) {
+		t.Helper()
+		if err := ns.Do(func() error {
+			la := netlink.NewLinkAttrs()
+			la.Name = name
+			return netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "p" + name})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// attached polls the kernel for a program at the device's tcx ingress.
+	attached := func(name string) bool {
+		t.Helper()
+		var n int
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			if err := ns.Do(func() error {
+				l, err := netlink.LinkByName(name)
+				if err != nil {
+					return err
+				}
+				r, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+				n = len(r.Programs)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if n > 0 || time.Now().After(deadline) {
+				return n > 0
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	addVeth("lxc7")
+	addVeth("eth7")
+	if !attached("lxc7") {
+		t.Error("lxc7 (new, matching) not attached")
+	}
+	if attached("eth7") {
+		t.Error("eth7 (not matching) attached")
+	}
+	if err := ns.Do(func() error {
+		l, err := netlink.LinkByName("lxc7")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkDel(l)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	addVeth("lxc7")
+	if !attached("lxc7") {
+		t.Error("lxc7 (deleted and made again) not attached")
+	}
+	if got := tc.Attached(); len(got) != 1 || got[0] != "lxc7" {
+		t.Errorf("attached to %v, want lxc7 only", got)
 	}
 }
