@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
@@ -40,8 +41,12 @@ func TestTCLivePodPeer(t *testing.T) {
 		t.Skip("network namespaces: not in -short mode")
 	}
 	testenv.RequireRoot(t)
-	for _, egressSums := range []bool{false, true} {
-		t.Run(fmt.Sprintf("egress-computes-checksum=%v", egressSums), func(t *testing.T) { livePodPeer(t, egressSums) })
+	for _, v6 := range []bool{false, true} {
+		for _, egressSums := range []bool{false, true} {
+			t.Run(fmt.Sprintf("client-ipv6=%v/egress-computes-checksum=%v", v6, egressSums), func(t *testing.T) {
+				livePodPeer(t, egressSums, v6)
+			})
+		}
 	}
 }
 
@@ -50,8 +55,27 @@ const (
 	liveChannel = 0x4000
 )
 
-func livePodPeer(t *testing.T, egressSums bool) {
+// livePodPeer runs the rig; with v6 the client is IPv6 (the relay and the pod
+// IPv4): the TC engine changes the family with bpf_skb_change_proto, which
+// must keep each PARTIAL skb's UDP header where csum_start points.
+func livePodPeer(t *testing.T, egressSums, v6 bool) {
 	client, node, pod := testenv.NewNSWorker(t), testenv.NewNSWorker(t), testenv.NewNSWorker(t)
+	clientAddr, listenerAddr, wildcard, network := "10.1.0.2:40000", "10.1.0.1:3478", "0.0.0.0:3478", "udp4"
+	if v6 {
+		clientAddr, listenerAddr, wildcard, network = "[fd00:1::2]:40000", "[fd00:1::1]:3478", "[::]:3478", "udp6"
+		for _, w := range []*testenv.NSWorker{client, node, pod} {
+			if err := w.Do(func() error {
+				for _, f := range []string{"all/disable_ipv6", "default/disable_ipv6"} {
+					if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+f, []byte("0"), 0); err != nil {
+						return err
+					}
+				}
+				return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0)
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	var clientMAC, podMAC net.HardwareAddr
 	var prog *loader.Program
 	var tc *loader.TC
@@ -83,6 +107,11 @@ func livePodPeer(t *testing.T, egressSums bool) {
 			}
 			if err := netlink.LinkSetUp(h); err != nil {
 				return err
+			}
+			if v6 && l.host == "n0" {
+				if err := addNoDAD(h, "fd00:1::1/64"); err != nil {
+					return err
+				}
 			}
 			if egressSums {
 				if out, err := exec.Command("ethtool", "-K", l.host, "tx", "off").CombinedOutput(); err != nil {
@@ -116,6 +145,11 @@ func livePodPeer(t *testing.T, egressSums bool) {
 			lo, _ := netlink.LinkByName("lo")
 			_ = netlink.LinkSetUp(lo)
 			*side.mac = l.Attrs().HardwareAddr
+			if v6 && side.name == "c0" {
+				if err := addNoDAD(l, "fd00:1::2/64"); err != nil {
+					return err
+				}
+			}
 			return netlink.RouteAdd(&netlink.Route{Gw: net.ParseIP(side.gw)}) // a default route
 		})
 		if err != nil {
@@ -129,7 +163,10 @@ func livePodPeer(t *testing.T, egressSums bool) {
 		for _, n := range []struct {
 			dev, ip string
 			mac     net.HardwareAddr
-		}{{"n0", "10.1.0.2", clientMAC}, {"p0", "10.2.0.2", podMAC}} {
+		}{{"n0", "10.1.0.2", clientMAC}, {"p0", "10.2.0.2", podMAC}, {"n0", "fd00:1::2", clientMAC}} {
+			if !v6 && strings.Contains(n.ip, ":") {
+				continue
+			}
 			l, _ := netlink.LinkByName(n.dev)
 			if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, State: netlink.NUD_PERMANENT,
 				IP: net.ParseIP(n.ip), HardwareAddr: n.mac}); err != nil {
@@ -161,10 +198,10 @@ func livePodPeer(t *testing.T, egressSums bool) {
 		_ = node.Do(func() error { tc.Close(); return prog.Close() })
 	})
 	maps := channelmap.New(prog.Maps())
-	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{ap("10.1.0.1:3478"): ap("0.0.0.0:3478")}); err != nil {
+	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{ap(listenerAddr): ap(wildcard)}); err != nil {
 		t.Fatal(err)
 	}
-	b := channelmap.Binding{Client: ap("10.1.0.2:40000"), Listener: ap("0.0.0.0:3478"), Channel: liveChannel,
+	b := channelmap.Binding{Client: ap(clientAddr), Listener: ap(wildcard), Channel: liveChannel,
 		Peer: ap("10.2.0.2:5000"), Relay: ap("10.1.0.1:50000")}
 	if err := maps.Upsert(b); err != nil {
 		t.Fatal(err)
@@ -172,12 +209,12 @@ func livePodPeer(t *testing.T, egressSums bool) {
 
 	var clientConn, podConn *net.UDPConn
 	for _, s := range []struct {
-		ns   *testenv.NSWorker
-		addr string
-		conn **net.UDPConn
-	}{{client, "10.1.0.2:40000", &clientConn}, {pod, "10.2.0.2:5000", &podConn}} {
+		ns            *testenv.NSWorker
+		network, addr string
+		conn          **net.UDPConn
+	}{{client, network, clientAddr, &clientConn}, {pod, "udp4", "10.2.0.2:5000", &podConn}} {
 		if err := s.ns.Do(func() error {
-			c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(ap(s.addr)))
+			c, err := net.ListenUDP(s.network, net.UDPAddrFromAddrPort(ap(s.addr)))
 			*s.conn = c
 			return err
 		}); err != nil {
@@ -193,7 +230,7 @@ func livePodPeer(t *testing.T, egressSums bool) {
 	payload := func(dir string, i int) []byte {
 		return []byte(fmt.Sprintf("%s %04d %s", dir, i, strings.Repeat("x", i%200)))
 	}
-	got := exchange(t, clientConn, podConn, ap("10.1.0.1:3478"), 0, func(i int) []byte {
+	got := exchange(t, clientConn, podConn, ap(listenerAddr), 0, func(i int) []byte {
 		d := payload("c2p", i)
 		m := make([]byte, 4+len(d)+(4-len(d)%4)%4)
 		binary.BigEndian.PutUint16(m, liveChannel)
@@ -215,7 +252,7 @@ func livePodPeer(t *testing.T, egressSums bool) {
 	// peer->client: datagrams to the relay address, ChannelData at the client.
 	got = exchange(t, podConn, clientConn, ap("10.1.0.1:50000"), 4, func(i int) []byte { return payload("p2c", i) },
 		func(i int, from netip.AddrPort, msg []byte) error {
-			if from != ap("10.1.0.1:3478") {
+			if from != ap(listenerAddr) {
 				return fmt.Errorf("from %v, want the listener", from)
 			}
 			d := payload("p2c", i)
@@ -255,6 +292,16 @@ func livePodPeer(t *testing.T, egressSums bool) {
 		}
 	}
 	stats.report(t, before, after)
+}
+
+// addNoDAD adds an IPv6 address usable at once.
+func addNoDAD(l netlink.Link, cidr string) error {
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		return err
+	}
+	a.Flags = unix.IFA_F_NODAD
+	return netlink.AddrAdd(l, a)
 }
 
 // exchange sends liveN messages from one socket to dst, reads what arrives at
