@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -41,13 +44,26 @@ func TestTCLivePodPeer(t *testing.T) {
 		t.Skip("network namespaces: not in -short mode")
 	}
 	testenv.RequireRoot(t)
+	var tcCost float64
 	for _, v6 := range []bool{false, true} {
 		for _, egressSums := range []bool{false, true} {
 			t.Run(fmt.Sprintf("client-ipv6=%v/egress-computes-checksum=%v", v6, egressSums), func(t *testing.T) {
-				livePodPeer(t, egressSums, v6)
+				c := livePodPeer(t, egressSums, v6, false)
+				if !v6 && !egressSums {
+					tcCost = c.tc
+				}
 			})
 		}
 	}
+	// The same traffic relayed by XDP alone, for the cost of a relay in
+	// each engine: the peer is another machine behind a wire (an XDP_PASS
+	// program at both far ends, as a NIC receives redirected frames).
+	t.Run("peer-behind-a-wire/xdp-relays", func(t *testing.T) {
+		c := livePodPeer(t, false, false, true)
+		if tcCost > 0 && c.xdp > 0 {
+			t.Logf("relay cost: TC %.0f ns/run (pod behind a veth) / XDP %.0f ns/run (peer behind a wire) = %.2f", tcCost, c.xdp, tcCost/c.xdp)
+		}
+	})
 }
 
 const (
@@ -58,7 +74,10 @@ const (
 // livePodPeer runs the rig; with v6 the client is IPv6 (the relay and the pod
 // IPv4): the TC engine changes the family with bpf_skb_change_proto, which
 // must keep each PARTIAL skb's UDP header where csum_start points.
-func livePodPeer(t *testing.T, egressSums, v6 bool) {
+// With wire, the pod's namespace stands for another machine instead: XDP
+// runs on its veth too, an XDP_PASS program at both far ends, and XDP relays
+// everything. It returns the programs' mean cost per run.
+func livePodPeer(t *testing.T, egressSums, v6, wire bool) liveCost {
 	client, node, pod := testenv.NewNSWorker(t), testenv.NewNSWorker(t), testenv.NewNSWorker(t)
 	clientAddr, listenerAddr, wildcard, network := "10.1.0.2:40000", "10.1.0.1:3478", "0.0.0.0:3478", "udp4"
 	if v6 {
@@ -181,6 +200,11 @@ func livePodPeer(t *testing.T, egressSums, v6 bool) {
 		if _, err := prog.Attach("n0", loader.ModeNative); err != nil {
 			return err
 		}
+		if wire {
+			if _, err := prog.Attach("p0", loader.ModeNative); err != nil {
+				return err
+			}
+		}
 		if tc, err = prog.LoadTC(); err != nil {
 			return err
 		}
@@ -197,6 +221,13 @@ func livePodPeer(t *testing.T, egressSums, v6 bool) {
 	t.Cleanup(func() {
 		_ = node.Do(func() error { tc.Close(); return prog.Close() })
 	})
+	if wire {
+		for dev, ns := range map[string]*testenv.NSWorker{"c0": client, "eth0": pod} {
+			if err := ns.Do(func() error { return attachXDPPass(t, dev) }); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	maps := channelmap.New(prog.Maps())
 	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{ap(listenerAddr): ap(wildcard)}); err != nil {
 		t.Fatal(err)
@@ -275,6 +306,10 @@ func livePodPeer(t *testing.T, egressSums, v6 bool) {
 		t.Errorf("per-binding counters: %d c2p, %d p2c; want %d each", totals.ClientToPeerPackets, totals.PeerToClientPackets, liveN)
 	}
 	tcv, xdpv := diff(after.tc, before.tc), diff(after.xdp, before.xdp)
+	if wire {
+		// XDP relays it all; TC sees none of it.
+		tcv, xdpv = xdpv, tcv
+	}
 	if tcv[bpf.RelayReasonREASON_RELAY_C2P_REDIRECT] != liveN || tcv[bpf.RelayReasonREASON_RELAY_P2C_REDIRECT] != liveN {
 		t.Errorf("TC relayed %d c2p, %d p2c; want %d each (TC verdicts %v)", tcv[bpf.RelayReasonREASON_RELAY_C2P_REDIRECT],
 			tcv[bpf.RelayReasonREASON_RELAY_P2C_REDIRECT], liveN, nonZero(tcv))
@@ -285,13 +320,38 @@ func livePodPeer(t *testing.T, egressSums, v6 bool) {
 			t.Errorf("XDP counted %d %s: a packet is relayed by one engine", xdpv[r], reasonName(r))
 		}
 	}
+	if wire {
+		tcv, xdpv = xdpv, tcv
+	}
 	t.Logf("XDP verdicts %v; TC verdicts %v", nonZero(xdpv), nonZero(tcv))
 	for name, ns := range map[string]*testenv.NSWorker{"client": client, "pod": pod} {
 		if n := udpCsumErrors(t, ns); n != 0 {
 			t.Errorf("%s: %d UDP checksum errors", name, n)
 		}
 	}
-	stats.report(t, before, after)
+	return stats.report(t, before, after)
+}
+
+// attachXDPPass attaches a program that passes every frame to the device, in
+// native mode, as a NIC that receives redirected frames; it stays until the
+// namespace goes.
+func attachXDPPass(t *testing.T, dev string) error {
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
+	if err != nil {
+		return err
+	}
+	t.Cleanup(func() { p.Close() })
+	ifc, err := net.InterfaceByName(dev)
+	if err != nil {
+		return err
+	}
+	l, err := link.AttachXDP(link.XDPOptions{Program: p, Interface: ifc.Index, Flags: link.XDPDriverMode})
+	if err != nil {
+		return err
+	}
+	t.Cleanup(func() { l.Close() })
+	return nil
 }
 
 // addNoDAD adds an IPv6 address usable at once.
@@ -441,15 +501,18 @@ func (bpfStats) read(t *testing.T, prog *loader.Program, tc *loader.TC) liveCoun
 	return c
 }
 
+// liveCost is each program's mean live cost per run, in ns.
+type liveCost struct{ xdp, tc float64 }
+
 // report logs each program's mean live cost over the run and their ratio.
-func (bpfStats) report(t *testing.T, before, after liveCounts) {
+func (bpfStats) report(t *testing.T, before, after liveCounts) liveCost {
 	xr, tr := after.xdpRuns-before.xdpRuns, after.tcRuns-before.tcRuns
 	if xr == 0 || tr == 0 {
 		t.Errorf("BPF stats: %d XDP runs, %d TC runs", xr, tr)
-		return
+		return liveCost{}
 	}
-	x := float64(after.xdpNanos-before.xdpNanos) / float64(xr)
-	c := float64(after.tcNanos-before.tcNanos) / float64(tr)
+	c := liveCost{xdp: float64(after.xdpNanos-before.xdpNanos) / float64(xr), tc: float64(after.tcNanos-before.tcNanos) / float64(tr)}
 	t.Logf("live cost (kernel.bpf_stats_enabled): XDP %.0f ns/run over %d runs, TC %.0f ns/run over %d runs: TC/XDP %.2f",
-		x, xr, c, tr, c/x)
+		c.xdp, xr, c.tc, tr, c.tc/c.xdp)
+	return c
 }
