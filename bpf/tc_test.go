@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/model"
 	"github.com/l7mp/stunnerd-xdp/internal/packet"
@@ -351,5 +353,95 @@ func FuzzTCVsModel(f *testing.F) {
 		if _, res := e.checkTC(t, m, name, frame, skb); res.Learned != nil {
 			e.restore(t, bs)
 		}
+	})
+}
+
+// TestTCRateLimit: the TC engine charges the same buckets as XDP (one per
+// allocation): over a dropping limit a bound packet is shot, over a passing
+// one it goes on to pion/turn, neither charged; under it, relayed and
+// charged.
+func TestTCRateLimit(t *testing.T) {
+	e := newTCEnv(t)
+	m := e.install(t)
+	b := bindings["redirect"]
+	c2p := fromClient(b, "10.100.0.1", packet.ChannelData(b.Channel, data(100), nil)).Marshal()
+	p2c := fromPeer(b, data(100)).Marshal()
+	owedFar := model.MonotonicNow() + uint64(10*time.Second)
+	for _, c := range []struct {
+		name    string
+		limit   channelmap.RateLimit
+		owes    model.RateState
+		verdict model.TCVerdict
+	}{
+		{"over/drop", channelmap.RateLimit{PacketsPerSecond: 50}, model.RateState{PacketTAT: owedFar}, model.TCShot},
+		{"over/pass", channelmap.RateLimit{PacketsPerSecond: 50, Pass: true}, model.RateState{PacketTAT: owedFar}, model.TCOK},
+		{"over-bytes/drop", channelmap.RateLimit{BytesPerSecond: 1000}, model.RateState{ByteTAT: owedFar}, model.TCShot},
+		{"under", channelmap.RateLimit{PacketsPerSecond: 50}, model.RateState{}, model.TCRedirect},
+	} {
+		for _, dir := range []struct {
+			ingress string
+			frame   []byte
+		}{{"a0", c2p}, {"b0", p2c}} {
+			t.Run(c.name+"/"+dir.ingress, func(t *testing.T) {
+				e.setRateLimit(t, m, c.limit)
+				e.owe(t, m, b, c.owes)
+				got, _ := e.checkTC(t, m, dir.ingress, dir.frame, model.SKB{})
+				if model.TCVerdict(got.verdict) != c.verdict {
+					t.Errorf("%v %s, want %v", model.TCVerdict(got.verdict), tcReasonName(got.reason), c.verdict)
+				}
+				if c.verdict != model.TCRedirect && got.reason != bpf.RelayReasonREASON_RATE_LIMITED {
+					t.Errorf("reason %s, want rate_limited", tcReasonName(got.reason))
+				}
+				after := e.owed(t, m, b)
+				if charged := after != c.owes; charged != (c.verdict == model.TCRedirect) {
+					t.Errorf("owes %+v after, %+v before: charged %v", after, c.owes, charged)
+				}
+			})
+		}
+	}
+	e.setRateLimit(t, m, channelmap.RateLimit{})
+}
+
+// FuzzTCBindingsVsModel: FuzzRelayBindingsVsModel for the TC engine: varied
+// binding sets, both directions, every FIB outcome and rate limit, as a
+// CHECKSUM_NONE or a CHECKSUM_COMPLETE skb.
+func FuzzTCBindingsVsModel(f *testing.F) {
+	e := newTCEnv(f)
+	seeds := []struct {
+		spec             []byte
+		pick, dst, flags uint8
+		complete         bool
+	}{
+		{[]byte{0, 0, 0, 0x20, 0x10, 1}, 0, 0, 1, false},        // redirect c2p
+		{[]byte{0, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, true},         // redirect p2c
+		{[]byte{0, 0, 0, 0x70, 0x40, 1}, 0, 0, 1, false},        // egress not attached: TC relays
+		{[]byte{0x85, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, true},      // v6 client behind e0
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1}, 0, 0, 1, true},      // v6 c2p
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 1 | 4}, 0, 0, 1, false}, // over a dropping limit: shot
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 2 | 4}, 1, 0, 0, false}, // over a passing limit
+		{[]byte{0, 0, 0, 0x50, 0x20, 1, 1 | 4}, 0, 0, 1, false}, // over it, no neighbour: the FIB first
+		{[]byte{0, 0, 4, 0x20, 0x10, 1}, 0, 0, 1 | 3<<1, true},  // padding 3
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1}, 1, 0x80, 8, false},  // field = pseudo-header sum: no PARTIAL guess
+	}
+	for _, s := range seeds {
+		f.Add(s.spec, uint8(0), s.pick, s.dst, s.flags, s.complete, data(100))
+	}
+	f.Fuzz(func(t *testing.T, spec []byte, ingress, pick, dst, flags uint8, complete bool, payload []byte) {
+		bs := decodeBindings(spec)
+		e.replace(t, bs)
+		m := e.newModel(t, bs)
+		e.fuzzRateLimit(t, m, spec, bs)
+		if len(payload) > maxRunFrame-64 {
+			payload = payload[:maxRunFrame-64]
+		}
+		skb := model.SKB{}
+		if complete {
+			skb.Checksum = model.ChecksumComplete
+		}
+		frame := fuzzFrame(bs, pick, dst, flags, payload)
+		if !skbRunnable(frame) {
+			return
+		}
+		e.checkTC(t, m, ifaceNames[int(ingress)%len(ifaceNames)], frame, skb)
 	})
 }
