@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
@@ -444,4 +445,64 @@ func FuzzTCBindingsVsModel(f *testing.F) {
 		}
 		e.checkTC(t, m, ifaceNames[int(ingress)%len(ifaceNames)], frame, skb)
 	})
+}
+
+// TestTCReconfigure: after the XDP program's Reconfigure, the engine's
+// Reconfigure loads it with the new configuration and swaps it into its tcx
+// links; its counters carry over.
+func TestTCReconfigure(t *testing.T) {
+	e := newTCEnv(t)
+	m := e.install(t)
+	if err := e.ns.Do(func() error { return e.tc.Attach("a0") }); err != nil {
+		t.Fatal(err)
+	}
+	b := bindings["redirect"]
+	in := fromClient(b, "10.100.0.1", packet.ChannelData(b.Channel, data(10), nil)).Marshal()
+	if got, _ := e.checkTC(t, m, "a0", in, model.SKB{}); got.reason != bpf.RelayReasonREASON_RELAY_C2P_REDIRECT {
+		t.Fatalf("before: %s", tcReasonName(got.reason))
+	}
+	cfg := progConfig
+	cfg.ListenerPorts = []uint16{listenerPort + 1}
+	if err := e.prog.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	old := e.tc.Prog()
+	if err := e.tc.Reconfigure(e.prog); err != nil {
+		t.Fatal(err)
+	}
+	if e.tc.Prog() == old {
+		t.Fatal("the program was not swapped")
+	}
+	before := e.tcVerdicts(t)
+	ret, _, err := e.runTC(t, "a0", in, model.SKB{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := e.tcVerdicts(t)
+	if model.TCVerdict(ret) != model.TCOK || after[bpf.RelayReasonREASON_NOT_OURS] != before[bpf.RelayReasonREASON_NOT_OURS]+1 {
+		t.Errorf("after: %v, not_ours %d -> %d (port %d is no listener's now)", model.TCVerdict(ret),
+			before[bpf.RelayReasonREASON_NOT_OURS], after[bpf.RelayReasonREASON_NOT_OURS], listenerPort)
+	}
+	if after[bpf.RelayReasonREASON_RELAY_C2P_REDIRECT] == 0 {
+		t.Error("the counters did not carry over")
+	}
+	// The link runs the new program.
+	info, err := e.tc.Prog().Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	err = e.ns.Do(func() error {
+		r, err := link.QueryPrograms(link.QueryOptions{Target: e.ifaces["a0"].index, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		if len(r.Programs) != 1 || r.Programs[0].ID != id {
+			t.Errorf("a0 runs %+v, want program %d", r.Programs, id)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

@@ -35,40 +35,82 @@ type tcAttachment struct {
 }
 
 // LoadTC loads the TC engine over the XDP program's maps, with its
-// configuration (listener ports, relay range, flow cache seed). Reconfigure
-// does not reach it: load it again after a reconfiguration.
+// configuration (listener ports, relay range, flow cache seed). After the XDP
+// program's Reconfigure, call the engine's Reconfigure.
 func (p *Program) LoadTC() (*TC, error) {
+	t := &TC{links: map[int]tcAttachment{}}
+	if err := loadTC(p, &t.objs, nil); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// loadTC loads the engine into objs with p's maps and configuration, and the
+// engine's own maps from own when given (a reload keeps its counters).
+func loadTC(p *Program, objs *bpf.RelayTcObjects, own *bpf.RelayTcMaps) error {
 	spec, err := bpf.LoadRelayTc()
 	if err != nil {
-		return nil, fmt.Errorf("read TC program spec: %w", err)
+		return fmt.Errorf("read TC program spec: %w", err)
 	}
 	var c bpf.RelayConfig
 	if err := p.objs.Cfg.Get(&c); err != nil {
-		return nil, fmt.Errorf("read the XDP program's config: %w", err)
+		return fmt.Errorf("read the XDP program's config: %w", err)
 	}
 	if err := spec.Variables[bpf.RelayTcVarCfg].Set(bpf.RelayTcConfig(c)); err != nil {
-		return nil, fmt.Errorf("set TC program config: %w", err)
+		return fmt.Errorf("set TC program config: %w", err)
 	}
 	shared := mapsByName(&p.objs.RelayMaps)
+	if own != nil {
+		shared[bpf.RelayTcMapTcVerdicts] = own.TcVerdicts
+		shared[bpf.RelayTcMapTcScratch] = own.TcScratch
+	}
 	repl := map[string]*ebpf.Map{}
 	for name, ms := range spec.Maps {
 		m, ok := shared[name]
 		if !ok {
-			continue // the engine's own (tc_verdicts) and .rodata
+			continue // the engine's own (tc_verdicts, tc_scratch) and .rodata
 		}
 		// Sized by the loader from the XDP program's configuration.
 		ms.MaxEntries = m.MaxEntries()
 		repl[name] = m
 	}
-	t := &TC{links: map[int]tcAttachment{}}
-	if err := spec.LoadAndAssign(&t.objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+	if err := spec.LoadAndAssign(objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("load TC program: %w\n%s", err, strings.Join(ve.Log, "\n"))
+			return fmt.Errorf("load TC program: %w\n%s", err, strings.Join(ve.Log, "\n"))
 		}
-		return nil, fmt.Errorf("load TC program: %w", err)
+		return fmt.Errorf("load TC program: %w", err)
 	}
-	return t, nil
+	return nil
+}
+
+// Reconfigure loads the engine again with the XDP program's current
+// configuration (after its Reconfigure) and swaps it into every attachment
+// through the tcx links: no packet sees a detached interface. The engine's own
+// maps (its counters) carry over.
+func (t *TC) Reconfigure(p *Program) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var next bpf.RelayTcObjects
+	if err := loadTC(p, &next, &t.objs.RelayTcMaps); err != nil {
+		return err
+	}
+	var moved []link.Link
+	for _, a := range t.links {
+		if err := a.link.Update(next.TcTurnRelay); err != nil {
+			for _, l := range moved {
+				_ = l.Update(t.objs.TcTurnRelay)
+			}
+			_ = next.Close()
+			return fmt.Errorf("swap the TC program on %s: %w", a.name, err)
+		}
+		moved = append(moved, a.link)
+	}
+	// The maps in next are clones of ours: close them, keep the program.
+	_ = next.RelayTcMaps.Close()
+	old := t.objs.TcTurnRelay
+	t.objs.TcTurnRelay = next.TcTurnRelay
+	return old.Close()
 }
 
 // mapsByName lists the maps of a bpf2go Maps struct by their names in the
