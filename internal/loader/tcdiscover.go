@@ -19,9 +19,17 @@ import (
 // follows the namespace's link events (a new or renamed device that matches
 // is attached; a deleted one's link is forgotten, so that a device reusing its
 // ifindex is attached afresh). Call it from the interfaces' network
-// namespace; it returns once the subscription stands.
+// namespace; it returns once the subscription stands. Discovery ends when
+// stop is closed; done (when not nil) is closed once it has (no attach after).
 func (t *TC) Discover(stop <-chan struct{}, patterns []string, log *slog.Logger) error {
+	return t.discover(stop, nil, patterns, log)
+}
+
+func (t *TC) discover(stop <-chan struct{}, done chan<- struct{}, patterns []string, log *slog.Logger) error {
 	if len(patterns) == 0 {
+		if done != nil {
+			close(done)
+		}
 		return nil
 	}
 	if _, err := t.AttachMatching(patterns...); err != nil {
@@ -32,13 +40,16 @@ func (t *TC) Discover(stop <-chan struct{}, patterns []string, log *slog.Logger)
 		return fmt.Errorf("TC discovery: %w", err)
 	}
 	updates := make(chan netlink.LinkUpdate, 256)
-	done := make(chan struct{})
-	err = netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
+	unsubscribe := make(chan struct{})
+	err = netlink.LinkSubscribeWithOptions(updates, unsubscribe, netlink.LinkSubscribeOptions{
 		Namespace:     &ns,
 		ErrorCallback: func(err error) { log.Debug("TC discovery: netlink link events", "error", err) },
 	})
 	if err != nil {
 		ns.Close()
+		if done != nil {
+			close(done)
+		}
 		return fmt.Errorf("TC discovery: subscribe to link events: %w", err)
 	}
 	ready := make(chan error, 1)
@@ -47,16 +58,19 @@ func (t *TC) Discover(stop <-chan struct{}, patterns []string, log *slog.Logger)
 		// thread stays in the caller's, and dies with the goroutine.
 		runtime.LockOSThread()
 		defer ns.Close()
+		if done != nil {
+			defer close(done)
+		}
 		if err := netns.Set(ns); err != nil {
 			ready <- err
-			close(done)
+			close(unsubscribe)
 			return
 		}
 		ready <- nil
 		for {
 			select {
 			case <-stop:
-				close(done)
+				close(unsubscribe)
 				for range updates { // closed once the socket is
 				}
 				return
