@@ -679,6 +679,12 @@ static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
 		*reason = TC_REASON_GSO;
 		return TC_ACT_OK;
 	}
+	/* A VLAN tag a device took off (skb->vlan_tci): the frame was tagged,
+	 * which XDP sees and passes; the stack hands it to the VLAN device. */
+	if (ctx->vlan_present) {
+		*reason = REASON_NOT_IP;
+		return TC_ACT_OK;
+	}
 	/* The parser reads the whole packet in the linear part, as XDP's frame. */
 	if (ctx->data_end - ctx->data < ctx->len && bpf_skb_pull_data(ctx, ctx->len)) {
 		*reason = REASON_ADJUST_FAILED;

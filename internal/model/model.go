@@ -54,7 +54,8 @@
 //  8. The TC engine (ProcessTC) relays the same bindings by the same rules on the
 //     skb path, with what the skb path changes: every egress the FIB gives is
 //     reachable (the devmap is not consulted); an skb holding several datagrams
-//     (GSO) passes; the checksum follows the skb's ip_summed, not the field: a
+//     (GSO) passes, and so does one whose VLAN tag the device took off (the
+//     frame was tagged: rule 1); the checksum follows the skb's ip_summed, not the field: a
 //     CHECKSUM_PARTIAL skb's field gets the output's pseudo-header sum (its
 //     egress sums the rest from the UDP header, which stays where csum_start
 //     points; one whose csum_start points elsewhere passes), every other skb's

@@ -48,6 +48,9 @@ type SKB struct {
 	CsumAtUDP bool
 	// GSO: gso_size is set: the skb holds several datagrams.
 	GSO bool
+	// VLAN: the device took a VLAN tag off the frame (skb->vlan_tci): the
+	// frame was tagged, which rule 1 passes.
+	VLAN bool
 }
 
 // TCResult is what the TC engine does with one skb. Reason is an enum reason
@@ -66,6 +69,9 @@ type TCResult struct {
 func (m *Model) ProcessTC(ingress int, frame []byte, skb SKB) TCResult {
 	if skb.GSO {
 		return TCResult{Verdict: TCOK, Reason: bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_GSO), Frame: frame}
+	}
+	if skb.VLAN {
+		return TCResult{Verdict: TCOK, Reason: bpf.RelayReasonREASON_NOT_IP, Frame: frame}
 	}
 	m.skb = &skb
 	r := m.Process(ingress, frame)
