@@ -266,6 +266,8 @@ func (p *Program) Reconfigure(cfg Config) error {
 	_ = next.RelayMaps.Close()
 	old := p.objs.XdpTurnRelay
 	p.objs.XdpTurnRelay = next.XdpTurnRelay
+	// The configuration it runs with (TC.Reconfigure loads the TC engine with it).
+	p.objs.RelayVariables = next.RelayVariables
 	return old.Close()
 }
 

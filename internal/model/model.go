@@ -68,6 +68,18 @@
 //     datagram): it passes untouched, for the stack to segment. Only packets
 //     (from the IP header on) longer than MTUCheckAbove are measured, against
 //     Interface.Caps.MTU; with no Caps every such packet passes.
+// 10. The TC engine (ProcessTC) relays the same bindings by the same rules on the
+//     skb path, with what the skb path changes: every egress the FIB gives is
+//     reachable (the devmap is not consulted); an skb holding several datagrams
+//     (GSO) passes, and so does one whose VLAN tag the device took off (the
+//     frame was tagged: rule 1); the checksum follows the skb's ip_summed, not the field: a
+//     CHECKSUM_PARTIAL skb's field gets the output's pseudo-header sum (its
+//     egress sums the rest from the UDP header, which stays where csum_start
+//     points; one whose csum_start points elsewhere passes), every other skb's
+//     a full checksum that carries the input's error over (rule 5 without its
+//     PARTIAL guess). Verdicts are TC actions: relayed packets are redirected,
+//     everything else goes on untouched (TC_ACT_OK), and what a dropping rate
+//     limit refuses is shot.
 package model
 
 import (
@@ -246,6 +258,8 @@ type Model struct {
 	// Now is the program's clock (CLOCK_MONOTONIC in ns) when it charges a
 	// packet to a rate limit.
 	Now func() uint64
+	// skb is set while ProcessTC runs: the TC engine's skb.
+	skb *SKB
 }
 
 // MonotonicNow is CLOCK_MONOTONIC in ns: bpf_ktime_get_ns's clock.
@@ -611,6 +625,10 @@ func (m *Model) send(ingress int, in datagram, out outPacket, res Result, key ch
 		res.Reason = reason
 		return res
 	}
+	if m.skb != nil && m.skb.Checksum == ChecksumPartial && !m.skb.CsumAtUDP {
+		res.Reason = bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_PARTIAL_ELSEWHERE)
+		return res
+	}
 	if m.overLimit(relay, out.dataLen) {
 		res.Reason = bpf.RelayReasonREASON_RATE_LIMITED
 		if !m.env.RateLimit.Pass {
@@ -741,10 +759,10 @@ func (m *Model) finish(ingress int, dst, hop netip.Addr, totLen int, egress *Int
 	if !ok {
 		return nil, bpf.RelayReasonREASON_FIB_NO_NEIGH
 	}
-	if egress.Index != ingress && !egress.Attached {
+	if egress.Index != ingress && !egress.Attached && m.skb == nil { // TC reaches any egress
 		return nil, bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED
 	}
-	if m.xmitRefused(ingress, egress) {
+	if m.skb == nil && m.xmitRefused(ingress, egress) { // the skb path transmits anywhere
 		return nil, bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT
 	}
 	return &nextHop{egress: egress, dmac: mac}, 0
@@ -793,7 +811,7 @@ func (m *Model) build(in datagram, out outPacket, hop *nextHop) []byte {
 	binary.BigEndian.PutUint16(udp[2:], out.dst.Port())
 	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen))
 	copy(udp[8:], out.payload)
-	binary.BigEndian.PutUint16(udp[6:], udpChecksum(in, pseudo(ip[12:16], ip[16:20], len(udp)), udp))
+	binary.BigEndian.PutUint16(udp[6:], m.udpChecksum(in, pseudo(ip[12:16], ip[16:20], len(udp)), udp))
 	return f
 }
 
@@ -820,7 +838,7 @@ func (m *Model) build6(in datagram, out outPacket, hop *nextHop) []byte {
 	binary.BigEndian.PutUint16(udp[2:], out.dst.Port())
 	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen))
 	copy(udp[8:], out.payload)
-	binary.BigEndian.PutUint16(udp[6:], udpChecksum(in, pseudo(ip[8:24], ip[24:40], len(udp)), udp))
+	binary.BigEndian.PutUint16(udp[6:], m.udpChecksum(in, pseudo(ip[8:24], ip[24:40], len(udp)), udp))
 	return f
 }
 
@@ -832,9 +850,14 @@ func (m *Model) build6(in datagram, out outPacket, hop *nextHop) []byte {
 // Otherwise the output's checksum is off by exactly what the input's was: with
 // E the ones' complement sum of the input datagram, pseudo header and checksum
 // field included (0xffff when it verifies), the output's checksum c makes its
-// sum E too.
-func udpChecksum(in datagram, outPseudo uint32, udp []byte) uint16 {
+// sum E too. The TC engine knows the skb's ip_summed instead of guessing it:
+// a CHECKSUM_PARTIAL skb leaves with the output's pseudo-header sum (its egress
+// finishes it), any other with the carried-over checksum.
+func (m *Model) udpChecksum(in datagram, outPseudo uint32, udp []byte) uint16 {
 	field := be16(in.udp[6:])
+	if m.skb != nil && m.skb.Checksum == ChecksumPartial {
+		return fold(outPseudo)
+	}
 	if field == 0 {
 		return 0
 	}
@@ -846,7 +869,7 @@ func udpChecksum(in datagram, outPseudo uint32, udp []byte) uint16 {
 	}
 	outSum := fold(sum(outPseudo, udp)) // its checksum field is still zero
 	var c uint16
-	if field == fold(inPseudo) {
+	if field == fold(inPseudo) && m.skb == nil {
 		c = ^outSum
 	} else {
 		inSum := fold(sum(inPseudo, in.udp))
