@@ -1,7 +1,6 @@
 package loader
 
 import (
-	"encoding/binary"
 	"io"
 	"log/slog"
 	"net"
@@ -10,8 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
@@ -64,41 +62,6 @@ func wantChange(t *testing.T, ch <-chan struct{}, within time.Duration, what str
 	case <-time.After(within):
 		t.Errorf("%s: the next-hop cache was not invalidated within %v", what, within)
 	}
-}
-
-// fragNeeded is an ICMP destination unreachable, fragmentation needed (type 3
-// code 4) with the next-hop MTU, quoting the IP and UDP headers of a datagram
-// from src to dst, as a router on the path sends it.
-func fragNeeded(src, dst netip.AddrPort, mtu uint16) []byte {
-	icmp := make([]byte, 8+20+8)
-	icmp[0], icmp[1] = 3, 4
-	binary.BigEndian.PutUint16(icmp[6:], mtu)
-	ip := icmp[8:]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], 1400)
-	binary.BigEndian.PutUint16(ip[6:], 0x4000) // DF
-	ip[8], ip[9] = 64, unix.IPPROTO_UDP
-	s, d := src.Addr().As4(), dst.Addr().As4()
-	copy(ip[12:], s[:])
-	copy(ip[16:], d[:])
-	binary.BigEndian.PutUint16(ip[10:], ^csum(ip[:20]))
-	udp := ip[20:]
-	binary.BigEndian.PutUint16(udp[0:], src.Port())
-	binary.BigEndian.PutUint16(udp[2:], dst.Port())
-	binary.BigEndian.PutUint16(udp[4:], 1380)
-	binary.BigEndian.PutUint16(icmp[2:], ^csum(icmp))
-	return icmp
-}
-
-func csum(b []byte) uint16 {
-	var s uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	for s > 0xFFFF {
-		s = s>>16 + s&0xFFFF
-	}
-	return uint16(s)
 }
 
 // TestWatchFIBNexthopAndPMTU: in namespaces of its own, the watch invalidates
@@ -163,14 +126,7 @@ func TestWatchFIBNexthopAndPMTU(t *testing.T) {
 		t.Fatal(err)
 	}
 	quiet(t, ch, 300*time.Millisecond)
-	if err := b.Do(func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		return unix.Sendto(fd, fragNeeded(src, dst, 1200), 0, &unix.SockaddrInet4{Addr: src.Addr().As4()})
-	}); err != nil {
+	if err := b.Do(func() error { return testenv.SendICMP(src.Addr(), testenv.FragNeeded(src, dst, 1200)) }); err != nil {
 		t.Fatal(err)
 	}
 	wantChange(t, ch, 2*time.Second, "path MTU lowered")
