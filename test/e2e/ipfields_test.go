@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pion/transport/v4/stdnet"
 	"github.com/pion/turn/v4"
 	"golang.org/x/sys/unix"
 
@@ -76,18 +77,39 @@ func (s *fieldSet) check(t *testing.T, what string, want ipFields, kind string, 
 }
 
 // fieldsSocket opens a UDP socket on addr in the namespace that sends with
-// ttl and tos and reports the fields of what it receives.
+// ttl and tos and reports the fields of what it receives (an IPv6 addr: hop
+// limit and traffic class).
 func fieldsSocket(t *testing.T, ns *netns.NS, addr string, ttl, tos int) *net.UDPConn {
 	t.Helper()
-	c := listenUDP(t, ns, addr, ttl)
+	v6 := strings.HasPrefix(addr, "[")
+	var c *net.UDPConn
+	if v6 {
+		if err := ns.Do(func() error {
+			pc, err := net.ListenPacket("udp6", addr)
+			if err == nil {
+				c = pc.(*net.UDPConn)
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	} else {
+		c = listenUDP(t, ns, addr, ttl)
+	}
 	rc, err := c.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
+	level, opts := unix.IPPROTO_IP, [][2]int{{unix.IP_TOS, tos}, {unix.IP_RECVTTL, 1}, {unix.IP_RECVTOS, 1}}
+	if v6 {
+		level, opts = unix.IPPROTO_IPV6, [][2]int{{unix.IPV6_UNICAST_HOPS, ttl}, {unix.IPV6_TCLASS, tos},
+			{unix.IPV6_RECVHOPLIMIT, 1}, {unix.IPV6_RECVTCLASS, 1}}
+	}
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
-		for _, o := range [][2]int{{unix.IP_TOS, tos}, {unix.IP_RECVTTL, 1}, {unix.IP_RECVTOS, 1}} {
-			if serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, o[0], o[1]); serr != nil {
+		for _, o := range opts {
+			if serr = unix.SetsockoptInt(int(fd), level, o[0], o[1]); serr != nil {
 				return
 			}
 		}
@@ -115,6 +137,10 @@ func readFields(c *net.UDPConn, p []byte) (int, *net.UDPAddr, ipFields, error) {
 			f.ttl = int(binary.NativeEndian.Uint32(m.Data))
 		case m.Header.Level == unix.IPPROTO_IP && m.Header.Type == unix.IP_TOS && len(m.Data) >= 1:
 			f.tos = int(m.Data[0])
+		case m.Header.Level == unix.IPPROTO_IPV6 && m.Header.Type == unix.IPV6_HOPLIMIT && len(m.Data) >= 4:
+			f.ttl = int(binary.NativeEndian.Uint32(m.Data))
+		case m.Header.Level == unix.IPPROTO_IPV6 && m.Header.Type == unix.IPV6_TCLASS && len(m.Data) >= 4:
+			f.tos = int(binary.NativeEndian.Uint32(m.Data))
 		}
 	}
 	return n, from, f, nil
@@ -150,48 +176,69 @@ func (c *fieldsClientConn) ReadFrom(p []byte) (int, net.Addr, error) {
 // sent. The first datagrams travel as indications (before the client's
 // ChannelBind), the rest as ChannelData: in native mode on the kernel path.
 func TestContractIPFields(t *testing.T) {
+	eachMode(t, func(t *testing.T, mode string) {
+		r := netns.NewRouted(t)
+		startNode(t, r, mode, defaultListener)
+		ipFieldsSession(t, r, mode, "10.100.0.2:0", listenAddr.String())
+	})
+}
+
+// TestContractIPFieldsIPv6Client: the same with an IPv6 client (hop limit 37,
+// traffic class 0xB9) and the IPv4 peer: the hop limit less one becomes the
+// TTL, the traffic class the TOS byte, and back.
+func TestContractIPFieldsIPv6Client(t *testing.T) {
+	eachMode(t, func(t *testing.T, mode string) {
+		r := netns.New(t, netns.WithIPv6())
+		startNode(t, r, mode, append(defaultListener, nodeListener{addr: "fd00:100::1", peers: []string{"10.200.0.0/24"}}))
+		ipFieldsSession(t, r, mode, "[fd00:100::2]:0", "[fd00:100::1]:3478")
+	})
+}
+
+// ipFieldsSession runs the session of TestContractIPFields from a client
+// socket on client to the listener at server.
+func ipFieldsSession(t *testing.T, r *netns.Rig, mode, client, server string) {
+	t.Helper()
 	const (
 		clientTTL, clientTOS = 37, 0xB9
 		peerTTL, peerTOS     = 23, 0x2A
 	)
-	eachMode(t, func(t *testing.T, mode string) {
-		r := netns.NewRouted(t)
-		startNode(t, r, mode, defaultListener)
-
-		// The peer echoes every datagram and records its fields.
-		peer := fieldsSocket(t, r.Peer, peerAddr+":5004", peerTTL, peerTOS)
-		var atPeer fieldSet
-		go func() {
-			buf := make([]byte, 65536)
-			for {
-				n, from, f, err := readFields(peer, buf)
-				if err != nil {
-					return
-				}
-				atPeer.add("datagram", f)
-				_, _ = peer.WriteToUDP(buf[:n], from)
+	// The peer echoes every datagram and records its fields.
+	peer := fieldsSocket(t, r.Peer, peerAddr+":5004", peerTTL, peerTOS)
+	var atPeer fieldSet
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, from, f, err := readFields(peer, buf)
+			if err != nil {
+				return
 			}
-		}()
+			atPeer.add("datagram", f)
+			_, _ = peer.WriteToUDP(buf[:n], from)
+		}
+	}()
 
-		conn := &fieldsClientConn{UDPConn: fieldsSocket(t, r.Client, "10.100.0.2:0", clientTTL, clientTOS)}
-		relay, err := testenv.Allocate(t, &turn.ClientConfig{
-			TURNServerAddr: listenAddr.String(), STUNServerAddr: listenAddr.String(),
-			Username: user, Password: password, Realm: config.DefaultRealm, Conn: conn,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		before := scrape(t, r.Server)
-		s := &taggedSession{peer: mustUDPAddr(peerAddr + ":5004")}
-		s.run(t, relay, 0xF5, 300, time.Second)
-		after := scrape(t, r.Server)
-		checkSession(t, "echoes", s)
-		t.Logf("%s: at the peer: %v", mode, &atPeer)
-		t.Logf("%s: at the client: %v", mode, &conn.got)
-		atPeer.check(t, "client->peer", ipFields{clientTTL - 1, clientTOS}, "datagram", int(s.sent.Load())*99/100)
-		conn.got.check(t, "peer->client", ipFields{peerTTL - 1, peerTOS}, "ChannelData", int(s.received.Load())*9/10)
-		if mode == "native" {
-			wantKernelShare(t, before, after, "the")
-		}
+	conn := &fieldsClientConn{UDPConn: fieldsSocket(t, r.Client, client, clientTTL, clientTOS)}
+	sn, err := stdnet.NewNet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay, err := testenv.Allocate(t, &turn.ClientConfig{
+		TURNServerAddr: server, STUNServerAddr: server, Net: udp6Net{sn},
+		Username: user, Password: password, Realm: config.DefaultRealm, Conn: conn,
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := scrape(t, r.Server)
+	s := &taggedSession{peer: mustUDPAddr(peerAddr + ":5004")}
+	s.run(t, relay, 0xF5, 300, time.Second)
+	after := scrape(t, r.Server)
+	checkSession(t, "echoes", s)
+	t.Logf("%s: at the peer: %v", mode, &atPeer)
+	t.Logf("%s: at the client: %v", mode, &conn.got)
+	atPeer.check(t, "client->peer", ipFields{clientTTL - 1, clientTOS}, "datagram", int(s.sent.Load())*99/100)
+	conn.got.check(t, "peer->client", ipFields{peerTTL - 1, peerTOS}, "ChannelData", int(s.received.Load())*9/10)
+	if mode == "native" {
+		wantKernelShare(t, before, after, "the")
+	}
 }
