@@ -235,7 +235,8 @@ func newICMPWatch(log *slog.Logger) *icmpWatch {
 	if fd, err := openICMP(unix.AF_INET, unix.IPPROTO_ICMP, unix.SOL_RAW, icmpFilter, v4); err == nil {
 		w.fds, w.v6 = append(w.fds, fd), append(w.v6, false)
 	} else {
-		log.Warn("no ICMP watch for the next-hop cache (path MTUs are polled)", "error", err)
+		// Without CAP_NET_RAW (the DaemonSet's default): only the poll.
+		log.Info("ICMP errors not watched for the next-hop cache: a lowered path MTU is seen by the exception poll only", "error", err)
 	}
 	// struct icmp6_filter: eight 32-bit words, host order.
 	var mask [8]uint32
