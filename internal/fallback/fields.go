@@ -56,7 +56,11 @@ func (c *current) set(src net.Addr, f udpio.Fields) {
 // of returns the fields of the datagram being handled when it is from
 // client; ok is false otherwise.
 func (c *current) of(client netip.AddrPort) (udpio.Fields, bool) {
-	k, ok := clientKey(c.src.Load())
+	src := c.src.Load()
+	if src == nil {
+		return udpio.Fields{}, false
+	}
+	k, ok := clientKey(src)
 	if !ok || k != client {
 		return udpio.Fields{}, false
 	}

@@ -91,6 +91,12 @@ func TestFieldsAcrossPion(t *testing.T) {
 			h.OnAllocationCreated(clientAddr, raw.LocalAddr(), "UDP", "u", "r", relayAddr, 0)
 			h.OnChannelCreated(clientAddr, raw.LocalAddr(), "UDP", "u", "r", relayAddr, peerAddr, 0x4000)
 
+			// A write before the read loop read anything takes the defaults.
+			if _, err := relay.WriteTo([]byte("first"), peerAddr); err != nil {
+				t.Fatal(err)
+			}
+			readWith(t, "a write before any read", peerSock, []byte("first"), udpio.Fields{TTL: 64, TOS: 0, Valid: true})
+
 			// Client->peer: ChannelData (with the shortcut, followed by a
 			// datagram for pion, so that ReadFrom returns).
 			data := []byte("client data")
