@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -78,7 +79,8 @@ type options struct {
 	maxAllocPPS, maxAllocBPS                             uint64
 	overLimit                                            string
 	forceReady, verbose, dryRun                          bool
-	shortcut, version                                    bool
+	shortcut, version, tcEngine                          bool
+	tcIfaces                                             string
 	udpThreadNum, userQuota, totalQuota, maxPermissions  int
 	gracePeriod                                          time.Duration
 	allowPeers, denyPeers, noOffloadPeers                prefixList
@@ -150,6 +152,10 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.UintVar(&o.maxPort, "max-relay-port", daemon.DefaultMaxRelayPort, "highest relay port")
 	fs.StringVar(&o.xdpMode, "xdp-mode", string(loader.ModeAuto), "XDP attach `MODE`: auto (native, then generic, then userspace), native, generic or off;\ngiven, it wins over the config's admin.offload_engine; the node label stunner.l7mp.io/xdp-offload wins over both")
 	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
+	fs.BoolVar(&o.tcEngine, "tc-engine", true, "load the TC engine beside XDP: it relays on the skb path what XDP cannot transmit (into a pod's veth,\n"+
+		"a bridge, a VXLAN/Geneve device) and what local pods send to relay ports (on the interfaces --tc-iface matches)")
+	fs.StringVar(&o.tcIfaces, "tc-iface", "lxc*,cali*,veth*", "`PATTERN[,PATTERN]` (shell patterns) of interfaces the TC engine attaches to as they come and go, while XDP is\n"+
+		"attached: pods' host-side veths (Cilium lxc*, Calico cali*, bridge CNIs veth*); empty: only beside XDP")
 	fs.BoolVar(&o.shortcut, "channeldata-shortcut", true, "in userspace, relay ChannelData on pion/turn's channels in the read loop: the write pion/turn\n"+
 		"would make, without its per-datagram handling (7 allocations); false: pion/turn handles every datagram")
 	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
@@ -307,6 +313,16 @@ func flagsConfig(o options) (daemon.Config, error) {
 			}
 			cfg.Interfaces = append(cfg.Interfaces, i)
 		}
+	}
+	cfg.TCEngine = o.tcEngine
+	for _, p := range strings.Split(o.tcIfaces, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if _, err := path.Match(p, ""); err != nil {
+			return cfg, fmt.Errorf("--tc-iface %q: %w", p, err)
+		}
+		cfg.TCPatterns = append(cfg.TCPatterns, p)
 	}
 	if o.gracePeriod < 0 {
 		return cfg, fmt.Errorf("--grace-period %v: must not be negative", o.gracePeriod)

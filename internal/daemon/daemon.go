@@ -64,6 +64,13 @@ type Config struct {
 	XDPMode, ConfigXDPMode loader.Mode
 	Interfaces             []string // empty: those carrying the listener and relay addresses
 	MaxBindings            uint32
+	// TCEngine loads the TC engine (bpf/relay_tc.c) beside the XDP program:
+	// attached wherever XDP is, it relays on the skb path what XDP passes for
+	// an egress XDP cannot transmit to (a pod's veth, a bridge, a tunnel),
+	// and, attached to the interfaces matching TCPatterns as they come and go
+	// (pods' host-side veths), the datagrams local pods send to relay ports.
+	TCEngine   bool
+	TCPatterns []string
 
 	// UserQuota bounds the allocations of one user-id, TotalQuota the
 	// daemon's (0: no limit); over them, Allocate gets 486.
@@ -142,6 +149,7 @@ func (c *Config) validate() error {
 	c.Listeners, c.Users = slices.Clone(c.Listeners), maps.Clone(c.Users)
 	c.AllowPeers, c.DenyPeers = slices.Clone(c.AllowPeers), slices.Clone(c.DenyPeers)
 	c.NoOffloadPeers, c.Interfaces = slices.Clone(c.NoOffloadPeers), slices.Clone(c.Interfaces)
+	c.TCPatterns = slices.Clone(c.TCPatterns)
 	if len(c.Listeners) == 0 {
 		if !c.Listen.IsValid() || c.Listen.Port() == 0 {
 			return fmt.Errorf("invalid listener address %v", c.Listen)
@@ -392,8 +400,12 @@ func (d *Daemon) startXDP() {
 			xlog.Warn("cannot tell which interfaces carry the listener and relay addresses; set --xdp-iface", "error", err)
 		}
 	}
+	load := offload.LoadXDP(xlog)
+	if cfg.TCEngine {
+		load = offload.LoadEngines(xlog, cfg.TCPatterns)
+	}
 	d.xdp = offload.New(offload.Options{
-		Log: xlog, Load: offload.LoadXDP(xlog), Sink: d.mirror, Program: cfg.loaderConfig(), Interfaces: ifaces,
+		Log: xlog, Load: load, Sink: d.mirror, Program: cfg.loaderConfig(), Interfaces: ifaces,
 		Flag: cfg.XDPMode, Config: cfg.ConfigXDPMode,
 	})
 	d.wg.Add(1)

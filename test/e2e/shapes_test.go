@@ -63,22 +63,22 @@ func egressToo(r *netns.NodeRig) []string { return []string{r.NIC, r.EgressIf} }
 
 var shapeCases = []shapeCase{
 	{name: "pod-veth", shape: netns.PodVeth,
-		why: "only the NIC carries the listener and relay addresses, so only it is attached: client->peer leaves through the pod's " +
-			"host-side veth (pass_egress_not_attached) and peer->client enters there, where no program runs"},
+		engagesC2P: true, engagesP2C: true,
+		why: "XDP on the NIC cannot reach the pod's host-side veth (not attached, and its pod side takes no XDP frames): it passes client->peer (pass_egress_not_attached) and the TC engine beside it on the NIC redirects the skb into the veth; peer->client enters on the veth, where the TC engine is attached by pattern (veth*), and leaves by the NIC"},
 	{name: "pod-veth-listed", shape: netns.PodVeth, offload: egressToo, attach: map[string]string{"eth0": "native"},
-		engagesP2C: true,
-		why: "offload_interfaces name the NIC and the pod's host-side veth: the veth cannot transmit XDP frames (its pod side runs no " +
-			"XDP program), so client->peer passes to the stack (pass_egress_no_xdp_xmit; before issue 23 item 1 the veth dropped " +
-			"498 of 500 after they were counted relayed); peer->client enters on the veth and is redirected to the NIC"},
+		engagesC2P: true, engagesP2C: true,
+		why: "offload_interfaces name the NIC and the pod's host-side veth: the veth cannot transmit XDP frames (its pod side runs no XDP program), so XDP passes client->peer (pass_egress_no_xdp_xmit; before issue 23 item 1 the veth dropped 498 of 500 after they were counted relayed) and the TC engine relays it; peer->client enters on the veth and XDP redirects it to the NIC"},
 	{name: "calico-pod", shape: netns.CalicoPod,
-		why: "the cali veth carries no address, so it is never attached: pass_egress_not_attached; peer->client enters on it"},
+		engagesC2P: true, engagesP2C: true,
+		why: "the cali veth carries no address and is not attached: XDP passes client->peer (pass_egress_not_attached), the TC engine on the NIC redirects it into the veth; peer->client: the TC engine on cali* (pattern)"},
 	{name: "bridge-pod", shape: netns.BridgePod,
-		why: "the pod is behind cni0, which is not attached: pass_egress_not_attached; peer->client enters on the pod's bridge port"},
+		engagesC2P: true, engagesP2C: true,
+		why: "the pod is behind cni0, which XDP does not transmit to: the TC engine on the NIC redirects client->peer into the bridge; peer->client: the TC engine on the pod's bridge port (veth*)"},
 	{name: "vxlan-masq", shape: netns.VXLANMasq,
 		why: "flannel masquerades the relay's packets to the pod: the conntrack NAT gate keeps the binding in userspace"},
-	{name: "vxlan", shape: netns.VXLAN, engagesP2C: true,
-		why: "client->peer leaves through flannel.1, not attached (and XDP cannot transmit into VXLAN); the pod's replies to the node IP " +
-			"come back on the NIC and are XDP_TXed"},
+	{name: "vxlan", shape: netns.VXLAN,
+		engagesC2P: true, engagesP2C: true,
+		why: "client->peer leaves through flannel.1, which XDP cannot transmit into: the TC engine on the NIC redirects the skb into the VXLAN device; the pod's replies to the node IP come back on the NIC, outside the overlay, and are XDP_TXed"},
 	{name: "native-routing", shape: netns.NativeRouting, engagesC2P: true, engagesP2C: true,
 		why: "both directions enter and leave through the NIC: XDP_TX"},
 	{name: "remote-hostnet", shape: netns.RemoteHost, engagesC2P: true, engagesP2C: true,
@@ -87,15 +87,17 @@ var shapeCases = []shapeCase{
 		why: "the client's packets arrive for port 31478, which no listener has (the DNAT comes after XDP): userspace both ways"},
 	// The acceptance rigs of issue 23: an egress that cannot take XDP frames sits in the devmap.
 	{name: "mixed-native-generic", shape: netns.MacvlanNIC, offload: egressToo,
-		attach: map[string]string{"eth0": "native", "mv0": "generic"},
+		attach:     map[string]string{"eth0": "native", "mv0": "generic"},
+		engagesC2P: true,
 		why: "auto mode attaches eth0 native and mv0 generic (a macvlan has no native XDP): a native redirect into mv0 would be " +
-			"dropped (no ndo_xdp_xmit), so client->peer passes to the stack (pass_egress_no_xdp_xmit); peer->client arrives on " +
-			"eth1 itself, not on mv0 (no verdict grows for it: with arp_ignore=0, as on a node, eth1 answers the peer's ARP for " +
-			"mv0's address with its own MAC, and the macvlan passes frames to that MAC to eth1), where nothing is attached"},
+			"dropped (no ndo_xdp_xmit), so XDP passes client->peer (pass_egress_no_xdp_xmit) and the TC engine on eth0 relays it; " +
+			"peer->client arrives on eth1 itself, not on mv0 (no verdict grows for it: with arp_ignore=0, as on a node, eth1 answers " +
+			"the peer's ARP for mv0's address with its own MAC, and the macvlan passes frames to that MAC to eth1), where nothing is attached"},
 	{name: "bridge-egress", shape: netns.BridgePod, offload: egressToo,
-		attach: map[string]string{"eth0": "native", "cni0": "generic"},
-		why: "cni0 is attached generic beside the native NIC: a native redirect into the bridge would be dropped, so client->peer " +
-			"passes to the stack (pass_egress_no_xdp_xmit); peer->client is bridged up to cni0, measured below"},
+		attach:     map[string]string{"eth0": "native", "cni0": "generic"},
+		engagesC2P: true, engagesP2C: true,
+		why: "cni0 is attached generic beside the native NIC: a native redirect into the bridge would be dropped, so XDP passes " +
+			"client->peer (pass_egress_no_xdp_xmit) and the TC engine relays it; peer->client: the TC engine on the pod's bridge port"},
 }
 
 // shapeModes are the twin runs: the daemon's default XDP mode (no flag) and
