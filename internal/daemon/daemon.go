@@ -21,6 +21,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
 	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
@@ -70,6 +71,9 @@ type Config struct {
 	// MaxPermissions bounds the peer IPs one allocation holds permissions
 	// for (0: no limit); beyond it, CreatePermission and ChannelBind fail.
 	MaxPermissions int
+	// ConnLimits bound the clients of the TCP and TLS listeners, over all of
+	// them (connlimit.Limits); the zero value means connlimit.Defaults().
+	ConnLimits connlimit.Limits
 	// RateLimit is every allocation's packet and byte rate, all its channels
 	// and both directions together, in the XDP program and in pion's relay
 	// sockets alike (zero: none). Pass hands what is over it to userspace, which
@@ -235,6 +239,12 @@ func (c *Config) validate() error {
 		return fmt.Errorf("quotas %d per user, %d in total, %d permissions per allocation: want 0 (no limit) or more",
 			c.UserQuota, c.TotalQuota, c.MaxPermissions)
 	}
+	if c.ConnLimits == (connlimit.Limits{}) {
+		c.ConnLimits = connlimit.Defaults()
+	}
+	if err := c.ConnLimits.Validate(); err != nil {
+		return err
+	}
 	if c.Logger == nil {
 		return errors.New("no logger")
 	}
@@ -286,6 +296,7 @@ type Daemon struct {
 	strangerLog *slog.Logger
 	quota       *quota.Counter
 	perms       *quota.Permissions
+	conns       *connlimit.Limiter // the TCP and TLS listeners' clients
 	mirror      *mirror.Mirror
 	hooks       hookGate // pion's hooks into the mirror and the steering
 	auth        atomic.Pointer[authState]
@@ -337,6 +348,7 @@ func Start(cfg Config) (*Daemon, error) {
 		drained:     make(chan struct{}),
 	}
 	d.rateLimit = fallback.NewRateLimiter(cfg.RateLimit, d.counters)
+	d.conns, _ = connlimit.New(cfg.ConnLimits) // validate checked them
 	d.cfg.Store(&cfg)
 	d.traffic.SetListeners(cfg.trafficListeners())
 	d.mirror = mirror.New(cfg.Logger.Slog("control"))

@@ -145,9 +145,13 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 			ln.Close()
 			return fmt.Errorf("listener %q: %w", l.Name, err)
 		}
+		var tlsConf *tls.Config
 		if l.Protocol == config.TLS {
-			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*l.Cert}, MinVersion: tls.VersionTLS12})
+			tlsConf = &tls.Config{Certificates: []tls.Certificate{*l.Cert}, MinVersion: tls.VersionTLS12}
 		}
+		// Connection caps, deadlines and bounded frames (connlimit): pion
+		// has none, and anyone can connect.
+		ln = d.conns.Listener(ln, tlsConf, nil)
 		ln = d.traffic.Listener(l.Name, ln)
 		sc.ListenerConfigs = []turn.ListenerConfig{{
 			Listener:              ln,
