@@ -1,8 +1,11 @@
-// Package connlimit bounds what clients of a TURN-over-TCP or TURN-over-TLS
-// listener can hold: connections (in total and per source), time (the TLS
-// handshake, a frame in assembly, an idle connection) and memory (a frame in
-// assembly is at most Limits.MaxFrame bytes; larger ones are discarded as they
-// arrive, as pion/turn would discard them whole).
+// Package connlimit bounds what clients can hold on a listener.
+//
+// Limiter.Listener is for the TURN-over-TCP and TURN-over-TLS listeners:
+// connections (in total and per source), time (the TLS handshake, a frame in
+// assembly, an idle connection) and memory (a frame in assembly is at most
+// Limits.MaxFrame bytes; larger ones are discarded as they arrive, as pion/turn
+// would discard them whole). ShedListener is for the HTTP endpoints: a bounded
+// number of connections where a newcomer displaces an idle one.
 //
 // Why it exists: pion/turn v4 starts a goroutine per accepted connection with
 // no deadline, and its STUNConn reassembles a frame by appending every read to
@@ -204,19 +207,11 @@ type listener struct {
 // refused connection nor a transient error (out of file descriptors): pion
 // stops serving the listener at the first error Accept returns.
 func (ln *listener) Accept() (net.Conn, error) {
-	backoff := 5 * time.Millisecond
 	for {
-		c, err := ln.Listener.Accept()
+		c, err := accept(ln.Listener)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil, err
-			}
-			// EMFILE, ENFILE, ECONNABORTED: wait and go on, as net/http does.
-			time.Sleep(backoff)
-			backoff = min(2*backoff, time.Second)
-			continue
+			return nil, err
 		}
-		backoff = 5 * time.Millisecond
 		src := source(c.RemoteAddr())
 		if !ln.l.admit(src) {
 			if tc, ok := c.(*net.TCPConn); ok {
@@ -231,6 +226,21 @@ func (ln *listener) Accept() (net.Conn, error) {
 			conn.Conn = conn.tls
 		}
 		return conn, nil
+	}
+}
+
+// accept returns ln's next connection, or the error that closed ln. Other
+// errors (EMFILE, ENFILE, ECONNABORTED) are waited out, as net/http does:
+// pion's accept loop, and http.Server's after a while, end at an error.
+func accept(ln net.Listener) (net.Conn, error) {
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := ln.Accept()
+		if err == nil || errors.Is(err, net.ErrClosed) {
+			return c, err
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, time.Second)
 	}
 }
 
