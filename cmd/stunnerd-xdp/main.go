@@ -83,6 +83,7 @@ type options struct {
 	udpThreadNum, userQuota, totalQuota, maxPermissions  int
 	gracePeriod                                          time.Duration
 	conns                                                connlimit.Limits // TCP and TLS listeners' clients
+	maxChannels                                          int
 	allowPeers, denyPeers, noOffloadPeers                prefixList
 	configOrigin, id, nodeName, kubeconfig               string
 	// cdsNode is the node the config discovery service patches configs for
@@ -159,6 +160,8 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 		"is USERID); over it, Allocate gets 486 Allocation Quota Reached; 0: no quota (default: the config's\nadmin.user_quota; given, it wins)")
 	fs.IntVar(&o.totalQuota, "total-quota", 0, "allocations the daemon holds at once, over all listeners; over it, Allocate gets 486; 0: no quota")
 	fs.IntVar(&o.maxPermissions, "max-permissions", 0, "peer IPs one allocation may hold permissions for; beyond it CreatePermission and ChannelBind\nto a new peer IP fail (refreshes do not); 0: no limit")
+	fs.IntVar(&o.maxChannels, "max-channels", 64, "channels one allocation may hold; beyond it a ChannelBind for a new channel gets 508\n"+
+		"Insufficient Capacity (refreshes pass); 0: no limit (pion binds up to 16,384)")
 	// The TCP and TLS listeners' clients (internal/connlimit; docs/operations.md, Security).
 	o.conns.MaxFrame = connlimit.DefaultMaxFrame
 	fs.IntVar(&o.conns.MaxConns, "max-tcp-conns", connlimit.DefaultMaxConns, "open connections over all TURN-TCP and TURN-TLS listeners; over it a new connection is\n"+
@@ -333,6 +336,10 @@ func flagsConfig(o options) (daemon.Config, error) {
 	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
 	cfg.UDPThreadNum, cfg.NoShortcut = o.udpThreadNum, !o.shortcut
 	cfg.UserQuota, cfg.TotalQuota, cfg.MaxPermissions = o.userQuota, o.totalQuota, o.maxPermissions
+	if o.maxChannels < 0 {
+		return cfg, fmt.Errorf("--max-channels %d: want 0 (no limit) or more", o.maxChannels)
+	}
+	cfg.MaxChannels = o.maxChannels
 	if o.conns != (connlimit.Limits{}) { // zero: the daemon's defaults
 		if err := o.conns.Validate(); err != nil {
 			return cfg, err

@@ -71,6 +71,9 @@ type Config struct {
 	// MaxPermissions bounds the peer IPs one allocation holds permissions
 	// for (0: no limit); beyond it, CreatePermission and ChannelBind fail.
 	MaxPermissions int
+	// MaxChannels bounds the channels one allocation holds (0: no limit);
+	// a ChannelBind for one more gets 508 (turnguard).
+	MaxChannels int
 	// ConnLimits bound the clients of the TCP and TLS listeners, over all of
 	// them (connlimit.Limits); the zero value means connlimit.Defaults().
 	ConnLimits connlimit.Limits
@@ -235,9 +238,9 @@ func (c *Config) validate() error {
 			return fmt.Errorf("pprof address %q: want a loopback IP:PORT, like 127.0.0.1:6060 (profiles reveal memory)", c.PprofAddr)
 		}
 	}
-	if c.UserQuota < 0 || c.TotalQuota < 0 || c.MaxPermissions < 0 {
-		return fmt.Errorf("quotas %d per user, %d in total, %d permissions per allocation: want 0 (no limit) or more",
-			c.UserQuota, c.TotalQuota, c.MaxPermissions)
+	if c.UserQuota < 0 || c.TotalQuota < 0 || c.MaxPermissions < 0 || c.MaxChannels < 0 {
+		return fmt.Errorf("quotas %d per user, %d in total, %d permissions and %d channels per allocation: want 0 (no limit) or more",
+			c.UserQuota, c.TotalQuota, c.MaxPermissions, c.MaxChannels)
 	}
 	if c.ConnLimits == (connlimit.Limits{}) {
 		c.ConnLimits = connlimit.Defaults()

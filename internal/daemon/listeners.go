@@ -13,12 +13,12 @@ import (
 	"github.com/pion/turn/v4"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
-	"github.com/l7mp/stunnerd-xdp/internal/credbind"
 	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
+	"github.com/l7mp/stunnerd-xdp/internal/turnguard"
 	"github.com/l7mp/stunnerd-xdp/internal/udpio"
 )
 
@@ -107,9 +107,9 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 	lc := d.listenConfig(l.Protocol == config.UDP && d.udpThreads() > 1)
 	addr := l.Addr.String()
 	var scs []turn.ServerConfig
-	// guards[i] checks what scs[i]'s server reads (credbind): 441 and nonce
+	// guards[i] checks what scs[i]'s server reads (turnguard): 441 and nonce
 	// expiry, which pion/turn v4 leaves out.
-	var guards []*credbind.Guard
+	var guards []*turnguard.Guard
 	// pion/turn relays over IPv4 whatever the client's family; the listener
 	// itself may be IPv6.
 	udp, tcp := "udp4", "tcp4"
@@ -128,7 +128,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		scs = make([]turn.ServerConfig, len(conns))
 		for i, conn := range conns {
 			scs[i] = sc
-			guards = append(guards, credbind.New(d.authenticate))
+			guards = append(guards, turnguard.New(d.authenticate))
 			scs[i].EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, i, base)))
 			var chans *fallback.Channels
 			if !cfg.NoShortcut {
@@ -156,7 +156,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		}
 		// Connection caps, deadlines and bounded frames (connlimit): pion
 		// has none, and anyone can connect.
-		guards = append(guards, credbind.New(d.authenticate))
+		guards = append(guards, turnguard.New(d.authenticate))
 		ln = d.conns.Listener(ln, tlsConf, guards[0].Filter)
 		ln = d.traffic.Listener(l.Name, ln)
 		sc.ListenerConfigs = []turn.ListenerConfig{{
@@ -175,6 +175,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		ls.quotas = append(ls.quotas, qs)
 		scs[i].QuotaHandler = d.quotaHandler(qs)
 		scs[i].EventHandler = d.withQuota(qs, scs[i].EventHandler)
+		guards[i].MaxChannels = cfg.MaxChannels
 		scs[i].EventHandler = guards[i].Hooks(scs[i].EventHandler)
 		// Outermost, so that every hook above sees one allocation per
 		// five-tuple at a time.

@@ -1,4 +1,4 @@
-package credbind
+package turnguard
 
 import (
 	"net"
@@ -101,10 +101,81 @@ func TestNonceExpires(t *testing.T) {
 	if res := refresh(fresh); res.Type.Class != stun.ClassSuccessResponse {
 		t.Fatalf("Refresh with the 438's nonce: %v", res)
 	}
-	if _, stale := g.Counts(); stale != 1 {
+	if _, stale, _ := g.Counts(); stale != 1 {
 		t.Fatalf("%d stale nonces counted, want 1", stale)
 	}
 	if g.Allocations() != 1 {
 		t.Fatalf("the guard knows %d allocations, want 1", g.Allocations())
 	}
+}
+
+// An allocation binds at most MaxChannels channels: a ChannelBind for one
+// more gets 508 (pion would bind up to 0x7FFF-0x4000), a refresh of a bound
+// one passes, and another allocation has its own count.
+func TestChannelLimit(t *testing.T) {
+	g, addr := server(t)
+	g.MaxChannels = 2
+	allocate := func() (net.PacketConn, stun.Nonce) {
+		c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		res := exchange(t, c, addr, stun.NewType(stun.MethodAllocate, stun.ClassRequest))
+		var nonce stun.Nonce
+		if nonce.GetFrom(res) != nil {
+			t.Fatalf("first Allocate: %v", res)
+		}
+		if res := exchange(t, c, addr, stun.NewType(stun.MethodAllocate, stun.ClassRequest),
+			stun.RawAttribute{Type: stun.AttrRequestedTransport, Value: []byte{17, 0, 0, 0}},
+			stun.NewUsername("alice"), stun.NewRealm(realm), nonce, stun.NewLongTermIntegrity("alice", realm, "a"), stun.Fingerprint); res.Type.Class != stun.ClassSuccessResponse {
+			t.Fatalf("Allocate: %v", res)
+		}
+		return c, nonce
+	}
+	bind := func(c net.PacketConn, nonce stun.Nonce, ch uint16) *stun.Message {
+		peer := stun.XORMappedAddress{IP: net.IPv4(192, 0, 2, 1), Port: int(ch)}
+		return exchange(t, c, addr, stun.NewType(stun.MethodChannelBind, stun.ClassRequest),
+			stun.RawAttribute{Type: stun.AttrChannelNumber, Value: []byte{byte(ch >> 8), byte(ch), 0, 0}},
+			stun.RawAttribute{Type: stun.AttrXORPeerAddress, Value: xorPeer(t, peer)},
+			stun.NewUsername("alice"), stun.NewRealm(realm), nonce, stun.NewLongTermIntegrity("alice", realm, "a"), stun.Fingerprint)
+	}
+	c, nonce := allocate()
+	for ch := uint16(0x4000); ch < 0x4002; ch++ {
+		if res := bind(c, nonce, ch); res.Type.Class != stun.ClassSuccessResponse {
+			t.Fatalf("ChannelBind %#x: %v", ch, res)
+		}
+	}
+	res := bind(c, nonce, 0x4002)
+	if code(res) != stun.CodeInsufficientCapacity {
+		t.Fatalf("a third channel: %v, want 508", res)
+	}
+	if err := stun.NewLongTermIntegrity("alice", realm, "a").Check(res); err != nil {
+		t.Errorf("the 508 carries no integrity: %v", err)
+	}
+	if res := bind(c, nonce, 0x4001); res.Type.Class != stun.ClassSuccessResponse {
+		t.Fatalf("a refresh of a bound channel: %v", res)
+	}
+	other, nonce2 := allocate()
+	if res := bind(other, nonce2, 0x4000); res.Type.Class != stun.ClassSuccessResponse {
+		t.Fatalf("another allocation's first channel: %v", res)
+	}
+	if _, _, refused := g.Counts(); refused != 1 {
+		t.Fatalf("%d ChannelBinds refused, want 1", refused)
+	}
+}
+
+// xorPeer is the value of an XOR-PEER-ADDRESS attribute for a.
+func xorPeer(t *testing.T, a stun.XORMappedAddress) []byte {
+	t.Helper()
+	m := new(stun.Message)
+	m.TransactionID = [stun.TransactionIDSize]byte{}
+	if err := a.AddToAs(m, stun.AttrXORPeerAddress); err != nil {
+		t.Fatal(err)
+	}
+	v, err := m.Get(stun.AttrXORPeerAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }

@@ -1,5 +1,5 @@
-// Package credbind checks the STUN requests of a pion/turn server before
-// pion does, for two rules of RFC 8656 that pion/turn v4 leaves out:
+// Package turnguard checks the STUN requests of a pion/turn server before
+// pion does, for the per-allocation rules pion/turn v4 leaves out:
 //
 //   - An allocation's credentials are bound to it (RFC 8656 section 5): a
 //     request on an allocation's 5-tuple authenticated with another username
@@ -9,12 +9,17 @@
 //     NonceLifetime (coturn's 600 s). A request with an older nonce has its
 //     NONCE made unreadable in place, so that pion answers 438 (Stale Nonce)
 //     with a fresh one, as for any nonce it rejects, and the client retries.
+//   - An allocation holds at most MaxChannels channels: a ChannelBind for a
+//     new channel beyond them gets 508 (Insufficient Capacity, RFC 8656
+//     section 12.2); refreshes of its channels pass. pion has no hook that
+//     sees a channel before it binds it, and one allocation bound 4,000.
 //
 // A Guard serves one pion/turn server (one socket's or one TCP listener's
 // allocations): the server's EventHandler tells it who allocated from where
-// (Hooks), and its conns pass it each request (PacketConn for UDP, Filter
-// for connlimit's TCP and TLS connections).
-package credbind
+// and which channels each allocation holds (Hooks), and its conns pass it
+// each request (PacketConn for UDP, Filter for connlimit's TCP and TLS
+// connections).
+package turnguard
 
 import (
 	"encoding/binary"
@@ -41,22 +46,30 @@ type Guard struct {
 	// Now is the clock (tests move it).
 	Now           func() time.Time
 	NonceLifetime time.Duration
+	// MaxChannels bounds the channels of one allocation (0: no limit).
+	MaxChannels int
 
 	mu     sync.RWMutex
-	owners map[netip.AddrPort]string // allocation's client address -> username
+	allocs map[netip.AddrPort]*alloc // by the allocation's client address
 
-	wrongCredentials, staleNonces atomic.Uint64
+	wrongCredentials, staleNonces, channelsRefused atomic.Uint64
+}
+
+// alloc is what the Guard knows of one allocation.
+type alloc struct {
+	user     string
+	channels map[uint16]struct{}
 }
 
 // New returns a Guard authenticating with auth, the server's AuthHandler.
 func New(auth turn.AuthHandler) *Guard {
-	return &Guard{auth: auth, Now: time.Now, NonceLifetime: NonceLifetime, owners: map[netip.AddrPort]string{}}
+	return &Guard{auth: auth, Now: time.Now, NonceLifetime: NonceLifetime, allocs: map[netip.AddrPort]*alloc{}}
 }
 
-// Counts are how many requests got 441 and how many stale nonces were
-// refused.
-func (g *Guard) Counts() (wrongCredentials, staleNonces uint64) {
-	return g.wrongCredentials.Load(), g.staleNonces.Load()
+// Counts are how many requests got 441, how many stale nonces were refused
+// and how many ChannelBinds got 508.
+func (g *Guard) Counts() (wrongCredentials, staleNonces, channelsRefused uint64) {
+	return g.wrongCredentials.Load(), g.staleNonces.Load(), g.channelsRefused.Load()
 }
 
 func addrPort(a net.Addr) netip.AddrPort {
@@ -77,13 +90,13 @@ func norm(ap netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
-// Hooks records the username of each allocation of h's server while it
-// lives; the hooks of h run after.
+// Hooks records the username and the channels of each allocation of h's
+// server while it lives; the hooks of h run after.
 func (g *Guard) Hooks(h turn.EventHandler) turn.EventHandler {
 	created, deleted := h.OnAllocationCreated, h.OnAllocationDeleted
 	h.OnAllocationCreated = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, port int) {
 		g.mu.Lock()
-		g.owners[norm(addrPort(src))] = user
+		g.allocs[norm(addrPort(src))] = &alloc{user: user, channels: map[uint16]struct{}{}}
 		g.mu.Unlock()
 		if created != nil {
 			created(src, dst, proto, user, realm, relay, port)
@@ -91,20 +104,46 @@ func (g *Guard) Hooks(h turn.EventHandler) turn.EventHandler {
 	}
 	h.OnAllocationDeleted = func(src, dst net.Addr, proto, user, realm string) {
 		g.mu.Lock()
-		delete(g.owners, norm(addrPort(src)))
+		delete(g.allocs, norm(addrPort(src)))
 		g.mu.Unlock()
 		if deleted != nil {
 			deleted(src, dst, proto, user, realm)
 		}
 	}
+	chCreated, chDeleted := h.OnChannelCreated, h.OnChannelDeleted
+	h.OnChannelCreated = func(src, dst net.Addr, proto, user, realm string, relay, peer net.Addr, ch uint16) {
+		g.channel(src, ch, true)
+		if chCreated != nil {
+			chCreated(src, dst, proto, user, realm, relay, peer, ch)
+		}
+	}
+	h.OnChannelDeleted = func(src, dst net.Addr, proto, user, realm string, relay, peer net.Addr, ch uint16) {
+		g.channel(src, ch, false)
+		if chDeleted != nil {
+			chDeleted(src, dst, proto, user, realm, relay, peer, ch)
+		}
+	}
 	return h
+}
+
+func (g *Guard) channel(src net.Addr, ch uint16, bound bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	a := g.allocs[norm(addrPort(src))]
+	switch {
+	case a == nil:
+	case bound:
+		a.channels[ch] = struct{}{}
+	default:
+		delete(a.channels, ch)
+	}
 }
 
 // Allocations is how many allocations the Guard knows the username of.
 func (g *Guard) Allocations() int {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
-	return len(g.owners)
+	return len(g.allocs)
 }
 
 const (
@@ -112,6 +151,7 @@ const (
 	headerSize   = 20
 	attrUsername = 0x0006
 	attrNonce    = 0x0015
+	attrChannel  = 0x000c
 )
 
 // Check looks at one datagram or frame b from src before pion does. It may
@@ -127,7 +167,7 @@ func (g *Guard) Check(src net.Addr, b []byte) (reply []byte) {
 	if typ&0x0110 != 0 {
 		return nil
 	}
-	var username, nonce []byte
+	var username, nonce, channel []byte
 	end := min(len(b), headerSize+int(binary.BigEndian.Uint16(b[2:])))
 	for off := headerSize; off+4 <= end; {
 		t, l := binary.BigEndian.Uint16(b[off:]), int(binary.BigEndian.Uint16(b[off+2:]))
@@ -140,6 +180,8 @@ func (g *Guard) Check(src net.Addr, b []byte) (reply []byte) {
 			username = b[v : v+l]
 		case attrNonce:
 			nonce = b[v : v+l]
+		case attrChannel:
+			channel = b[v : v+l]
 		}
 		off = v + (l+3)&^3
 	}
@@ -158,18 +200,33 @@ func (g *Guard) Check(src net.Addr, b []byte) (reply []byte) {
 		return nil
 	}
 	g.mu.RLock()
-	owner, ok := g.owners[norm(addrPort(src))]
-	g.mu.RUnlock()
-	if !ok || owner == string(username) {
-		return nil
+	a := g.allocs[norm(addrPort(src))]
+	var owner string
+	full := false
+	if a != nil {
+		owner = a.user
+		if method == stun.MethodChannelBind && g.MaxChannels > 0 && len(a.channels) >= g.MaxChannels && len(channel) >= 2 {
+			_, bound := a.channels[binary.BigEndian.Uint16(channel)]
+			full = !bound // a refresh of a bound channel passes
+		}
 	}
-	return g.wrong(src, b, method)
+	g.mu.RUnlock()
+	switch {
+	case a == nil:
+		return nil
+	case owner != string(username):
+		return g.refuse(src, b, method, stun.CodeWrongCredentials, "Wrong Credentials", &g.wrongCredentials)
+	case full:
+		return g.refuse(src, b, method, stun.CodeInsufficientCapacity, "Channel limit of the allocation", &g.channelsRefused)
+	}
+	return nil
 }
 
-// wrong answers 441 to a request with other valid credentials than its
-// allocation's; a request that does not authenticate goes to pion, which
-// answers it as it would (400, 401, 438) without touching the allocation.
-func (g *Guard) wrong(src net.Addr, b []byte, method stun.Method) []byte {
+// refuse answers code to an authenticated request (441: valid credentials,
+// but not its allocation's; 508: over the channel limit), counting it in n;
+// a request that does not authenticate goes to pion, which answers it as it
+// would (400, 401, 438) without touching the allocation.
+func (g *Guard) refuse(src net.Addr, b []byte, method stun.Method, code stun.ErrorCode, reason string, n *atomic.Uint64) []byte {
 	m := &stun.Message{Raw: append([]byte(nil), b...)}
 	if err := m.Decode(); err != nil {
 		return nil
@@ -183,9 +240,9 @@ func (g *Guard) wrong(src net.Addr, b []byte, method stun.Method) []byte {
 	if !ok || stun.MessageIntegrity(key).Check(m) != nil {
 		return nil
 	}
-	g.wrongCredentials.Add(1)
+	n.Add(1)
 	res, err := stun.Build(&stun.Message{TransactionID: m.TransactionID}, stun.NewType(method, stun.ClassErrorResponse),
-		&stun.ErrorCodeAttribute{Code: stun.CodeWrongCredentials, Reason: []byte("Wrong Credentials")},
+		&stun.ErrorCodeAttribute{Code: code, Reason: []byte(reason)},
 		stun.MessageIntegrity(key), stun.Fingerprint)
 	if err != nil {
 		return nil
