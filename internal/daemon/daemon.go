@@ -32,6 +32,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/offload"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
 	"github.com/l7mp/stunnerd-xdp/internal/status"
+	"github.com/l7mp/stunnerd-xdp/internal/turnguard"
 )
 
 // Config is everything the daemon runs on.
@@ -300,6 +301,7 @@ type Daemon struct {
 	quota       *quota.Counter
 	perms       *quota.Permissions
 	conns       *connlimit.Limiter // the TCP and TLS listeners' clients
+	guarded     turnguard.Counts   // what the listeners' turnguards refused
 	mirror      *mirror.Mirror
 	hooks       hookGate // pion's hooks into the mirror and the steering
 	auth        atomic.Pointer[authState]

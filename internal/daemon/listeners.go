@@ -128,7 +128,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		scs = make([]turn.ServerConfig, len(conns))
 		for i, conn := range conns {
 			scs[i] = sc
-			guards = append(guards, turnguard.New(d.authenticate))
+			guards = append(guards, turnguard.New(d.authenticate, &d.guarded))
 			scs[i].EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, i, base)))
 			var chans *fallback.Channels
 			if !cfg.NoShortcut {
@@ -156,7 +156,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		}
 		// Connection caps, deadlines and bounded frames (connlimit): pion
 		// has none, and anyone can connect.
-		guards = append(guards, turnguard.New(d.authenticate))
+		guards = append(guards, turnguard.New(d.authenticate, &d.guarded))
 		ln = d.conns.Listener(ln, tlsConf, guards[0].Filter)
 		ln = d.traffic.Listener(l.Name, ln)
 		sc.ListenerConfigs = []turn.ListenerConfig{{

@@ -52,7 +52,14 @@ type Guard struct {
 	mu     sync.RWMutex
 	allocs map[netip.AddrPort]*alloc // by the allocation's client address
 
-	wrongCredentials, staleNonces, channelsRefused atomic.Uint64
+	counts *Counts
+}
+
+// Counts are what Guards refused; one Counts may serve many Guards.
+type Counts struct {
+	// WrongCredentials got 441, ChannelsRefused 508; StaleNonces were
+	// handed to pion unreadable (438).
+	WrongCredentials, StaleNonces, ChannelsRefused atomic.Uint64
 }
 
 // alloc is what the Guard knows of one allocation.
@@ -61,16 +68,17 @@ type alloc struct {
 	channels map[uint16]struct{}
 }
 
-// New returns a Guard authenticating with auth, the server's AuthHandler.
-func New(auth turn.AuthHandler) *Guard {
-	return &Guard{auth: auth, Now: time.Now, NonceLifetime: NonceLifetime, allocs: map[netip.AddrPort]*alloc{}}
+// New returns a Guard authenticating with auth, the server's AuthHandler,
+// counting in counts (nil: its own).
+func New(auth turn.AuthHandler, counts *Counts) *Guard {
+	if counts == nil {
+		counts = &Counts{}
+	}
+	return &Guard{auth: auth, Now: time.Now, NonceLifetime: NonceLifetime, allocs: map[netip.AddrPort]*alloc{}, counts: counts}
 }
 
-// Counts are how many requests got 441, how many stale nonces were refused
-// and how many ChannelBinds got 508.
-func (g *Guard) Counts() (wrongCredentials, staleNonces, channelsRefused uint64) {
-	return g.wrongCredentials.Load(), g.staleNonces.Load(), g.channelsRefused.Load()
-}
+// Counts are what g refused (shared with the Guards that share its Counts).
+func (g *Guard) Counts() *Counts { return g.counts }
 
 func addrPort(a net.Addr) netip.AddrPort {
 	switch a := a.(type) {
@@ -186,7 +194,7 @@ func (g *Guard) Check(src net.Addr, b []byte) (reply []byte) {
 		off = v + (l+3)&^3
 	}
 	if nonce != nil && g.stale(nonce) {
-		g.staleNonces.Add(1)
+		g.counts.StaleNonces.Add(1)
 		// Not base36: pion's nonce check fails, it answers 438 with a
 		// fresh nonce before it looks at the credentials.
 		for i := range nonce {
@@ -215,9 +223,9 @@ func (g *Guard) Check(src net.Addr, b []byte) (reply []byte) {
 	case a == nil:
 		return nil
 	case owner != string(username):
-		return g.refuse(src, b, method, stun.CodeWrongCredentials, "Wrong Credentials", &g.wrongCredentials)
+		return g.refuse(src, b, method, stun.CodeWrongCredentials, "Wrong Credentials", &g.counts.WrongCredentials)
 	case full:
-		return g.refuse(src, b, method, stun.CodeInsufficientCapacity, "Channel limit of the allocation", &g.channelsRefused)
+		return g.refuse(src, b, method, stun.CodeInsufficientCapacity, "Channel limit of the allocation", &g.counts.ChannelsRefused)
 	}
 	return nil
 }

@@ -21,7 +21,7 @@ func server(t *testing.T) (*Guard, net.Addr) {
 	}
 	key := turn.GenerateAuthKey("alice", realm, "a")
 	auth := func(user, _ string, _ net.Addr) ([]byte, bool) { return key, user == "alice" }
-	g := New(auth)
+	g := New(auth, nil)
 	srv, err := turn.NewServer(turn.ServerConfig{Realm: realm, AuthHandler: auth, EventHandler: g.Hooks(turn.EventHandler{}),
 		PacketConnConfigs: []turn.PacketConnConfig{{PacketConn: g.PacketConn(c),
 			RelayAddressGenerator: &turn.RelayAddressGeneratorStatic{RelayAddress: net.IPv4(127, 0, 0, 1), Address: "127.0.0.1"}}}})
@@ -101,7 +101,7 @@ func TestNonceExpires(t *testing.T) {
 	if res := refresh(fresh); res.Type.Class != stun.ClassSuccessResponse {
 		t.Fatalf("Refresh with the 438's nonce: %v", res)
 	}
-	if _, stale, _ := g.Counts(); stale != 1 {
+	if stale := g.Counts().StaleNonces.Load(); stale != 1 {
 		t.Fatalf("%d stale nonces counted, want 1", stale)
 	}
 	if g.Allocations() != 1 {
@@ -160,7 +160,7 @@ func TestChannelLimit(t *testing.T) {
 	if res := bind(other, nonce2, 0x4000); res.Type.Class != stun.ClassSuccessResponse {
 		t.Fatalf("another allocation's first channel: %v", res)
 	}
-	if _, _, refused := g.Counts(); refused != 1 {
+	if refused := g.Counts().ChannelsRefused.Load(); refused != 1 {
 		t.Fatalf("%d ChannelBinds refused, want 1", refused)
 	}
 }

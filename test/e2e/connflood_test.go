@@ -316,4 +316,17 @@ func TestTCPSlowBodyFlood(t *testing.T) {
 	if res.received < res.sent*99/100 {
 		t.Errorf("the UDP session lost echoes during the flood: %d of %d", res.received, res.sent)
 	}
+	// The daemon says what it closed, and why.
+	m, err := r.Server.Scrape("http://10.100.0.1:8080/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		timeout string
+		want    int
+	}{{"frame", len(slow)}, {"idle", len(idle)}, {"handshake", len(stalled)}} {
+		if got, _ := m.Sum("stunnerd_xdp_tcp_connections_timed_out_total", "timeout", c.timeout); int(got) < c.want {
+			t.Errorf("stunnerd_xdp_tcp_connections_timed_out_total{timeout=%q} %v, want at least %d", c.timeout, got, c.want)
+		}
+	}
 }
