@@ -165,12 +165,12 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	// The TCP and TLS listeners' clients (internal/connlimit; docs/operations.md, Security).
 	o.conns.MaxFrame = connlimit.DefaultMaxFrame
 	fs.IntVar(&o.conns.MaxConns, "max-tcp-conns", connlimit.DefaultMaxConns, "open connections over all TURN-TCP and TURN-TLS listeners; over it a new connection is\n"+
-		"closed at accept (each can pin about 40 KiB, see docs/operations.md); 0: no cap")
+		"reset at accept (each can pin about 50 KiB, see docs/operations.md); 0: no cap")
 	fs.IntVar(&o.conns.MaxConnsPerSource, "max-tcp-conns-per-source", connlimit.DefaultMaxConnsPerSource, "open TURN-TCP and TURN-TLS connections from one client IP (IPv6: one /64); 0: no cap")
 	fs.DurationVar(&o.conns.HandshakeTimeout, "tls-handshake-timeout", connlimit.DefaultHandshakeTimeout, "time a TURN-TLS client has to complete its TLS handshake; 0: no limit")
 	fs.DurationVar(&o.conns.IdleTimeout, "tcp-idle-timeout", connlimit.DefaultIdleTimeout, "a TURN-TCP or TURN-TLS connection that sends no whole STUN message or ChannelData\n"+
-		"for this long is closed, with its allocation (clients with an allocation refresh permissions every\n"+
-		"4-5 min and ICE checks consent every few seconds); 0: never")
+		"for this long is closed, with its allocation (a waiting client refreshes its allocation within\n"+
+		"the 10 min of its default lifetime; ICE checks consent every few seconds); 0: never")
 	fs.DurationVar(&o.conns.FrameTimeout, "tcp-frame-timeout", connlimit.DefaultFrameTimeout, "time from the first to the last byte of one STUN message or ChannelData on a TURN-TCP or\n"+
 		"TURN-TLS connection; slower, the connection is closed (a slow-body attack); 0: no limit")
 	fs.Uint64Var(&o.maxAllocPPS, "max-alloc-pps", 0, "datagrams per second one allocation may relay, all its channels and both directions together,\n"+

@@ -64,7 +64,7 @@ const (
 	DefaultMaxConns          = 4096
 	DefaultMaxConnsPerSource = 64
 	DefaultHandshakeTimeout  = 10 * time.Second
-	DefaultIdleTimeout       = 5 * time.Minute
+	DefaultIdleTimeout       = 15 * time.Minute
 	DefaultFrameTimeout      = 10 * time.Second
 	DefaultMaxFrame          = 1599
 )
