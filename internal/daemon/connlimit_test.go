@@ -1,13 +1,7 @@
 package daemon
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"net"
 	"net/netip"
 	"testing"
@@ -26,16 +20,7 @@ import (
 // handshake runs in the connection's first Read), and its connection counts
 // toward the limits; an idle TLS connection is closed at the idle timeout.
 func TestTLSListenerThroughLimits(t *testing.T) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "turn.test"},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert, _, _ := testenv.SelfSigned(t)
 	lf, err := logging.New("all:WARN", "text", &testenv.LockedBuffer{})
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +29,7 @@ func TestTLSListenerThroughLimits(t *testing.T) {
 	lim := connlimit.Defaults()
 	lim.IdleTimeout = 500 * time.Millisecond
 	d, err := Start(Config{
-		Listeners:    []config.ResolvedListener{{Name: "tls", Protocol: config.TLS, Addr: listen, Cert: &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}}},
+		Listeners:    []config.ResolvedListener{{Name: "tls", Protocol: config.TLS, Addr: listen, Cert: &cert}},
 		Users:        map[string]string{"alice": "a"},
 		RelayAddress: netip.MustParseAddr("127.0.0.1"),
 		MinRelayPort: 62000, MaxRelayPort: 62099,

@@ -1,18 +1,11 @@
 package e2e
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/binary"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -22,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
@@ -133,30 +127,6 @@ func (cg *memoryCgroup) ooms() int64 {
 	return 0
 }
 
-// selfSignedPEM is a certificate and key for a TURN-TLS listener, base64 PEM
-// as a STUNner config carries them.
-func selfSignedPEM(t *testing.T) (string, string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "turn.test"},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	enc := func(typ string, b []byte) string {
-		return base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}))
-	}
-	return enc("CERTIFICATE", der), enc("EC PRIVATE KEY", kb)
-}
-
 // TestTCPSlowBodyFlood is issue 24's slow-body attack on the TURN-TCP and
 // TURN-TLS listeners, the daemon in a 256 MiB memory cgroup: 500 TCP and 500
 // TLS connections each send a STUN header announcing 0xFFE8 bytes of body,
@@ -178,7 +148,8 @@ func TestTCPSlowBodyFlood(t *testing.T) {
 	)
 	r := parentRig(t)
 	cg := newMemoryCgroup(t, 256<<20)
-	cert, key := selfSignedPEM(t)
+	_, certPEM, keyPEM := testenv.SelfSigned(t)
+	cert, key := base64.StdEncoding.EncodeToString(certPEM), base64.StdEncoding.EncodeToString(keyPEM)
 	cfgPath := filepath.Join(t.TempDir(), "stunnerd.conf")
 	writeConfig(t, cfgPath, stunnerConfig("secret", fmt.Sprintf(`  - name: tls-listener
     protocol: TURN-TLS
