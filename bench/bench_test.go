@@ -51,6 +51,9 @@ type config struct {
 	userspacePinned []float64 // the fixed pinned rungs the loss-free search starts from (a pinned max rung follows)
 	userspaceRounds int       // turns each userspace server takes
 	userspaceSearch int       // steps of the loss-free search between pinned rungs
+
+	shapeRate  float64       // packets/s the client sends in each node shape row
+	shapePoint time.Duration // how long
 }
 
 var configs = map[string]config{
@@ -68,6 +71,7 @@ var configs = map[string]config{
 		lo: 20000, hi: 100000,
 		userspaceLadder: []float64{20000, 50000, 100000, 150000, 200000, 0}, userspacePinned: []float64{50000, 100000, 150000},
 		userspaceRounds: 3, userspaceSearch: 3,
+		shapeRate: 5000, shapePoint: 3 * time.Second,
 	},
 	"smoke": {
 		mode:      "smoke",
@@ -81,6 +85,7 @@ var configs = map[string]config{
 		liveRate: 50000, livePoint: 500 * time.Millisecond, liveRounds: 3,
 		lo: 20000, hi: 100000,
 		userspaceLadder: []float64{20000, 100000, 0}, userspacePinned: []float64{100000}, userspaceRounds: 1, userspaceSearch: 1,
+		shapeRate: 2000, shapePoint: 500 * time.Millisecond,
 	},
 }
 
@@ -129,6 +134,7 @@ func TestBench(t *testing.T) {
 		UserspaceServers: []string{ServerUser1, ServerUserN, ServerUser16, ServerCoturn, ServerStunnerd121N, ServerStunnerd12116},
 		UserspacePoints:  (len(cfg.userspaceLadder) + len(cfg.userspacePinned) + 1) * cfg.userspaceRounds,
 		UserspaceSearch:  cfg.userspaceSearch,
+		ShapeRows:        len(netns.Shapes()) * len(shapeModes),
 	}
 	h.daemonBin, h.stunnerdBin, h.turncatBin = netns.RequireBinary(t, netns.Daemon), netns.RequireBinary(t, netns.Stunnerd), netns.RequireBinary(t, netns.Turncat)
 	h.stunnerd121Bin = netns.RequireBinary(t, netns.Stunnerd121)
@@ -161,6 +167,7 @@ func TestBench(t *testing.T) {
 	stage("relay", h.stageRelay)
 	stage("userspace", h.stageUserspace)
 	stage("iperf", h.stageIperf)
+	stage("shapes", h.stageShapes)
 
 	h.rep.Targets, h.rep.Notes = h.targets()
 	h.rep.Meta.Duration = time.Since(started).Round(time.Second).String()

@@ -27,15 +27,17 @@ type Report struct {
 	MapOps   []MapOpsRow   `json:"map_ops"`
 	Relay    []RelayPoint  `json:"relay"`
 	// Userspace compares the userspace relays over several allocations.
-	Userspace []RelayPoint    `json:"userspace"`
-	Latency   []LatencyRow    `json:"latency"`
-	Iperf     []IperfRow      `json:"iperf"`
-	Control   *ControlResult  `json:"control,omitempty"`
-	Scaling   []ScalingPoint  `json:"scaling"`
-	Targets   []TargetResult  `json:"targets"`
-	Expected  ExpectedRows    `json:"expected"`
-	Notes     []string        `json:"notes,omitempty"`
-	Stages    []StageDuration `json:"stages"`
+	Userspace []RelayPoint   `json:"userspace"`
+	Latency   []LatencyRow   `json:"latency"`
+	Iperf     []IperfRow     `json:"iperf"`
+	Control   *ControlResult `json:"control,omitempty"`
+	Scaling   []ScalingPoint `json:"scaling"`
+	// Shapes are the node shapes of issue 23 in both modes.
+	Shapes   []ShapeRow      `json:"shapes"`
+	Targets  []TargetResult  `json:"targets"`
+	Expected ExpectedRows    `json:"expected"`
+	Notes    []string        `json:"notes,omitempty"`
+	Stages   []StageDuration `json:"stages"`
 }
 
 // Meta describes the machine, the software and how the run was made.
@@ -251,6 +253,7 @@ type ExpectedRows struct {
 	UserspaceServers []string `json:"userspace_servers"`
 	UserspacePoints  int      `json:"userspace_points_per_server"`
 	UserspaceSearch  int      `json:"userspace_search_steps"`
+	ShapeRows        int      `json:"shape_rows"` // node shapes times two modes
 }
 
 // Validate reports every missing row and every figure that is not a finite
@@ -344,6 +347,7 @@ func (r *Report) Validate() error {
 			errs = append(errs, fmt.Errorf("iperf: row %q missing", s))
 		}
 	}
+	errs = append(errs, r.validateShapes()...)
 	if c := r.Control; c == nil {
 		errs = append(errs, errors.New("control: missing"))
 	} else if c.Installed != c.Bindings || c.BindingsPerSecond <= 0 || bad(c.HeapBytesPerBinding) || c.MapBytesPerSlot <= 0 {
@@ -610,6 +614,7 @@ func (r *Report) WriteMarkdown(dir string, lo, hi float64, plots []string) error
 		"the same. Samples whose echo never came are counted as lost, not as a latency.\n")
 
 	writeUserspace(&b, r)
+	writeShapes(&b, r)
 
 	b.WriteString("\n## 3. The user's benchmark: iperf2 through turncat\n\n")
 	it := table{head: []string{"server", "rate pps", "payload B", "seconds", "iperf sent", "received", "loss %", "server total µs/pkt", "server process µs/pkt", "turncat µs/pkt"}}

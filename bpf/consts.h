@@ -33,6 +33,11 @@
  * flows of 128 B and 4,096 peer->client flows of 64 B take 768 KiB per CPU. */
 #define FLOW_CACHE_SLOTS 4096
 
+/* Packets (from the IP header on) up to this length fit every Ethernet
+ * device's default MTU: only longer ones look up their ingress device's MTU
+ * (dev_caps), so that a normal-size packet pays no hash lookup for it. */
+#define MTU_CHECK_ABOVE 1500
+
 /* How many UDP listener ports one program serves (set at load time). */
 #define MAX_LISTENER_PORTS 8
 
@@ -88,6 +93,14 @@ enum reason {
 	REASON_RATE_LIMITED,           /* the allocation is over its rate limit: dropped
 	                                  (XDP_DROP) or passed to pion/turn as
 	                                  rate_limit.pass says */
+	REASON_EGRESS_NO_XDP_XMIT,     /* a native-mode ingress, and the egress would
+	                                  not transmit the XDP frame (XDP_REDIRECT: no
+	                                  ndo_xdp_xmit, e.g. a veth whose peer runs no
+	                                  XDP, a bridge, a tunnel; XDP_TX: the same for
+	                                  a veth ingress), or nothing is known of it */
+	REASON_INGRESS_OVER_MTU,       /* longer than the ingress device's MTU (or its
+	                                  MTU unknown): a GSO super-packet that generic
+	                                  XDP sees as one datagram */
 	REASON_MAX,
 };
 

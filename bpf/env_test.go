@@ -2,6 +2,7 @@ package bpf_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -92,6 +94,11 @@ type iface struct {
 	unreach string             // a route of type unreachable added with this interface
 	// unreach6 is an IPv6 route of type unreachable added with this interface.
 	unreach6 string
+	// caps is the interface's dev_caps entry (nil: none), as the loader
+	// would write it: by default, in the devmap means attached natively with
+	// XDP frames transmitted (a NIC, or a veth whose far end runs XDP); e0
+	// (not attached) transmits none.
+	caps *model.DevCaps
 }
 
 // ifaceNames is the fixed order in which fuzz inputs choose an ingress.
@@ -179,13 +186,37 @@ func newEnv(t testing.TB) *env {
 	}
 	// The next-hop cache on, kept valid as the daemon keeps it: every change
 	// of the namespace's tables moves the FIB generation.
+	// A change may still be delivered after stop closed, once the test (and
+	// the program's maps) are gone: the watcher's callback and the cleanup
+	// that ends it exclude each other, and the callback does nothing after it.
 	stop := make(chan struct{})
-	t.Cleanup(func() { close(stop) })
+	var (
+		watchMu sync.Mutex
+		stopped bool
+	)
+	t.Cleanup(func() {
+		watchMu.Lock()
+		defer watchMu.Unlock()
+		stopped = true
+		close(stop)
+	})
 	fibGen := prog.Maps().FibGen
 	err = e.ns.Do(func() error {
 		return loader.WatchFIB(stop, func() {
+			watchMu.Lock()
+			defer watchMu.Unlock()
+			if stopped {
+				return
+			}
 			if err := bpf.EnableFibGen(fibGen); err != nil {
-				t.Errorf("FIB generation: %v", err)
+				select {
+				case <-stop:
+					// The watcher may call once more after stop (a message
+					// read as the test ended): the map is closed by then,
+					// and the test may be over.
+				default:
+					t.Errorf("FIB generation: %v", err)
+				}
 			}
 		}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	})
@@ -276,9 +307,69 @@ func (e *env) setup() error {
 			if err := e.prog.Maps().TxPorts.Put(uint32(i.index), uint32(i.index)); err != nil {
 				return fmt.Errorf("devmap %s: %w", i.name, err)
 			}
+			i.caps = &model.DevCaps{Native: true, XDPXmit: true, XDPTX: true, MTU: i.mtu}
+		} else {
+			i.caps = &model.DevCaps{MTU: i.mtu}
+		}
+		if err := e.writeCaps(i); err != nil {
+			return err
 		}
 	}
 	return waitLocal6(e.ifaces)
+}
+
+// writeCaps writes i.caps into the program's dev_caps map (nil: no entry).
+func (e *env) writeCaps(i *iface) error {
+	if i.caps == nil {
+		if err := e.prog.Maps().DevCaps.Delete(uint32(i.index)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("dev_caps %s: %w", i.name, err)
+		}
+		return nil
+	}
+	var v bpf.RelayDevCap
+	for _, f := range []struct {
+		on   bool
+		flag bpf.RelayDevFlag
+	}{{i.caps.Native, bpf.RelayDevFlagDEV_ATTACHED_NATIVE}, {i.caps.Generic, bpf.RelayDevFlagDEV_ATTACHED_GENERIC},
+		{i.caps.XDPXmit, bpf.RelayDevFlagDEV_XDP_XMIT}, {i.caps.XDPTX, bpf.RelayDevFlagDEV_XDP_TX}} {
+		if f.on {
+			v.Flags |= f.flag
+		}
+	}
+	v.Mtu = uint32(i.caps.MTU)
+	if err := e.prog.Maps().DevCaps.Put(uint32(i.index), v); err != nil {
+		return fmt.Errorf("dev_caps %s: %w", i.name, err)
+	}
+	return nil
+}
+
+// setCaps gives the named interface caps (nil: no entry) in the program and
+// in the model m (when not nil), and moves the FIB generation as the loader
+// does, so that cached next hops are decided again; the test's end restores
+// the interface's caps.
+func (e *env) setCaps(t testing.TB, m *model.Model, name string, caps *model.DevCaps) {
+	t.Helper()
+	i := e.ifaces[name]
+	old := i.caps
+	set := func(c *model.DevCaps) {
+		i.caps = c
+		if err := e.writeCaps(i); err != nil {
+			t.Fatal(err)
+		}
+		if err := bpf.BumpFibGen(e.prog.Maps().FibGen); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(caps)
+	if m != nil {
+		m.SetEnv(e.modelEnv())
+	}
+	t.Cleanup(func() {
+		set(old)
+		if m != nil {
+			m.SetEnv(e.modelEnv())
+		}
+	})
 }
 
 func bit(b bool) string {
@@ -328,6 +419,10 @@ func (e *env) modelEnv() model.Env {
 			Attached: i.devmap, Addr: netip.MustParsePrefix(i.addr + "/24"), Neighbours: map[netip.Addr][6]byte{}}
 		if i.addr6 != "" {
 			mi.Addr6 = netip.MustParsePrefix(i.addr6 + "/64")
+		}
+		if i.caps != nil {
+			c := *i.caps
+			mi.Caps = &c
 		}
 		for ip, mac := range i.neigh {
 			mi.Neighbours[netip.MustParseAddr(ip)] = mac
@@ -443,26 +538,38 @@ func (e *env) observe(t testing.TB, ingress string, frame []byte) observation {
 	before, beforeTotals := e.verdicts(t), e.totals(t)
 	ret, out := e.run(t, ingress, frame)
 	after, afterTotals := e.verdicts(t), e.totals(t)
-	o := observation{verdict: ret, out: out, reason: bpf.RelayReasonREASON_MAX}
-	for r := range after {
-		switch d := after[r] - before[r]; {
-		case d == 0:
-		case d == 1 && o.reason == bpf.RelayReasonREASON_MAX:
-			o.reason = bpf.RelayReason(r)
-		default:
-			t.Errorf("verdict counter %s moved by %d (one counter must move by one)", reasonName(bpf.RelayReason(r)), d)
-		}
-	}
+	o := observation{verdict: ret, out: out, reason: movedByOne(t, before, after, bpf.RelayReasonREASON_MAX, reasonName)}
 	if o.reason == bpf.RelayReasonREASON_MAX {
 		t.Errorf("no verdict counter moved")
 	}
-	o.counted = channelmap.Stats{
-		ClientToPeerPackets: afterTotals.ClientToPeerPackets - beforeTotals.ClientToPeerPackets,
-		ClientToPeerBytes:   afterTotals.ClientToPeerBytes - beforeTotals.ClientToPeerBytes,
-		PeerToClientPackets: afterTotals.PeerToClientPackets - beforeTotals.PeerToClientPackets,
-		PeerToClientBytes:   afterTotals.PeerToClientBytes - beforeTotals.PeerToClientBytes,
-	}
+	o.counted = statsDelta(beforeTotals, afterTotals)
 	return o
+}
+
+// movedByOne returns the one counter that moved from before to after (none
+// when none did); more than one, or by more than one, fails t.
+func movedByOne(t testing.TB, before, after []uint64, none bpf.RelayReason, name func(bpf.RelayReason) string) bpf.RelayReason {
+	t.Helper()
+	moved := none
+	for r := range after {
+		switch d := after[r] - before[r]; {
+		case d == 0:
+		case d == 1 && moved == none:
+			moved = bpf.RelayReason(r)
+		default:
+			t.Errorf("verdict counter %s moved by %d (one counter must move by one)", name(bpf.RelayReason(r)), d)
+		}
+	}
+	return moved
+}
+
+func statsDelta(before, after channelmap.Stats) channelmap.Stats {
+	return channelmap.Stats{
+		ClientToPeerPackets: after.ClientToPeerPackets - before.ClientToPeerPackets,
+		ClientToPeerBytes:   after.ClientToPeerBytes - before.ClientToPeerBytes,
+		PeerToClientPackets: after.PeerToClientPackets - before.PeerToClientPackets,
+		PeerToClientBytes:   after.PeerToClientBytes - before.PeerToClientBytes,
+	}
 }
 
 // check runs frame through the program and the model (which it advances) and
@@ -481,16 +588,25 @@ func (e *env) check(t testing.TB, m *model.Model, ingress string, frame []byte) 
 	if !bytes.Equal(got.out, want.Frame) {
 		t.Errorf("output differs from the model's\nprogram %x\n  model %x", got.out, want.Frame)
 	}
-	var counted channelmap.Stats
-	if want.Counted != nil {
-		if want.Reason == bpf.RelayReasonREASON_RELAY_C2P_TX || want.Reason == bpf.RelayReasonREASON_RELAY_C2P_REDIRECT {
-			counted.ClientToPeerPackets, counted.ClientToPeerBytes = 1, uint64(want.DataLen)
+	e.checkEffects(t, m, got.counted, want.Reason, want.Counted, want.DataLen)
+	return got, want
+}
+
+// checkEffects compares what a run did besides its verdict and bytes with the
+// model's: the per-binding counters gained (counted, with dataLen bytes, in
+// the direction of reason) and the reply sources learned.
+func (e *env) checkEffects(t testing.TB, m *model.Model, gained channelmap.Stats, reason bpf.RelayReason, counted *channelmap.Key, dataLen int) {
+	t.Helper()
+	var want channelmap.Stats
+	if counted != nil {
+		if reason == bpf.RelayReasonREASON_RELAY_C2P_TX || reason == bpf.RelayReasonREASON_RELAY_C2P_REDIRECT {
+			want.ClientToPeerPackets, want.ClientToPeerBytes = 1, uint64(dataLen)
 		} else {
-			counted.PeerToClientPackets, counted.PeerToClientBytes = 1, uint64(want.DataLen)
+			want.PeerToClientPackets, want.PeerToClientBytes = 1, uint64(dataLen)
 		}
 	}
-	if got.counted != counted {
-		t.Errorf("per-binding counters gained %+v, model %+v", got.counted, counted)
+	if gained != want {
+		t.Errorf("per-binding counters gained %+v, model %+v", gained, want)
 	}
 	kernel := e.listeners(t)
 	for _, b := range m.Bindings() {
@@ -501,7 +617,6 @@ func (e *env) check(t testing.TB, m *model.Model, ingress string, frame []byte) 
 	if len(kernel) != len(m.Bindings()) {
 		t.Errorf("%d bindings in the kernel, %d in the model", len(kernel), len(m.Bindings()))
 	}
-	return got, want
 }
 
 // restore puts learned reply sources back to what the bindings say, so that

@@ -41,6 +41,11 @@ func FuzzRelayVsModel(f *testing.F) {
 	for _, c := range append(goldenCases(e), hostileCases(e)...) {
 		f.Add(c.in, ingressIndex(c.ingress))
 	}
+	// The same rows with the ingress's dev_caps varied (see fuzzCapsByte).
+	redirectIn := fromClient(bindings["redirect"], "10.100.0.1", packet.ChannelData(bindings["redirect"].Channel, data(1480), nil))
+	for _, c := range []uint8{1, 2, 3, 0x04, 0x0c, 0x1c} {
+		f.Add(redirectIn.Marshal(), ingressIndex("a0")|c<<3)
+	}
 	redirect := bindings["redirect"]
 	for _, msg := range pionChannelData(f) {
 		f.Add(fromClient(redirect, "10.100.0.1", msg).Marshal(), uint8(0))
@@ -54,7 +59,11 @@ func FuzzRelayVsModel(f *testing.F) {
 	}
 
 	f.Fuzz(func(t *testing.T, frame []byte, ingress uint8) {
-		name := ifaceNames[int(ingress)%len(ifaceNames)]
+		// Bits 0-2 the ingress, 3-7 its dev_caps (fuzzCapsByte).
+		name := ifaceNames[int(ingress&7)%len(ifaceNames)]
+		if c := ingress >> 3; c != 0 {
+			e.setCaps(t, nil, name, e.fuzzCapsByte(name, c))
+		}
 		m := e.newModel(t, bs)
 		if len(frame) < minRunFrame || len(frame) > maxRunFrame {
 			m.Process(e.ifaces[name].index, frame) // BPF_PROG_RUN refuses it; the model must not panic
@@ -124,6 +133,17 @@ func FuzzRelayBindingsVsModel(f *testing.F) {
 		{[]byte{0, 0, 0, 0x20, 0x10, 1, 2 | 4}, 1, 0, 0, data(100)}, // over it, pass
 		{[]byte{0, 0, 0, 0x20, 0x10, 1, 3 | 4}, 1, 0, 0, data(100)}, // byte limit, over it
 		{[]byte{0, 0, 0, 0x50, 0x20, 1, 1 | 4}, 0, 0, 1, data(10)},  // over it, no neighbour: the FIB first
+		// dev_caps bytes for a0, b0, ... then the rate-limit byte (see fuzzCaps).
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0xc, 0x0, 0}, 0, 0, 1, data(100)},    // b0 transmits no XDP frame: passed
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0x0, 0xc, 0}, 1, 0, 0, data(100)},    // a0 neither, peer->client
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0x1, 0x0, 0}, 0, 0, 1, data(100)},    // generic a0: redirected anyway
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0x3, 0xc, 0}, 0, 0, 1, data(100)},    // nothing known of a0: as native
+		{[]byte{0, 0, 1, 0x10, 0x00, 1, 0x4, 0}, 0, 0, 1, data(10)},          // XDP_TX, a0 without it
+		{[]byte{0, 0, 1, 0x10, 0x00, 1, 0x1, 0}, 1, 0, 0, data(10)},          // XDP_TX, generic a0
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0x2c, 0xc, 0}, 0, 0, 1, data(1480)},  // 1516 bytes in, a0's MTU 1600
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0xc, 0xc, 0}, 0, 0, 1, data(1480)},   // over a0's MTU
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0xc, 0x3c, 0}, 1, 0, 0, data(1500)},  // over b0's MTU, peer->client
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1, 0xc, 0x8, 0}, 0, 0, 1, data(100)}, // v6 client, b0 without XDP_XMIT
 	}
 	for _, s := range seeds {
 		ingress := uint8(0)
@@ -139,6 +159,7 @@ func FuzzRelayBindingsVsModel(f *testing.F) {
 	f.Fuzz(func(t *testing.T, spec []byte, ingress, pick, dst, flags uint8, payload []byte) {
 		bs := decodeBindings(spec)
 		e.replace(t, bs)
+		e.fuzzCaps(t, spec)
 		m := e.newModel(t, bs)
 		e.fuzzRateLimit(t, m, spec, bs)
 		if len(payload) > maxRunFrame-64 {
@@ -147,6 +168,34 @@ func FuzzRelayBindingsVsModel(f *testing.F) {
 		name := ifaceNames[int(ingress)%len(ifaceNames)]
 		e.check(t, m, name, fuzzFrame(bs, pick, dst, flags, payload))
 	})
+}
+
+// fuzzCaps reads dev_caps bytes after the binding specs: of the bytes that
+// follow the last whole spec, all but the last (the rate-limit byte) give the
+// interfaces a0, b0, ... their dev_caps (fuzzCapsByte) for this input.
+func (e *env) fuzzCaps(t *testing.T, spec []byte) {
+	tail := spec[len(spec)/6*6:]
+	for i := 0; i+1 < len(tail) && i < len(ifaceNames); i++ {
+		e.setCaps(t, nil, ifaceNames[i], e.fuzzCapsByte(ifaceNames[i], tail[i]))
+	}
+}
+
+// fuzzCapsByte decodes one dev_caps byte: bits 0-1 the mode (native, generic,
+// not attached, no entry at all), bit 2 XDP frames redirected to it are
+// transmitted, bit 3 XDP_TX out of it is, bits 4-5 its MTU (the device's,
+// 1400, 1600, 9000).
+func (e *env) fuzzCapsByte(name string, b byte) *model.DevCaps {
+	c := &model.DevCaps{XDPXmit: b&4 != 0, XDPTX: b&8 != 0,
+		MTU: []int{e.ifaces[name].mtu, 1400, 1600, 9000}[b>>4&3]}
+	switch b & 3 {
+	case 0:
+		c.Native = true
+	case 1:
+		c.Generic = true
+	case 3:
+		return nil
+	}
+	return c
 }
 
 // fuzzRateLimit reads a rate-limit byte after the binding specs (a spec whose

@@ -306,4 +306,39 @@ struct {
 	__uint(max_entries, 64);
 } tx_ports SEC(".maps");
 
+
+/* What the program must know of a network device before it sends a frame out
+ * of it, or takes one in: written by userspace (internal/loader) for every
+ * device of the namespace, from rtnetlink and the netdev generic-netlink
+ * family's xdp-features, and kept live (every change bumps fib_gen, so that
+ * the cached next hops, which carry the decision, are decided again).
+ * DEV_* flags. */
+enum dev_flag {
+	DEV_ATTACHED_NATIVE = 1,  /* the program runs here in the driver */
+	DEV_ATTACHED_GENERIC = 2, /* the program runs here on skbs (generic XDP):
+	                             its XDP_REDIRECT and XDP_TX go through the skb
+	                             path, which every device takes */
+	DEV_XDP_XMIT = 4,         /* a native XDP_REDIRECT out of it is transmitted
+	                             (NETDEV_XDP_ACT_NDO_XMIT; a veth has it only
+	                             while its peer can receive XDP frames) */
+	DEV_XDP_TX = 8,           /* a native XDP_TX out of it is transmitted (a
+	                             veth: as DEV_XDP_XMIT; a NIC with native XDP:
+	                             always) */
+};
+
+struct dev_cap {
+	enum dev_flag flags; /* a set of them (the enum is 32 bits wide) */
+	__u32 mtu;   /* the device's MTU */
+};
+
+/* Keyed by ifindex. No entry: nothing is known, the program assumes the worst
+ * (a native ingress, an egress that transmits no XDP frame, an MTU that no
+ * packet longer than MTU_CHECK_ABOVE fits). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct dev_cap);
+	__uint(max_entries, 4096);
+} dev_caps SEC(".maps");
+
 #endif

@@ -42,7 +42,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 /* Set by the loader through spec.Variables before the program is loaded. */
 volatile const struct config cfg = {};
 
-/* Force the enum into BTF for bpf2go. */
+/* Force the enum into BTF for bpf2go (enum dev_flag is struct dev_cap's). */
 const enum reason *_unused_reason __attribute__((unused));
 
 static __always_inline __be32 addr_v4(const struct addr *a)
@@ -162,6 +162,29 @@ static __always_inline int hop_valid(const struct next_hop *h, __u32 gen, __u32 
 	return h->gen == gen && h->in_ifindex == in_ifindex && h->tos == rw->tos && rw->len <= h->max_len;
 }
 
+/* xdp_xmit_refused tells whether a frame the program sends out of egress
+ * (XDP_TX when it is the ingress, else XDP_REDIRECT) would be lost after the
+ * program returned: from a native-mode ingress, a redirected frame goes to the
+ * egress driver's ndo_xdp_xmit, which a bridge, a VLAN, macvlan or tunnel
+ * device, and a veth whose peer runs no XDP (and no GRO), do not have or
+ * refuse; XDP_TX out of a veth is that same transmit into its peer
+ * (drivers/net/veth.c: veth_xdp_tx -> veth_xdp_xmit). From a generic-mode
+ * ingress both go out through the skb path (generic_xdp_tx), which every
+ * device takes. Nothing known of the ingress: as native; of the egress: it
+ * transmits nothing. Asked on the slow path only: the cached next hop is
+ * stored only when the answer was "transmitted". A global function: one copy,
+ * verified once, called (a few ns) only after a bpf_fib_lookup. */
+__attribute__((noinline)) int xdp_xmit_refused(__u32 in_ifindex, __u32 out_ifindex)
+{
+	const struct dev_cap *in = bpf_map_lookup_elem(&dev_caps, &in_ifindex);
+	if (in && (in->flags & DEV_ATTACHED_GENERIC))
+		return 0;
+	if (out_ifindex == in_ifindex)
+		return !in || !(in->flags & DEV_XDP_TX);
+	const struct dev_cap *out = bpf_map_lookup_elem(&dev_caps, &out_ifindex);
+	return !out || !(out->flags & DEV_XDP_XMIT);
+}
+
 /* next_hop resolves the rewritten packet's next hop and fills in the MACs,
  * from the binding's cached one when it is still valid (gen 0: no cache). It
  * returns -1 when the packet can be forwarded, else the PASS reason. */
@@ -241,6 +264,8 @@ static __always_inline int next_hop(struct xdp_md *ctx, __u32 in_ifindex, struct
 		if (!bpf_map_lookup_elem(&tx_ports, &ifindex))
 			return REASON_EGRESS_NOT_ATTACHED;
 	}
+	if (xdp_xmit_refused(in_ifindex, fib.ifindex))
+		return REASON_EGRESS_NO_XDP_XMIT;
 	if (h) {
 		bpf_spin_lock(&st->lock);
 		h->seq++;
@@ -476,9 +501,27 @@ static __always_inline int is_partial(const struct input *in, const struct udphd
 /* UDP_PROTO_WORD is the pseudo header's zero and protocol bytes as a word. */
 #define UDP_PROTO_WORD bpf_htonl(IPPROTO_UDP << 16)
 
+/* ingress_over_mtu tells a packet longer than its ingress device's MTU: it did
+ * not come off that device's wire as one frame. Generic XDP sees a UDP GSO
+ * super-packet (a pod sending with UDP_SEGMENT over a veth) as one datagram,
+ * which relayed whole would be one ChannelData message the client drops; the
+ * stack segments it. Only packets longer than any default MTU look it up. */
+static __always_inline int ingress_over_mtu(const struct input *in)
+{
+	if (in->l3_total <= MTU_CHECK_ABOVE)
+		return 0;
+	__u32 ifindex = in->ifindex;
+	const struct dev_cap *d = bpf_map_lookup_elem(&dev_caps, &ifindex);
+	return !d || in->l3_total > d->mtu;
+}
+
 static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, struct input *in,
 					  struct udphdr *udp, __u32 *reason)
 {
+	if (ingress_over_mtu(in)) {
+		*reason = REASON_INGRESS_OVER_MTU;
+		return XDP_PASS;
+	}
 	__u16 payload_len = bpf_ntohs(udp->len) - sizeof(*udp);
 	__be16 channel;
 	__u16 data_len, pad;
@@ -824,6 +867,10 @@ static __always_inline int p2c_out(struct xdp_md *ctx, struct cursor *c, struct 
 static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, struct input *in,
 					  struct udphdr *udp, __u32 *reason)
 {
+	if (ingress_over_mtu(in)) {
+		*reason = REASON_INGRESS_OVER_MTU;
+		return XDP_PASS;
+	}
 	if (in->family != AF_INET) {
 		/* Relays are IPv4: no binding can match an IPv6 peer. */
 		*reason = REASON_NO_PEER_BINDING;
@@ -947,6 +994,8 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 	return XDP_PASS;
 }
 
+/* relay_tc.c builds the TC engine on this file's helpers, without this entry. */
+#ifndef RELAY_TC_ENGINE
 SEC("xdp")
 int xdp_turn_relay(struct xdp_md *ctx)
 {
@@ -957,3 +1006,4 @@ int xdp_turn_relay(struct xdp_md *ctx)
 		(*n)++;
 	return action;
 }
+#endif

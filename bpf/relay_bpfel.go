@@ -114,6 +114,21 @@ type RelayConfig struct {
 	FlowShift         uint32
 }
 
+type RelayDevCap struct {
+	_     structs.HostLayout
+	Flags RelayDevFlag
+	Mtu   uint32
+}
+
+type RelayDevFlag uint32
+
+const (
+	RelayDevFlagDEV_ATTACHED_NATIVE  RelayDevFlag = 1
+	RelayDevFlagDEV_ATTACHED_GENERIC RelayDevFlag = 2
+	RelayDevFlagDEV_XDP_XMIT         RelayDevFlag = 4
+	RelayDevFlagDEV_XDP_TX           RelayDevFlag = 8
+)
+
 type RelayDstKey struct {
 	_    structs.HostLayout
 	Addr struct {
@@ -229,7 +244,9 @@ const (
 	RelayReasonREASON_BAD_IP_CHECKSUM        RelayReason = 27
 	RelayReasonREASON_REDIRECT_FAILED        RelayReason = 28
 	RelayReasonREASON_RATE_LIMITED           RelayReason = 29
-	RelayReasonREASON_MAX                    RelayReason = 30
+	RelayReasonREASON_EGRESS_NO_XDP_XMIT     RelayReason = 30
+	RelayReasonREASON_INGRESS_OVER_MTU       RelayReason = 31
+	RelayReasonREASON_MAX                    RelayReason = 32
 )
 
 // Names of all BPF objects in the ELF.
@@ -240,6 +257,7 @@ const (
 	RelayMapBindingStates = "binding_states"
 	RelayMapC2pBindings   = "c2p_bindings"
 	RelayMapC2pFlows      = "c2p_flows"
+	RelayMapDevCaps       = "dev_caps"
 	RelayMapFibGen        = "fib_gen"
 	RelayMapListenerDsts  = "listener_dsts"
 	RelayMapP2cBindings   = "p2c_bindings"
@@ -305,6 +323,7 @@ type RelayMapSpecs struct {
 	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
 	C2pBindings   *ebpf.MapSpec `ebpf:"c2p_bindings"`
 	C2pFlows      *ebpf.MapSpec `ebpf:"c2p_flows"`
+	DevCaps       *ebpf.MapSpec `ebpf:"dev_caps"`
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
@@ -346,6 +365,7 @@ type RelayMaps struct {
 	BindingStates *ebpf.Map `ebpf:"binding_states"`
 	C2pBindings   *ebpf.Map `ebpf:"c2p_bindings"`
 	C2pFlows      *ebpf.Map `ebpf:"c2p_flows"`
+	DevCaps       *ebpf.Map `ebpf:"dev_caps"`
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
@@ -361,6 +381,7 @@ func (m *RelayMaps) Close() error {
 		m.BindingStates,
 		m.C2pBindings,
 		m.C2pFlows,
+		m.DevCaps,
 		m.FibGen,
 		m.ListenerDsts,
 		m.P2cBindings,

@@ -37,6 +37,10 @@ var ReasonNames = map[bpf.RelayReason]string{
 	// Dropped or passed as --over-limit says: a label for both, because the
 	// choice is the operator's and one series shows the binding was over.
 	bpf.RelayReasonREASON_RATE_LIMITED: "rate_limited",
+	// The egress would have dropped the XDP frame after the program returned
+	// (a veth whose peer runs no XDP, a bridge, a tunnel): the stack forwards it.
+	bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT: "pass_egress_no_xdp_xmit",
+	bpf.RelayReasonREASON_INGRESS_OVER_MTU:   "pass_ingress_over_mtu",
 }
 
 // ReasonName is the metric label of Verdicts()[i].

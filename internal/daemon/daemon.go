@@ -22,6 +22,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
+	"github.com/l7mp/stunnerd-xdp/internal/ctrefresh"
 	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
@@ -310,6 +311,7 @@ type Daemon struct {
 	listeners  map[string]*listenerServer
 	xdp        *offload.Manager
 	dests      *destinationSync
+	ctRefresh  *ctrefresh.Refresher
 	steer      *handover.Steering
 	counters   *fallback.Counters
 	rateLimit  *fallback.RateLimiter
@@ -383,6 +385,7 @@ func Start(cfg Config) (*Daemon, error) {
 	d.assertSteering()
 
 	d.registry = metrics.NewRegistry(d)
+	d.registry.MustRegister(d.conntrackRefreshMetrics()...)
 	if err := d.serveHTTP(); err != nil {
 		d.Close()
 		return nil, err
@@ -419,6 +422,7 @@ func (d *Daemon) startXDP() {
 		xlog.Warn("serving from userspace; retrying the attach", "error", err, "every", cfg.XDPRetryInterval.String())
 	}
 	d.syncDestinations()
+	d.startConntrackRefresh()
 	d.wg.Add(3)
 	go func() {
 		defer d.wg.Done()

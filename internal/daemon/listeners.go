@@ -76,6 +76,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 	ls.policy.Store(d.policyFor(l))
 	d.setPeerPorts(&ls.ports, l.PeerPorts)
 	permit := func(client net.Addr, peer net.IP) bool { return ls.policy.Load().Handler(client, peer) }
+	relays := fallback.NewRelaySockets()
 	relay := d.traffic.RelayAddressGenerator(l.Name, &fallback.RelayAddressGenerator{
 		RelayAddressGeneratorPortRange: turn.RelayAddressGeneratorPortRange{
 			RelayAddress: net.IP(cfg.RelayAddress.AsSlice()),
@@ -85,9 +86,9 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		},
 		Counters:    d.counters,
 		RateLimiter: d.rateLimit,
+		Sockets:     relays,
 	})
 	// Outermost, so that the shortcut writes to relay sockets as pion does.
-	relays := fallback.NewRelaySockets()
 	gen := relays.Generator(&portFilterGenerator{RelayAddressGenerator: relay, ps: &ls.ports})
 	sc := turn.ServerConfig{
 		Realm: cfg.Realm,
@@ -130,13 +131,13 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 			scs[i] = sc
 			guards = append(guards, turnguard.New(d.authenticate, &d.guarded))
 			scs[i].EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, i, base)))
-			var chans *fallback.Channels
-			if !cfg.NoShortcut {
-				chans = fallback.NewChannels(relays, d.counters)
-				scs[i].EventHandler = chans.EventHandler(scs[i].EventHandler)
-			}
+			// The table also carries the IP header fields across pion
+			// (TTL, TOS), with the shortcut or without.
+			chans := fallback.NewChannels(relays, d.counters)
+			scs[i].EventHandler = chans.EventHandler(scs[i].EventHandler)
 			scs[i].PacketConnConfigs = []turn.PacketConnConfig{{
-				PacketConn:            guards[i].PacketConn(&fallback.ListenerConn{PacketConn: d.traffic.ListenerConn(l.Name, conn), Counters: d.counters, Channels: chans}),
+				PacketConn: guards[i].PacketConn(&fallback.ListenerConn{PacketConn: d.traffic.ListenerConn(l.Name, chans.ListenerSocket(conn)),
+					Counters: d.counters, Channels: chans, NoShortcut: cfg.NoShortcut}),
 				PermissionHandler:     permit,
 				RelayAddressGenerator: gen,
 			}}

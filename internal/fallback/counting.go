@@ -25,6 +25,9 @@ type Counters struct {
 	// themselves (Channels), not pion/turn's handler: a part of
 	// ClientToPeerPackets.
 	ShortcutPackets atomic.Uint64
+	// TTLExpired counts the datagrams dropped, in either direction, because
+	// they arrived with a TTL (hop limit) of 1 or 0 (see fields.go).
+	TTLExpired atomic.Uint64
 }
 
 // ListenerConn wraps pion's listener socket: what pion writes to clients as
@@ -35,6 +38,9 @@ type ListenerConn struct {
 	net.PacketConn
 	Counters *Counters
 	Channels *Channels // nil: pion relays everything
+	// NoShortcut hands pion every datagram, Channels or not (the table then
+	// only carries the IP header fields: Channels.ListenerSocket).
+	NoShortcut bool
 }
 
 // ReadFrom returns the next datagram that is not relayed here.
@@ -42,7 +48,7 @@ func (c *ListenerConn) ReadFrom(p []byte) (int, net.Addr, error) {
 	for {
 		n, addr, err := c.PacketConn.ReadFrom(p)
 		// pion drops a datagram that fills its buffer (possibly truncated).
-		if err != nil || c.Channels == nil || n >= len(p) || !c.Channels.relay(p[:n], addr) {
+		if err != nil || c.Channels == nil || c.NoShortcut || n >= len(p) || !c.Channels.relay(p[:n], addr) {
 			return n, addr, err
 		}
 	}
@@ -79,21 +85,56 @@ func relayedData(p []byte) (int, bool) {
 	return 0, false
 }
 
-// relayConn wraps a relay socket: what pion writes there is client->peer
-// traffic it relayed (from ChannelData or Send indications), what it reads
-// peer->client traffic; both are charged to the allocation's rate limit.
+// relayConn wraps a relay socket (the innermost wrapper): what pion writes
+// there is client->peer traffic it relayed (from ChannelData or Send
+// indications), what it reads peer->client traffic; both are charged to the
+// allocation's rate limit, and both carry the IP header fields across (see
+// fields.go).
 type relayConn struct {
 	net.PacketConn
+	raw      fieldsConn // PacketConn when it takes fields, else nil
 	counters *Counters
 	budget   allocBucket
+
+	owner atomic.Pointer[owner] // set when pion reports the allocation
+	last  atomic.Uint64         // packLast of the datagram ReadFrom returned
+}
+
+// fieldsConn is a UDP socket that reads and writes datagrams with their IP
+// header fields (udpio.Conn).
+type fieldsConn interface {
+	ReadFromFields(p []byte) (int, net.Addr, udpio.Fields, error)
+	WriteToFields(p []byte, addr net.Addr, f udpio.Fields) (int, error)
+}
+
+func newRelayConn(c net.PacketConn, counters *Counters, limiter *RateLimiter) *relayConn {
+	r := &relayConn{PacketConn: c, counters: counters, budget: allocBucket{limiter: limiter}}
+	r.raw, _ = c.(fieldsConn)
+	return r
 }
 
 func (c *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
+	var f udpio.Fields
+	if o := c.owner.Load(); o != nil && c.raw != nil {
+		// Unknown fields (another source's datagram) forward as unknown.
+		in, _ := o.t.cur.of(o.client)
+		var ok bool
+		if f, ok = in.Forwarded(); !ok {
+			c.counters.TTLExpired.Add(1)
+			return len(p), nil
+		}
+	}
 	if !c.budget.allow(len(p)) {
 		// Over the limit: lost as the network loses a datagram.
 		return len(p), nil
 	}
-	n, err := c.PacketConn.WriteTo(p, addr)
+	var n int
+	var err error
+	if c.raw != nil {
+		n, err = c.raw.WriteToFields(p, addr, f)
+	} else {
+		n, err = c.PacketConn.WriteTo(p, addr)
+	}
 	if err == nil {
 		c.counters.ClientToPeerPackets.Add(1)
 		c.counters.ClientToPeerBytes.Add(uint64(n))
@@ -101,12 +142,29 @@ func (c *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
 	return n, err
 }
 
-// ReadFrom skips the peers' datagrams that are over the allocation's limit.
+// ReadFrom skips the peers' datagrams that are over the allocation's limit
+// or whose TTL is expiring.
 func (c *relayConn) ReadFrom(p []byte) (int, net.Addr, error) {
+	if c.raw == nil {
+		for {
+			n, addr, err := c.PacketConn.ReadFrom(p)
+			if err != nil || c.budget.allow(n) {
+				return n, addr, err
+			}
+		}
+	}
 	for {
-		n, addr, err := c.PacketConn.ReadFrom(p)
-		if err != nil || c.budget.allow(n) {
+		n, addr, f, err := c.raw.ReadFromFields(p)
+		if err != nil {
 			return n, addr, err
+		}
+		if _, ok := f.Forwarded(); !ok {
+			c.counters.TTLExpired.Add(1)
+			continue
+		}
+		if c.budget.allow(n) {
+			c.last.Store(packLast(n, f))
+			return n, addr, nil
 		}
 	}
 }
@@ -118,6 +176,10 @@ type RelayAddressGenerator struct {
 	Counters *Counters
 	// RateLimiter limits each allocation (nil: no limit).
 	RateLimiter *RateLimiter
+	// Sockets, when set, learns each socket's innermost wrapper: the set
+	// the outermost generator (Sockets.Generator) keeps, whose Channels
+	// carry the IP header fields across pion (see fields.go).
+	Sockets *RelaySockets
 }
 
 // AllocatePacketConn implements turn.RelayAddressGenerator.
@@ -132,5 +194,9 @@ func (g *RelayAddressGenerator) AllocatePacketConn(network string, requestedPort
 	if w, err := udpio.NewConn(conn); err == nil {
 		conn = w
 	}
-	return &relayConn{PacketConn: conn, counters: g.Counters, budget: allocBucket{limiter: g.RateLimiter}}, addr, nil
+	rc := newRelayConn(conn, g.Counters, g.RateLimiter)
+	if g.Sockets != nil {
+		g.Sockets.addRaw(addr, rc)
+	}
+	return rc, addr, nil
 }

@@ -32,6 +32,8 @@ type Channels struct {
 	mu       sync.RWMutex
 	routes   map[chanKey]route
 	byClient map[netip.AddrPort]*clientRoutes
+
+	cur current // the datagram the read loop is handling (see fields.go)
 }
 
 // chanKey is pion's key of an allocation on one socket (the client's
@@ -49,6 +51,7 @@ type route struct {
 // clientRoutes is what one allocation has here.
 type clientRoutes struct {
 	relay    net.PacketConn
+	raw      *relayConn // the innermost wrapper of relay (nil: not ours)
 	channels []uint16
 }
 
@@ -108,12 +111,15 @@ func (t *Channels) allocationCreated(src, relay net.Addr) {
 	if !ok {
 		return
 	}
-	conn := t.relays.get(relay)
+	conn, raw := t.relays.get(relay)
+	if raw != nil {
+		raw.owner.Store(&owner{t: t, client: k})
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.dropClient(k)
 	if conn != nil {
-		t.byClient[k] = &clientRoutes{relay: conn}
+		t.byClient[k] = &clientRoutes{relay: conn, raw: raw}
 	}
 }
 
@@ -219,15 +225,31 @@ func (t *Channels) relay(p []byte, src net.Addr) bool {
 }
 
 // RelaySockets are a listener's relay sockets by address, as its relay
-// address generator made them (and as pion holds them), while they are open.
+// address generator made them (and as pion holds them), while they are open,
+// each with its innermost wrapper (RelayAddressGenerator's, when its Sockets
+// is this set).
 type RelaySockets struct {
 	mu sync.Mutex
 	m  map[netip.AddrPort]*relaySocket
+	// raw are the innermost wrappers by address, from their allocation until
+	// the outermost closes.
+	raw map[netip.AddrPort]*relayConn
 }
 
 // NewRelaySockets returns an empty set.
 func NewRelaySockets() *RelaySockets {
-	return &RelaySockets{m: map[netip.AddrPort]*relaySocket{}}
+	return &RelaySockets{m: map[netip.AddrPort]*relaySocket{}, raw: map[netip.AddrPort]*relayConn{}}
+}
+
+// addRaw records the innermost wrapper of the relay socket at a.
+func (s *RelaySockets) addRaw(a net.Addr, c *relayConn) {
+	k, ok := relayKey(a)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	s.raw[k] = c
+	s.mu.Unlock()
 }
 
 func relayKey(a net.Addr) (netip.AddrPort, bool) {
@@ -242,17 +264,19 @@ func relayKey(a net.Addr) (netip.AddrPort, bool) {
 	return netip.AddrPortFrom(ip.Unmap(), uint16(u.Port)), true
 }
 
-func (s *RelaySockets) get(a net.Addr) net.PacketConn {
+// get returns the relay socket at a as pion holds it and its innermost
+// wrapper (nil: not known).
+func (s *RelaySockets) get(a net.Addr) (net.PacketConn, *relayConn) {
 	k, ok := relayKey(a)
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c, ok := s.m[k]; ok {
-		return c
+		return c, s.raw[k]
 	}
-	return nil
+	return nil, s.raw[k]
 }
 
 // Generator wraps g so that the sockets it makes are in s while open.
@@ -292,6 +316,7 @@ func (c *relaySocket) Close() error {
 	c.s.mu.Lock()
 	if c.s.m[c.key] == c {
 		delete(c.s.m, c.key)
+		delete(c.s.raw, c.key)
 	}
 	c.s.mu.Unlock()
 	return c.PacketConn.Close()

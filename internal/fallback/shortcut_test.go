@@ -150,7 +150,7 @@ func TestChannelsRelay(t *testing.T) {
 	if err := relay1.Close(); err != nil || !r1.closed {
 		t.Fatalf("close: %v, closed %v", err, r1.closed)
 	}
-	if sockets.get(r1.addr) != nil {
+	if c, _ := sockets.get(r1.addr); c != nil {
 		t.Error("a closed relay socket is still in the set")
 	}
 	h.OnAllocationCreated(client, listener, "UDP", "u", "r", r1.addr, 0)

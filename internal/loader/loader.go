@@ -1,7 +1,12 @@
 // Package loader loads the XDP relay program, attaches it to interfaces through
 // bpf_links held by this process (a crash closes them and so detaches the
 // program), and detaches it again. It detects what each interface supports by
-// trying: native first, then generic, then nothing (the userspace path).
+// trying: native first, then generic, then nothing (the userspace path). From
+// the first attachment on it keeps the program's view of the namespace's
+// devices live (dev_caps: the attachment modes, which devices transmit XDP
+// frames, MTUs; devcaps.go) and the FIB generation moving (fibwatch.go).
+// Attach every interface from one network namespace: both follow the first
+// attachment's.
 package loader
 
 import (
@@ -78,6 +83,9 @@ type Program struct {
 	// keeps the program's next-hop cache valid.
 	fibStop  chan struct{}
 	watching bool
+	// caps keeps dev_caps true for the attachments' namespace (started
+	// with the first attachment).
+	caps *devCaps
 }
 
 type attachment struct {
@@ -169,6 +177,7 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			bpf.RelayMapFibGen:        reuse.FibGen,
 			bpf.RelayMapRateLimits:    reuse.RateLimits,
 			bpf.RelayMapAllocRates:    reuse.AllocRates,
+			bpf.RelayMapDevCaps:       reuse.DevCaps,
 			// Entries are self-describing: the new seed only moves where
 			// a key's entry is looked for.
 			bpf.RelayMapC2pFlows: reuse.C2pFlows,
@@ -257,6 +266,8 @@ func (p *Program) Reconfigure(cfg Config) error {
 	_ = next.RelayMaps.Close()
 	old := p.objs.XdpTurnRelay
 	p.objs.XdpTurnRelay = next.XdpTurnRelay
+	// The configuration it runs with (TC.Reconfigure loads the TC engine with it).
+	p.objs.RelayVariables = next.RelayVariables
 	return old.Close()
 }
 
@@ -316,6 +327,10 @@ func (p *Program) Attach(iface string, mode Mode) (Mode, error) {
 			return ModeOff, fmt.Errorf("add %s to the redirect map: %w", iface, err)
 		}
 		p.links[ifc.Index] = attachment{link: l, mode: m, name: iface, rtnl: rtnl}
+		if err := p.capsChangedLocked(); err != nil {
+			_ = p.detachLocked(ifc.Index)
+			return ModeOff, fmt.Errorf("attach XDP to %s: %w", iface, err)
+		}
 		p.fibChangedLocked()
 		if !forwardingOn("ipv4", iface) {
 			p.log.Warn("IPv4 forwarding is off on the interface: bpf_fib_lookup answers FWD_DISABLED and every packet goes to userspace; set net.ipv4.conf."+iface+".forwarding=1",
@@ -362,7 +377,34 @@ func (p *Program) detachLocked(ifindex int) error {
 	if err := a.link.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("detach XDP from %s: %w", a.name, err))
 	}
+	if p.caps != nil {
+		p.caps.setModes(p.modesLocked())
+	}
 	return errors.Join(errs...)
+}
+
+// modesLocked returns the attachments' modes by ifindex.
+func (p *Program) modesLocked() map[int]Mode {
+	modes := make(map[int]Mode, len(p.links))
+	for ifindex, a := range p.links {
+		modes[ifindex] = a.mode
+	}
+	return modes
+}
+
+// capsChangedLocked writes the attachments into dev_caps; the first one
+// starts following the devices of its namespace (the caller's).
+func (p *Program) capsChangedLocked() error {
+	if p.caps != nil {
+		p.caps.setModes(p.modesLocked())
+		return nil
+	}
+	c, err := startDevCaps(p.objs.DevCaps, p.objs.FibGen, p.modesLocked(), p.log)
+	if err != nil {
+		return err
+	}
+	p.caps = c
+	return nil
 }
 
 // refreshLocked asks the kernel where each link still is. A deleted device
@@ -443,6 +485,10 @@ func (p *Program) Close() error {
 	if p.watching {
 		close(p.fibStop)
 		p.watching = false
+	}
+	if p.caps != nil {
+		p.caps.close()
+		p.caps = nil
 	}
 	bpf.ForgetFibGen(p.objs.FibGen)
 	errs = append(errs, p.objs.Close())

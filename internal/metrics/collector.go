@@ -78,8 +78,8 @@ type collector struct {
 	attached, mirrorEvents, mirrorErrors, drift    *prometheus.Desc
 	mode, label, steering, userspace, full         *prometheus.Desc
 	refused, permRefused, userRateLimited          *prometheus.Desc
-	shortcut, tcpConns, tcpRefused, tcpClosed      *prometheus.Desc
-	oversized, requestsRefused                     *prometheus.Desc
+	shortcut, ttlExpired, tcpConns, tcpRefused     *prometheus.Desc
+	tcpClosed, oversized, requestsRefused          *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -121,11 +121,13 @@ func newCollector(src Source) *collector {
 				"stale_nonce (438: a nonce over 600 s old), channel_limit (508: --max-channels).", []string{"reason"}, nil),
 		shortcut: prometheus.NewDesc("stunnerd_xdp_userspace_shortcut_packets_total",
 			"Client-to-peer ChannelData datagrams the read loops relayed on pion/turn's channels without its per-datagram handling (--channeldata-shortcut); a part of the userspace path's packets.", nil, nil),
+		ttlExpired: prometheus.NewDesc("stunnerd_xdp_userspace_ttl_expired_total",
+			"Datagrams the userspace path dropped, in either direction, because they arrived with a TTL (hop limit) of 1 or 0 (RFC 8656 section 14; the XDP program passes them to userspace as verdict pass_ttl_expired).", nil, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited, c.shortcut,
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited, c.shortcut, c.ttlExpired,
 		c.tcpConns, c.tcpRefused, c.tcpClosed, c.oversized, c.requestsRefused} {
 		ch <- d
 	}
@@ -136,6 +138,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(ch, c.packets, u.ClientToPeerPackets.Load(), "userspace", "client_to_peer")
 	counter(ch, c.userRateLimited, u.RateLimited.Load())
 	counter(ch, c.shortcut, u.ShortcutPackets.Load())
+	counter(ch, c.ttlExpired, u.TTLExpired.Load())
 	counter(ch, c.packets, u.PeerToClientPackets.Load(), "userspace", "peer_to_client")
 	counter(ch, c.bytes, u.ClientToPeerBytes.Load(), "userspace", "client_to_peer")
 	counter(ch, c.bytes, u.PeerToClientBytes.Load(), "userspace", "peer_to_client")

@@ -51,6 +51,35 @@
 //     nothing and dropped, or passed untouched when the limit says so. Packets
 //     that pass for any other reason are not charged: pion/turn's limiter
 //     counts those.
+//  8. A relayed frame leaves only where it will be transmitted. From an
+//     interface where the program runs natively (or of which nothing is
+//     known), XDP_REDIRECT hands the frame to the egress driver's
+//     ndo_xdp_xmit, and a device without one (a bridge, VLAN, macvlan or
+//     tunnel device) or refusing it (a veth whose peer runs no XDP) drops it
+//     after the program returned; XDP_TX out of a veth is that same transmit
+//     into its peer. So such a packet is relayed only when the egress says it
+//     transmits XDP frames (Interface.Caps: XDPXmit for a redirect, XDPTX for
+//     XDP_TX), and otherwise passes untouched to the stack, which forwards it.
+//     From an interface where the program runs generically, both go out
+//     through the skb path, which every device takes. The decision is the next
+//     hop's: it is made again whenever the FIB generation moves.
+//  9. A packet longer than its ingress interface's MTU did not come off that
+//     wire as one frame (generic XDP sees a UDP GSO super-packet as one
+//     datagram): it passes untouched, for the stack to segment. Only packets
+//     (from the IP header on) longer than MTUCheckAbove are measured, against
+//     Interface.Caps.MTU; with no Caps every such packet passes.
+// 10. The TC engine (ProcessTC) relays the same bindings by the same rules on the
+//     skb path, with what the skb path changes: every egress the FIB gives is
+//     reachable (the devmap is not consulted); an skb holding several datagrams
+//     (GSO) passes, and so does one whose VLAN tag the device took off (the
+//     frame was tagged: rule 1); the checksum follows the skb's ip_summed, not the field: a
+//     CHECKSUM_PARTIAL skb's field gets the output's pseudo-header sum (its
+//     egress sums the rest from the UDP header, which stays where csum_start
+//     points; one whose csum_start points elsewhere passes), every other skb's
+//     a full checksum that carries the input's error over (rule 5 without its
+//     PARTIAL guess). Verdicts are TC actions: relayed packets are redirected,
+//     everything else goes on untouched (TC_ACT_OK), and what a dropping rate
+//     limit refuses is shot.
 package model
 
 import (
@@ -104,7 +133,25 @@ const (
 	// MinTTL is the smallest TTL (hop limit) relayed in the kernel: what it
 	// sends has one less, and what would leave with 0 is pion/turn's.
 	MinTTL = 2
+	// MTUCheckAbove is the IP packet length above which the ingress
+	// interface's MTU is checked (MTU_CHECK_ABOVE): shorter packets fit every
+	// default MTU and pay no lookup.
+	MTUCheckAbove = 1500
 )
+
+// DevCaps is what the program knows of a device (its dev_caps entry).
+type DevCaps struct {
+	// Native and Generic: the program is attached there in that mode (at most
+	// one); neither, as a device the program is not attached to.
+	Native, Generic bool
+	// XDPXmit: a native XDP_REDIRECT to it is transmitted
+	// (NETDEV_XDP_ACT_NDO_XMIT).
+	XDPXmit bool
+	// XDPTX: a native XDP_TX out of it is transmitted.
+	XDPTX bool
+	// MTU is the device's MTU as the program was told it.
+	MTU int
+}
 
 // Interface is one network interface as the FIB and the program see it.
 type Interface struct {
@@ -136,6 +183,10 @@ type Interface struct {
 	// Down: the interface is administratively down. The kernel drops its
 	// routes (connected ones and those through it) and its neighbours.
 	Down bool
+	// Caps is the program's dev_caps entry for the interface; nil: none (the
+	// program assumes a native ingress, an egress that transmits no XDP
+	// frame, and an MTU that no packet longer than MTUCheckAbove fits).
+	Caps *DevCaps
 }
 
 // Route is an IPv4 route through a gateway: Dst via Via, whose connected
@@ -207,6 +258,8 @@ type Model struct {
 	// Now is the program's clock (CLOCK_MONOTONIC in ns) when it charges a
 	// packet to a rate limit.
 	Now func() uint64
+	// skb is set while ProcessTC runs: the TC engine's skb.
+	skb *SKB
 }
 
 // MonotonicNow is CLOCK_MONOTONIC in ns: bpf_ktime_get_ns's clock.
@@ -433,6 +486,9 @@ func (m *Model) isListenerPort(p uint16) bool {
 // fromClient handles UDP to a listener port (RFC 8656 §12.4, §12.5).
 func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	pass := func(r bpf.RelayReason) Result { return Result{Verdict: Pass, Reason: r, Frame: frame} }
+	if m.overIngressMTU(ingress, in) {
+		return pass(bpf.RelayReasonREASON_INGRESS_OVER_MTU)
+	}
 	msg := in.udp[8:]
 	if len(msg) < 4 {
 		return pass(bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA) // no room for a header
@@ -484,6 +540,9 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 // fromPeer handles UDP to a relay port: a peer's datagram becomes ChannelData.
 func (m *Model) fromPeer(ingress int, frame []byte, in datagram) Result {
 	pass := func(r bpf.RelayReason) Result { return Result{Verdict: Pass, Reason: r, Frame: frame} }
+	if m.overIngressMTU(ingress, in) {
+		return pass(bpf.RelayReasonREASON_INGRESS_OVER_MTU)
+	}
 	b, ok := m.peer[peerKey{in.src, in.dst}]
 	if !ok {
 		return pass(bpf.RelayReasonREASON_NO_PEER_BINDING)
@@ -514,6 +573,33 @@ func (m *Model) fromPeer(ingress int, frame []byte, in datagram) Result {
 		bpf.RelayReasonREASON_RELAY_P2C_TX, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT)
 }
 
+// overIngressMTU tells a packet longer than its ingress interface's MTU, as far
+// as the program measures (point 9).
+func (m *Model) overIngressMTU(ingress int, in datagram) bool {
+	if len(in.ip) <= MTUCheckAbove {
+		return false
+	}
+	ifc := m.iface(ingress)
+	return ifc == nil || ifc.Caps == nil || len(in.ip) > ifc.Caps.MTU
+}
+
+// xmitRefused tells whether a frame sent out of egress from ingress would be
+// dropped after the program returned (point 8).
+func (m *Model) xmitRefused(ingress int, egress *Interface) bool {
+	in := m.iface(ingress)
+	var inCaps *DevCaps
+	if in != nil {
+		inCaps = in.Caps
+	}
+	if inCaps != nil && inCaps.Generic {
+		return false // the skb path
+	}
+	if egress.Index == ingress {
+		return inCaps == nil || !inCaps.XDPTX
+	}
+	return egress.Caps == nil || !egress.Caps.XDPXmit
+}
+
 // outPacket is what the relay sends: addresses and the UDP payload, of which
 // dataLen bytes are application data.
 type outPacket struct {
@@ -537,6 +623,10 @@ func (m *Model) send(ingress int, in datagram, out outPacket, res Result, key ch
 	}
 	if hop == nil {
 		res.Reason = reason
+		return res
+	}
+	if m.skb != nil && m.skb.Checksum == ChecksumPartial && !m.skb.CsumAtUDP {
+		res.Reason = bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_PARTIAL_ELSEWHERE)
 		return res
 	}
 	if m.overLimit(relay, out.dataLen) {
@@ -669,8 +759,11 @@ func (m *Model) finish(ingress int, dst, hop netip.Addr, totLen int, egress *Int
 	if !ok {
 		return nil, bpf.RelayReasonREASON_FIB_NO_NEIGH
 	}
-	if egress.Index != ingress && !egress.Attached {
+	if egress.Index != ingress && !egress.Attached && m.skb == nil { // TC reaches any egress
 		return nil, bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED
+	}
+	if m.skb == nil && m.xmitRefused(ingress, egress) { // the skb path transmits anywhere
+		return nil, bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT
 	}
 	return &nextHop{egress: egress, dmac: mac}, 0
 }
@@ -718,7 +811,7 @@ func (m *Model) build(in datagram, out outPacket, hop *nextHop) []byte {
 	binary.BigEndian.PutUint16(udp[2:], out.dst.Port())
 	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen))
 	copy(udp[8:], out.payload)
-	binary.BigEndian.PutUint16(udp[6:], udpChecksum(in, pseudo(ip[12:16], ip[16:20], len(udp)), udp))
+	binary.BigEndian.PutUint16(udp[6:], m.udpChecksum(in, pseudo(ip[12:16], ip[16:20], len(udp)), udp))
 	return f
 }
 
@@ -745,7 +838,7 @@ func (m *Model) build6(in datagram, out outPacket, hop *nextHop) []byte {
 	binary.BigEndian.PutUint16(udp[2:], out.dst.Port())
 	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen))
 	copy(udp[8:], out.payload)
-	binary.BigEndian.PutUint16(udp[6:], udpChecksum(in, pseudo(ip[8:24], ip[24:40], len(udp)), udp))
+	binary.BigEndian.PutUint16(udp[6:], m.udpChecksum(in, pseudo(ip[8:24], ip[24:40], len(udp)), udp))
 	return f
 }
 
@@ -757,9 +850,14 @@ func (m *Model) build6(in datagram, out outPacket, hop *nextHop) []byte {
 // Otherwise the output's checksum is off by exactly what the input's was: with
 // E the ones' complement sum of the input datagram, pseudo header and checksum
 // field included (0xffff when it verifies), the output's checksum c makes its
-// sum E too.
-func udpChecksum(in datagram, outPseudo uint32, udp []byte) uint16 {
+// sum E too. The TC engine knows the skb's ip_summed instead of guessing it:
+// a CHECKSUM_PARTIAL skb leaves with the output's pseudo-header sum (its egress
+// finishes it), any other with the carried-over checksum.
+func (m *Model) udpChecksum(in datagram, outPseudo uint32, udp []byte) uint16 {
 	field := be16(in.udp[6:])
+	if m.skb != nil && m.skb.Checksum == ChecksumPartial {
+		return fold(outPseudo)
+	}
 	if field == 0 {
 		return 0
 	}
@@ -771,7 +869,7 @@ func udpChecksum(in datagram, outPseudo uint32, udp []byte) uint16 {
 	}
 	outSum := fold(sum(outPseudo, udp)) // its checksum field is still zero
 	var c uint16
-	if field == fold(inPseudo) {
+	if field == fold(inPseudo) && m.skb == nil {
 		c = ^outSum
 	} else {
 		inSum := fold(sum(inPseudo, in.udp))

@@ -27,9 +27,9 @@ func testEnv() model.Env {
 		ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535,
 		Interfaces: []model.Interface{
 			{Name: "a", Index: 2, MAC: aMAC, Addr: netip.MustParsePrefix("10.100.0.1/24"), MTU: 1500, Forwarding: true, Attached: true,
-				Neighbours: map[netip.Addr][6]byte{netip.MustParseAddr("10.100.0.2"): clientMAC}},
+				Neighbours: map[netip.Addr][6]byte{netip.MustParseAddr("10.100.0.2"): clientMAC}, Caps: nativeCaps(1500)},
 			{Name: "b", Index: 3, MAC: bMAC, Addr: netip.MustParsePrefix("10.200.0.1/24"), MTU: 100, Forwarding: true, Attached: true,
-				Neighbours: map[netip.Addr][6]byte{netip.MustParseAddr("10.200.0.2"): peerMAC}},
+				Neighbours: map[netip.Addr][6]byte{netip.MustParseAddr("10.200.0.2"): peerMAC}, Caps: nativeCaps(100)},
 		},
 		Unreachable: []netip.Prefix{netip.MustParsePrefix("10.200.0.128/25")},
 		Destinations: map[netip.AddrPort]netip.AddrPort{
@@ -38,6 +38,12 @@ func testEnv() model.Env {
 			netip.MustParseAddrPort("10.100.0.3:3478"): listener2,
 		},
 	}
+}
+
+// nativeCaps: the program runs natively, and XDP frames out of the device are
+// transmitted (a NIC, a veth whose peer runs XDP).
+func nativeCaps(mtu int) *model.DevCaps {
+	return &model.DevCaps{Native: true, XDPXmit: true, XDPTX: true, MTU: mtu}
 }
 
 var (
@@ -520,5 +526,100 @@ func TestGatewayRouteAndInterfaceDown(t *testing.T) {
 	m.SetEnv(env)
 	if res := m.Process(2, in); res.Verdict != model.Pass || res.Reason != bpf.RelayReasonREASON_FIB_NOT_FORWARDED {
 		t.Fatalf("egress down: %v %v, want PASS pass_fib_not_forwarded", res.Verdict, res.Reason)
+	}
+}
+
+// TestEgressThatCannotTakeXDPFrames: from a native ingress, a redirect needs an
+// egress that transmits XDP frames and XDP_TX an ingress that does; from a
+// generic one the skb path takes either; nothing known is the worst case.
+func TestEgressThatCannotTakeXDPFrames(t *testing.T) {
+	peer2 := netip.MustParseAddr("10.100.0.4")
+	txBinding := channelmap.Binding{Client: binding.Client, Listener: listener, Channel: 0x4001,
+		Peer: netip.AddrPortFrom(peer2, 5002), Relay: netip.MustParseAddrPort("10.100.0.1:50001")}
+	for _, c := range []struct {
+		name   string
+		edit   func(env *model.Env)
+		b      channelmap.Binding
+		want   model.Verdict
+		reason bpf.RelayReason
+	}{
+		{"redirect, egress transmits", func(*model.Env) {}, binding, model.Redirect, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT},
+		{"redirect, egress does not transmit", func(env *model.Env) { env.Interfaces[1].Caps.XDPXmit = false },
+			binding, model.Pass, bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT},
+		{"redirect, nothing known of the egress", func(env *model.Env) { env.Interfaces[1].Caps = nil },
+			binding, model.Pass, bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT},
+		{"redirect, nothing known of the ingress", func(env *model.Env) { env.Interfaces[0].Caps = nil },
+			binding, model.Redirect, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT},
+		{"redirect from a generic ingress, egress does not transmit", func(env *model.Env) {
+			env.Interfaces[0].Caps = &model.DevCaps{Generic: true, MTU: 1500}
+			env.Interfaces[1].Caps.XDPXmit = false
+		}, binding, model.Redirect, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT},
+		{"XDP_TX, ingress transmits", func(*model.Env) {}, txBinding, model.TX, bpf.RelayReasonREASON_RELAY_C2P_TX},
+		{"XDP_TX, ingress does not transmit", func(env *model.Env) { env.Interfaces[0].Caps.XDPTX = false },
+			txBinding, model.Pass, bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT},
+		{"XDP_TX, the ingress's XDPXmit does not count", func(env *model.Env) {
+			env.Interfaces[0].Caps.XDPTX, env.Interfaces[0].Caps.XDPXmit = false, true
+		}, txBinding, model.Pass, bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT},
+		{"XDP_TX, nothing known of the ingress", func(env *model.Env) { env.Interfaces[0].Caps = nil },
+			txBinding, model.Pass, bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT},
+		{"XDP_TX from a generic ingress", func(env *model.Env) { env.Interfaces[0].Caps = &model.DevCaps{Generic: true, MTU: 1500} },
+			txBinding, model.TX, bpf.RelayReasonREASON_RELAY_C2P_TX},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := testEnv()
+			env.Interfaces[0].Neighbours[peer2] = peerMAC
+			c.edit(&env)
+			m, err := model.New(env, []channelmap.Binding{c.b})
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := clientFrame("10.100.0.1", packet.ChannelData(c.b.Channel, []byte("data"), nil)).Marshal()
+			res := m.Process(2, in)
+			if res.Verdict != c.want || res.Reason != c.reason {
+				t.Fatalf("%v %d, want %v %d", res.Verdict, res.Reason, c.want, c.reason)
+			}
+			if c.want == model.Pass && (!bytes.Equal(res.Frame, in) || res.Counted != nil) {
+				t.Fatalf("a passed frame is the input, counted nowhere: %x counted %v", res.Frame, res.Counted)
+			}
+		})
+	}
+}
+
+// TestIngressOverMTU: only packets above MTUCheckAbove are measured, against
+// the ingress's MTU; with nothing known of the ingress, all of them pass.
+func TestIngressOverMTU(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		ipLen   int
+		caps    *model.DevCaps
+		overMTU bool
+	}{
+		{"1500 bytes, nothing known", 1500, nil, false},
+		{"1501 bytes, nothing known", 1501, nil, true},
+		{"1501 bytes, MTU 1500", 1501, nativeCaps(1500), true},
+		{"1600 bytes, MTU 9000", 1600, nativeCaps(9000), false},
+		{"1600 bytes, MTU 1600", 1600, nativeCaps(1600), false},
+		{"1601 bytes, MTU 1600", 1601, nativeCaps(1600), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := testEnv()
+			env.Interfaces[0].Caps = c.caps
+			m, err := model.New(env, []channelmap.Binding{binding})
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := clientFrame("10.100.0.1", packet.ChannelData(0x4000, make([]byte, c.ipLen-20-8-4), nil)).Marshal()
+			res := m.Process(2, in)
+			if got := res.Reason == bpf.RelayReasonREASON_INGRESS_OVER_MTU; got != c.overMTU || res.Verdict != model.Pass {
+				t.Fatalf("%v %d; want over the MTU: %v", res.Verdict, res.Reason, c.overMTU)
+			}
+			// The same from the peer's side.
+			p := packet.Frame{DstMAC: bMAC, SrcMAC: peerMAC, TTL: 9, Src: binding.Peer, Dst: binding.Relay,
+				Payload: make([]byte, c.ipLen-20-8)}.Marshal()
+			m.SetEnv(func() model.Env { e := testEnv(); e.Interfaces[1].Caps = c.caps; return e }())
+			if res := m.Process(3, p); (res.Reason == bpf.RelayReasonREASON_INGRESS_OVER_MTU) != c.overMTU {
+				t.Fatalf("peer->client: %v %d; want over the MTU: %v", res.Verdict, res.Reason, c.overMTU)
+			}
+		})
 	}
 }

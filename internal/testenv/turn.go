@@ -13,6 +13,14 @@ import (
 // set the client up fail the test.
 func Allocate(t testing.TB, cfg *turn.ClientConfig) (net.PacketConn, error) {
 	t.Helper()
+	_, relay, err := AllocateClient(t, cfg)
+	return relay, err
+}
+
+// AllocateClient is Allocate that also returns the client, for requests of
+// the test's own (a Refresh) on the allocation's 5-tuple.
+func AllocateClient(t testing.TB, cfg *turn.ClientConfig) (*turn.Client, net.PacketConn, error) {
+	t.Helper()
 	t.Cleanup(func() { cfg.Conn.Close() })
 	c, err := turn.NewClient(cfg)
 	if err != nil {
@@ -26,5 +34,5 @@ func Allocate(t testing.TB, cfg *turn.ClientConfig) (net.PacketConn, error) {
 	if err == nil {
 		t.Cleanup(func() { relay.Close() })
 	}
-	return relay, err
+	return c, relay, err
 }

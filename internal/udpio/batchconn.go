@@ -53,6 +53,7 @@ type BatchConn struct {
 	hdrs  [BatchSize]unix.Mmsghdr
 	iovs  [BatchSize]unix.Iovec
 	names [BatchSize]unix.RawSockaddrInet6 // big enough for either family
+	ctls  [BatchSize][controlSize]byte     // each datagram's TTL and TOS
 	buf   []byte                           // BatchSize slots of slotSize
 	n     int                              // datagrams in the batch
 	next  int                              // the next one ReadFrom hands out
@@ -99,8 +100,12 @@ func NewBatchConn(pc net.PacketConn) (*BatchConn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := enableFields(rc, s.family); err != nil {
+		return nil, err
+	}
 	c := &BatchConn{UDPConn: u, rc: rc, s: s, buf: make([]byte, BatchSize*slotSize), addrs: newSources(listenerSources, true)}
 	for i := range c.hdrs {
+		c.hdrs[i].Hdr.Control = &c.ctls[i][0]
 		c.iovs[i].Base = &c.buf[i*slotSize]
 		c.iovs[i].SetLen(slotSize)
 		c.hdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(&c.names[i]))
@@ -130,6 +135,7 @@ func (c *BatchConn) LocalAddr() net.Addr {
 func (c *BatchConn) recvmmsg(fd uintptr) bool {
 	for i := range c.hdrs {
 		c.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
+		c.hdrs[i].Hdr.SetControllen(controlSize)
 		c.hdrs[i].Hdr.Flags = 0
 	}
 	// Raw, as sender's sendto: MSG_DONTWAIT never blocks.
@@ -149,7 +155,13 @@ func (c *BatchConn) recvmmsg(fd uintptr) bool {
 
 // WriteTo implements net.PacketConn with a raw sendto (see sender).
 func (c *BatchConn) WriteTo(p []byte, addr net.Addr) (int, error) {
-	if n, ok, err := c.s.writeTo(c.UDPConn, p, addr); ok {
+	return c.WriteToFields(p, addr, Fields{})
+}
+
+// WriteToFields is WriteTo with the datagram's TTL and TOS set to f (unknown:
+// the socket's own).
+func (c *BatchConn) WriteToFields(p []byte, addr net.Addr, f Fields) (int, error) {
+	if n, ok, err := c.s.writeTo(c.UDPConn, p, addr, f); ok {
 		return n, err
 	}
 	return c.UDPConn.WriteTo(p, addr)
@@ -161,21 +173,28 @@ func (c *BatchConn) WriteTo(p []byte, addr net.Addr) (int, error) {
 // five-tuple with SrcAddr.IP.To16(), which allocates for a 4-byte IP. The
 // address is the same (String, Equal and netip's Unmap agree).
 func (c *BatchConn) ReadFrom(p []byte) (int, net.Addr, error) {
+	n, a, _, err := c.ReadFromFields(p)
+	return n, a, err
+}
+
+// ReadFromFields is ReadFrom that also returns the datagram's TTL and TOS.
+func (c *BatchConn) ReadFromFields(p []byte) (int, net.Addr, Fields, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for c.next >= c.n {
 		if err := c.rc.Read(c.recv); err != nil {
-			return 0, nil, &net.OpError{Op: "read", Net: "udp", Source: c.LocalAddr(), Err: err}
+			return 0, nil, Fields{}, &net.OpError{Op: "read", Net: "udp", Source: c.LocalAddr(), Err: err}
 		}
 		if c.errno != 0 {
-			return 0, nil, &net.OpError{Op: "read", Net: "udp", Source: c.LocalAddr(), Err: os.NewSyscallError("recvmmsg", c.errno)}
+			return 0, nil, Fields{}, &net.OpError{Op: "read", Net: "udp", Source: c.LocalAddr(), Err: os.NewSyscallError("recvmmsg", c.errno)}
 		}
 	}
 	i := c.next
 	c.next++
 	size := min(int(c.hdrs[i].Len), slotSize)
 	n := copy(p, c.buf[i*slotSize:i*slotSize+size])
-	return n, c.addrs.get(&c.names[i]), nil
+	f := parseFields(c.ctls[i][:min(int(c.hdrs[i].Hdr.Controllen), controlSize)])
+	return n, c.addrs.get(&c.names[i]), f, nil
 }
 
 // get is the datagram's source as Go's UDPConn.ReadFrom would return it

@@ -31,6 +31,12 @@ type sender struct {
 	n     int
 	errno syscall.Errno
 	send  func(fd uintptr) bool // s.sendto, bound once
+	// A send with fields is a sendmsg with control messages.
+	ctl     [controlSize]byte
+	ctllen  int
+	iov     unix.Iovec
+	msg     unix.Msghdr
+	sendMsg func(fd uintptr) bool // s.sendmsg, bound once
 }
 
 func newSender(c *net.UDPConn) (*sender, error) {
@@ -46,8 +52,39 @@ func newSender(c *net.UDPConn) (*sender, error) {
 	if serr != nil {
 		return nil, os.NewSyscallError("getsockopt", serr)
 	}
-	s.send = s.sendto
+	s.send, s.sendMsg = s.sendto, s.sendmsg
 	return s, nil
+}
+
+// sendmsg is sendto with the control messages in s.ctl.
+func (s *sender) sendmsg(fd uintptr) bool {
+	return msgCall(unix.SYS_SENDMSG, fd, &s.msg, &s.iov, s.p, (*byte)(s.sa), uint32(s.salen), s.ctl[:s.ctllen], &s.n, &s.errno)
+}
+
+// msgCall makes a raw non-blocking sendmsg or recvmsg (sysno) of one buffer p
+// with the address name and control messages ctl, in msg and iov (which must
+// outlive the call, as the caller's fields do), and stores its result in n and
+// errno; false: EAGAIN (see sender.sendto).
+func msgCall(sysno, fd uintptr, msg *unix.Msghdr, iov *unix.Iovec, p []byte, name *byte, namelen uint32, ctl []byte, n *int, errno *syscall.Errno) bool {
+	*iov = unix.Iovec{}
+	if len(p) > 0 {
+		iov.Base = &p[0]
+	}
+	iov.SetLen(len(p))
+	for {
+		*msg = unix.Msghdr{Name: name, Namelen: namelen, Iov: iov, Control: &ctl[0]}
+		msg.SetIovlen(1)
+		msg.SetControllen(len(ctl))
+		r, _, e := unix.RawSyscall(sysno, fd, uintptr(unsafe.Pointer(msg)), unix.MSG_DONTWAIT)
+		switch e {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		}
+		*n, *errno = int(r), e
+		return true
+	}
 }
 
 func (s *sender) sendto(fd uintptr) bool {
@@ -68,9 +105,10 @@ func (s *sender) sendto(fd uintptr) bool {
 	}
 }
 
-// writeTo sends p to a, or reports false when a is not an address it takes
-// (the caller then uses Go's own WriteTo, which also reports the errors).
-func (s *sender) writeTo(c *net.UDPConn, p []byte, addr net.Addr) (int, bool, error) {
+// writeTo sends p to a with the fields f (unknown: the socket's own), or
+// reports false when a is not an address it takes (the caller then uses Go's
+// own WriteTo, which also reports the errors, and f is lost).
+func (s *sender) writeTo(c *net.UDPConn, p []byte, addr net.Addr, f Fields) (int, bool, error) {
 	a, ok := addr.(*net.UDPAddr)
 	if !ok {
 		return 0, false, nil
@@ -78,6 +116,7 @@ func (s *sender) writeTo(c *net.UDPConn, p []byte, addr net.Addr) (int, bool, er
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	port := uint16(a.Port)
+	v6 := a.IP.To4() == nil
 	if ip4 := a.IP.To4(); ip4 != nil && s.family == unix.AF_INET {
 		s.sa4 = unix.RawSockaddrInet4{Family: unix.AF_INET, Port: port<<8 | port>>8}
 		copy(s.sa4.Addr[:], ip4)
@@ -90,7 +129,12 @@ func (s *sender) writeTo(c *net.UDPConn, p []byte, addr net.Addr) (int, bool, er
 		return 0, false, nil // a zone, a 4-byte IP on an IPv6 socket, ...: Go's conversion
 	}
 	s.p = p
-	err := s.rc.Write(s.send)
+	send := s.send
+	if f.Valid {
+		s.ctllen = putFields(&s.ctl, v6, f)
+		send = s.sendMsg
+	}
+	err := s.rc.Write(send)
 	s.p = nil
 	if err == nil && s.errno != 0 {
 		err = os.NewSyscallError("sendto", s.errno)
@@ -114,9 +158,12 @@ type Conn struct {
 	rc    syscall.RawConn
 	p     []byte
 	name  unix.RawSockaddrInet6
+	ctl   [controlSize]byte
+	iov   unix.Iovec
+	msg   unix.Msghdr
 	n     int
 	errno syscall.Errno
-	recv  func(fd uintptr) bool // c.recvfrom, bound once
+	recv  func(fd uintptr) bool // c.recvmsg, bound once
 	addrs sources
 }
 
@@ -130,50 +177,51 @@ func NewConn(pc net.PacketConn) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := enableFields(s.rc, s.family); err != nil {
+		return nil, err
+	}
 	c := &Conn{UDPConn: u, s: s, rc: s.rc, addrs: newSources(relaySources, false)}
-	c.recv = c.recvfrom
+	c.recv = c.recvmsg
 	return c, nil
 }
 
-func (c *Conn) recvfrom(fd uintptr) bool {
-	var p unsafe.Pointer
-	if len(c.p) > 0 {
-		p = unsafe.Pointer(&c.p[0])
-	}
-	for {
-		namelen := uint32(unix.SizeofSockaddrInet6)
-		r, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(p), uintptr(len(c.p)), unix.MSG_DONTWAIT,
-			uintptr(unsafe.Pointer(&c.name)), uintptr(unsafe.Pointer(&namelen)))
-		switch errno {
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return false
-		}
-		c.n, c.errno = int(r), errno
-		return true
-	}
+// recvmsg is recvfrom that also takes the datagram's control messages.
+func (c *Conn) recvmsg(fd uintptr) bool {
+	return msgCall(unix.SYS_RECVMSG, fd, &c.msg, &c.iov, c.p, (*byte)(unsafe.Pointer(&c.name)), unix.SizeofSockaddrInet6, c.ctl[:], &c.n, &c.errno)
 }
 
 // ReadFrom implements net.PacketConn.
 func (c *Conn) ReadFrom(p []byte) (int, net.Addr, error) {
+	n, a, _, err := c.ReadFromFields(p)
+	return n, a, err
+}
+
+// ReadFromFields is ReadFrom that also returns the datagram's TTL and TOS.
+func (c *Conn) ReadFromFields(p []byte) (int, net.Addr, Fields, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.p = p
 	err := c.rc.Read(c.recv)
 	c.p = nil
 	if err == nil && c.errno != 0 {
-		err = os.NewSyscallError("recvfrom", c.errno)
+		err = os.NewSyscallError("recvmsg", c.errno)
 	}
 	if err != nil {
-		return 0, nil, &net.OpError{Op: "read", Net: "udp", Source: c.LocalAddr(), Err: err}
+		return 0, nil, Fields{}, &net.OpError{Op: "read", Net: "udp", Source: c.LocalAddr(), Err: err}
 	}
-	return c.n, c.addrs.get(&c.name), nil
+	f := parseFields(c.ctl[:min(int(c.msg.Controllen), controlSize)])
+	return c.n, c.addrs.get(&c.name), f, nil
 }
 
 // WriteTo implements net.PacketConn.
 func (c *Conn) WriteTo(p []byte, addr net.Addr) (int, error) {
-	if n, ok, err := c.s.writeTo(c.UDPConn, p, addr); ok {
+	return c.WriteToFields(p, addr, Fields{})
+}
+
+// WriteToFields is WriteTo with the datagram's TTL and TOS set to f (unknown:
+// the socket's own).
+func (c *Conn) WriteToFields(p []byte, addr net.Addr, f Fields) (int, error) {
+	if n, ok, err := c.s.writeTo(c.UDPConn, p, addr, f); ok {
 		return n, err
 	}
 	return c.UDPConn.WriteTo(p, addr)

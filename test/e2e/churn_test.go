@@ -22,6 +22,7 @@ import (
 // its own and comes from that peer.
 type taggedSession struct {
 	peer                    *net.UDPAddr
+	limit                   int64 // when not 0, the session sends this many datagrams at most
 	sent, received, foreign atomic.Int64
 	last                    atomic.Int64 // when the last echo came, in Unix ns
 }
@@ -57,7 +58,7 @@ func (s *taggedSession) run(t *testing.T, relay net.PacketConn, tag uint64, rate
 	// Paced against the clock: a ticker this fast falls behind on this VM.
 	interval := time.Second / time.Duration(rate)
 	start := time.Now()
-	for i := 0; time.Since(start) < d; i++ {
+	for i := 0; time.Since(start) < d && (s.limit == 0 || s.sent.Load() < s.limit); i++ {
 		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
 			time.Sleep(wait)
 		}

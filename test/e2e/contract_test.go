@@ -346,35 +346,58 @@ func TestContractTxChecksumOffload(t *testing.T) {
 	})
 }
 
-// TestContractTTLOne: client and peer send with IP_TTL 1. pion/turn relays
-// with TTLs of its own, so every datagram is delivered both ways; the kernel
-// path, which would have to decrement the TTL to 0, leaves them all to
-// userspace.
+// TestContractTTLOne: a datagram that arrives with TTL 1 is not relayed (RFC
+// 8656 section 14, preferred behaviour: its TTL would reach 0), in either
+// direction, on either path: the kernel path leaves them to userspace
+// (pass_ttl_expired), which drops them (userspace_ttl_expired). The client
+// sends with TTL 1: nothing reaches the peer. Then the client sends with the
+// default TTL and the peer echoes with TTL 1: everything reaches the peer, no
+// echo the client. Another port of the peer's host (under the same
+// permission) sends with the default TTL: that reaches the client.
 func TestContractTTLOne(t *testing.T) {
 	eachMode(t, func(t *testing.T, mode string) {
 		r := netns.NewRouted(t)
 		startNode(t, r, mode, defaultListener)
 		peer := startPeer(t, r.Peer, peerAddr+":5002", true, 1)
+		other := startPeer(t, r.Peer, peerAddr+":5003", false, 0)
 		sock := newClientSocket(t, r.Client, 1)
 		relay, err := sock.allocate(t, listenAddr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		before := scrape(t, r.Server)
-		s := &taggedSession{}
-		s.run(t, relay, 0xF1, 300, time.Second)
+		s1 := &taggedSession{}
+		s1.run(t, relay, 0xF1, 300, time.Second)
+		if n := peer.got(0xF1); n != 0 {
+			t.Errorf("%d of %d TTL 1 datagrams from the client reached the peer", n, s1.sent.Load())
+		}
+		if err := setTTL(sock.conn, 64); err != nil {
+			t.Fatal(err)
+		}
+		s2 := &taggedSession{}
+		s2.run(t, relay, 0xF4, 300, time.Second)
+		atLeast99(t, "TTL 64 datagrams from the client at the peer", peer.got(0xF4), int(s2.sent.Load()))
+		if n := s2.received.Load(); n != 0 {
+			t.Errorf("%d of the peer's TTL 1 echoes reached the client", n)
+		}
+		other.send(t, relay.LocalAddr(), 0xF3, 100)
+		control := drainRelay(relay, 0xF3, 500*time.Millisecond)
 		after := scrape(t, r.Server)
-		atLeast99(t, "TTL 1 datagrams at the peer", peer.got(0xF1), int(s.sent.Load()))
-		checkSession(t, "TTL 1 echoes", s)
+		atLeast99(t, "default-TTL datagrams from the peer's other port at the client", control, 100)
 		checkReplySource(t, sock)
+		expired := float64(s1.sent.Load() + int64(peer.got(0xF4)))
+		if x := after.grew(t, before, "stunnerd_xdp_userspace_ttl_expired_total"); x < 0.99*expired {
+			t.Errorf("userspace_ttl_expired grew by %.0f for %.0f TTL 1 datagrams", x, expired)
+		}
 		if mode == "native" {
-			for _, dir := range []string{"client_to_peer", "peer_to_client"} {
-				if x := after.grew(t, before, relayed("xdp", dir)); x != 0 {
-					t.Errorf("the kernel relayed %.0f %s packets that arrived with TTL 1", x, dir)
-				}
+			if x := after.grew(t, before, relayed("xdp", "peer_to_client")); x != 0 {
+				t.Errorf("the kernel relayed %.0f peer->client packets, all with TTL 1", x)
 			}
-			if x := after.grew(t, before, verdict("pass_ttl_expired")); x < 0.9*float64(s.sent.Load()) {
-				t.Errorf("pass_ttl_expired grew by %.0f for %d TTL 1 datagrams from the client", x, s.sent.Load())
+			if x := after.grew(t, before, relayed("xdp", "client_to_peer")); x > float64(s2.sent.Load()) {
+				t.Errorf("the kernel relayed %.0f client->peer packets, %d of them with TTL 64", x, s2.sent.Load())
+			}
+			if x := after.grew(t, before, verdict("pass_ttl_expired")); x < 0.9*expired {
+				t.Errorf("pass_ttl_expired grew by %.0f for %.0f TTL 1 datagrams", x, expired)
 			}
 		}
 	})

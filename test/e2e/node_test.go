@@ -97,7 +97,14 @@ type samples map[string]float64
 // scrape reads every sample of the daemon's /metrics inside the namespace.
 func scrape(t *testing.T, ns *netns.NS) samples {
 	t.Helper()
-	m, err := ns.Scrape("http://10.100.0.1:8080/metrics")
+	return scrapeAt(t, ns, "10.100.0.1")
+}
+
+// scrapeAt reads every sample of the /metrics the daemon serves on addr:8080
+// inside the namespace.
+func scrapeAt(t *testing.T, ns *netns.NS, addr string) samples {
+	t.Helper()
+	m, err := ns.Scrape("http://" + addr + ":8080/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -132,15 +132,22 @@ func runBinary(t *testing.T, r *netns.Rig, up func() error, args ...string) *net
 // wrapper such as setpriv).
 func runCommand(t *testing.T, r *netns.Rig, up func() error, cmd []string) *netns.Proc {
 	t.Helper()
-	p := r.Server.Start(t, cmd[0], cmd[1:]...)
+	if up == nil {
+		up = func() error { return r.Server.GetOK("http://10.100.0.1:8086/ready") }
+	}
+	return runIn(t, r.Server, up, cmd)
+}
+
+// runIn runs a command line that runs the daemon in the namespace ns (a rig's server, a node
+// rig's node) and waits until up succeeds. The daemon's log is shown when the test fails.
+func runIn(t *testing.T, ns *netns.NS, up func() error, cmd []string) *netns.Proc {
+	t.Helper()
+	p := ns.Start(t, cmd[0], cmd[1:]...)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", p.Stderr())
 		}
 	})
-	if up == nil {
-		up = func() error { return r.Server.GetOK("http://10.100.0.1:8086/ready") }
-	}
 	if err := netns.Eventually(10*time.Second, 50*time.Millisecond, func() error {
 		if p.Exited() {
 			return netns.Abort(fmt.Errorf("exited: %w", p.Wait(time.Second)))

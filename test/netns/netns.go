@@ -1,12 +1,13 @@
 // Package netns is the test-fixture layer of the privileged tests, the benchmark and the demo:
 // named namespaces that `ip netns` can see, Go code run inside them (Do, on a fresh locked
 // goroutine), processes that die with the test, the client -- server -- peer rig (Build, or
-// New in tests), and the probes tests wait on: Eventually, WaitUDPBound,
-// GetOK, Scrape (the daemon's /metrics through expfmt). Binary builds the programs the tests
-// run, Allocate makes pion/turn allocations from inside a namespace.
+// New in tests), rigs built like Kubernetes nodes, one per Shape (BuildNode, or NewNode in
+// tests), and the probes tests wait on: Eventually, WaitUDPBound, GetOK, Scrape (the daemon's
+// /metrics through expfmt). Binary builds the programs the tests run, Allocate makes pion/turn
+// allocations from inside a namespace.
 //
-// Everything a fixture creates is removed through t.Cleanup (Rig.Close outside tests), also
-// when the test fails. A test binary killed from outside (or by `go test -timeout`) skips
+// Everything a fixture creates is removed through t.Cleanup (Rig.Close and NodeRig.Close outside
+// tests), also when the test fails. A test binary killed from outside (or by `go test -timeout`) skips
 // cleanups; remove what it left with
 //
 //	for n in $(ip netns list | grep -o '^sxdp-[^ ]*'); do ip netns del "$n"; done

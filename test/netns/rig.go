@@ -154,7 +154,7 @@ func Build(opts ...Option) (r *Rig, err error) {
 			r = nil
 		}
 	}()
-	b := &builder{rig: r, id: o.tag + uniqueTag()}
+	b := &builder{rig: r, closers: &r.closers, id: o.tag + uniqueTag()}
 	r.Client, r.Server, r.Peer = b.ns("cl"), b.ns("srv"), b.ns("peer")
 	r.ClientIf = Iface{Name: "cl0", Addr: clientAddr, MAC: macFor(clientAddr)}
 	r.ServerClientIf = Iface{Name: "srv0", Addr: serverClientAddr, MAC: macFor(serverClientAddr)}
@@ -187,12 +187,15 @@ func Build(opts ...Option) (r *Rig, err error) {
 
 // Close detaches the rig's XDP_PASS programs and deletes its namespaces (and with them every
 // interface). It returns every failure.
-func (r *Rig) Close() error {
+func (r *Rig) Close() error { return undo(&r.closers) }
+
+// undo runs the closers in reverse, forgets them, and returns every failure.
+func undo(closers *[]func() error) error {
 	var errs []error
-	for i := len(r.closers) - 1; i >= 0; i-- {
-		errs = append(errs, r.closers[i]())
+	for i := len(*closers) - 1; i >= 0; i-- {
+		errs = append(errs, (*closers)[i]())
 	}
-	r.closers = nil
+	*closers = nil
 	return errors.Join(errs...)
 }
 
@@ -204,11 +207,13 @@ func (r *Rig) ServerIfaces() []string {
 	return []string{r.ServerClientIf.Name, r.ServerPeerIf.Name}
 }
 
-// builder runs the steps of Build, keeping the first error: after it, every step does nothing.
+// builder runs the steps of Build (and BuildNode), keeping the first error: after it, every step
+// does nothing.
 type builder struct {
-	rig *Rig
-	id  string // random tag in the namespace names
-	err error
+	rig     *Rig            // Build's rig; nil for BuildNode
+	closers *[]func() error // where ns and attachXDPPass record how to undo what they made
+	id      string          // random tag in the namespace names
+	err     error
 }
 
 func (b *builder) exec(name string, args ...string) {
@@ -235,7 +240,7 @@ func (b *builder) ns(role string) *NS {
 		b.err = err
 		return &NS{}
 	}
-	b.rig.closers = append(b.rig.closers, n.Delete)
+	*b.closers = append(*b.closers, n.Delete)
 	return n
 }
 
@@ -349,7 +354,7 @@ func (b *builder) attachXDPPass(n *NS, iface string) {
 	var closer func() error
 	closer, b.err = n.attachXDPPass(iface)
 	if b.err == nil {
-		b.rig.closers = append(b.rig.closers, closer)
+		*b.closers = append(*b.closers, closer)
 	}
 }
 

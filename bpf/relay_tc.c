@@ -1,0 +1,756 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* The TC engine of stunnerd-xdp: the XDP program's relay (relay.c) on the skb
+ * path, attached with tcx at ingress where XDP cannot do the job:
+ *
+ *   - on the interfaces that run the XDP program, it sees what XDP passed
+ *     (e.g. client->peer whose egress cannot transmit XDP frames: a pod's
+ *     veth, a VXLAN/Geneve/WireGuard device, a bridge);
+ *   - on pods' host-side veths and tunnel devices, where nothing else runs, it
+ *     sees peer->client from a pod on this node (and decapsulated traffic).
+ *
+ * Same bindings, same maps, same rules as the XDP program (internal/model
+ * ProcessTC is the spec), with the skb path's differences:
+ *
+ *   - any egress: bpf_redirect reaches every device (the skb goes through
+ *     dev_queue_xmit), so the devmap is not consulted and the binding's cached
+ *     next hops (XDP's, valid only for devmap egresses) are neither read nor
+ *     written: every relayed packet takes bpf_fib_lookup;
+ *   - checksums by the skb's own ip_summed (read through bpf_cast_to_kern_ctx),
+ *     not guessed from the checksum field:
+ *       CHECKSUM_PARTIAL: the field holds the pseudo-header sum and the egress
+ *       (device or skb_checksum_help) sums from skb->csum_start, a head-relative
+ *       offset no helper moves. The rewrite keeps the UDP header where it is
+ *       relative to skb->head: the ChannelData header is taken out (or put in)
+ *       by moving the data 4 bytes and changing the tail, and an IPv4<->IPv6
+ *       change (bpf_skb_change_proto) grows or shrinks the room before the
+ *       network header, leaving L4 in place. The field gets the output's
+ *       pseudo-header sum; the skb stays PARTIAL.
+ *       Anything else: the field carries a full checksum, updated
+ *       incrementally as XDP does (the input's error travels on).
+ *       CHECKSUM_COMPLETE: every rewrite changes the tail with
+ *       bpf_skb_change_tail, whose grow and trim turn COMPLETE into
+ *       CHECKSUM_NONE (__skb_grow_rcsum, __skb_trim_rcsum): the receiver
+ *       verifies the (correct) field in software; no stale skb->csum travels.
+ *   - a GSO skb (UDP GSO or GRO: several datagrams) is passed, never relayed
+ *     as one datagram.
+ *
+ * Verdicts: TC_ACT_REDIRECT (relayed), TC_ACT_OK (the stack and pion/turn get
+ * the skb, untouched), TC_ACT_SHOT (over a dropping rate limit, or a rewrite
+ * that failed half way). Counters: tc_verdicts, indexed by enum reason for the
+ * reasons both engines share and by enum tc_reason for the TC engine's own. */
+#define RELAY_TC_ENGINE
+#include "relay.c"
+
+#include <linux/pkt_cls.h>
+#include "tc.h"
+
+/* Force the enum into BTF for bpf2go. */
+const enum tc_reason *_unused_tc_reason __attribute__((unused));
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+/* The fields of the kernel's struct sk_buff the engine reads, relocated
+ * against the running kernel's BTF (CO-RE). */
+struct sk_buff {
+	unsigned char *head;
+	unsigned char *data;
+	__u16 csum_start;
+	__u16 csum_offset;
+	__u8 ip_summed : 2;
+} __attribute__((preserve_access_index));
+
+#define CHECKSUM_COMPLETE 2
+#define CHECKSUM_PARTIAL 3
+
+/* skb_ip_summed reads the 2-bit ip_summed bitfield (BPF_CORE_READ_BITFIELD
+ * without libbpf's header). */
+static __always_inline __u32 skb_ip_summed(const struct sk_buff *s)
+{
+	const void *p = (const void *)s + __builtin_preserve_field_info(s->ip_summed, 0 /* BYTE_OFFSET */);
+	__u64 v;
+	switch (__builtin_preserve_field_info(s->ip_summed, 1 /* BYTE_SIZE */)) {
+	case 1:
+		v = *(const __u8 *)p;
+		break;
+	case 2:
+		v = *(const __u16 *)p;
+		break;
+	case 4:
+		v = *(const __u32 *)p;
+		break;
+	default:
+		v = *(const __u64 *)p;
+	}
+	v <<= __builtin_preserve_field_info(s->ip_summed, 4 /* LSHIFT_U64 */);
+	v >>= __builtin_preserve_field_info(s->ip_summed, 5 /* RSHIFT_U64 */);
+	return v;
+}
+
+/* partial_state tells how the skb's UDP checksum is to be written: 0 a full
+ * checksum in the field (anything but CHECKSUM_PARTIAL), 1 CHECKSUM_PARTIAL
+ * with the egress summing from this UDP header (udp_off bytes from the
+ * frame's start), -1 CHECKSUM_PARTIAL for something else (another header, a
+ * tunnel's outer one): not ours to rewrite. */
+static __always_inline int partial_state(struct __sk_buff *ctx, __u32 udp_off)
+{
+	struct sk_buff *skb = bpf_cast_to_kern_ctx(ctx);
+	if (skb_ip_summed(skb) != CHECKSUM_PARTIAL)
+		return 0;
+	/* At TC ingress skb->data is the frame's start (the MAC header pushed
+	 * for the program), as __sk_buff's data. */
+	__u64 start = (__u64)(skb->data - skb->head) + udp_off;
+	if (skb->csum_start != start || skb->csum_offset != offsetof(struct udphdr, check))
+		return -1;
+	return 1;
+}
+
+/* complete_left tells an skb still CHECKSUM_COMPLETE after its rewrite,
+ * which every rewrite's change of the tail turns to CHECKSUM_NONE: a stale
+ * skb->csum must not reach a receiver ("hw csum failure"). */
+static __always_inline int complete_left(struct __sk_buff *ctx)
+{
+	struct sk_buff *skb = bpf_cast_to_kern_ctx(ctx);
+	return skb_ip_summed(skb) == CHECKSUM_COMPLETE;
+}
+
+/* tc_count bumps the engine's verdict counter. */
+static __always_inline void tc_count(__u32 reason)
+{
+	__u64 *n = bpf_map_lookup_elem(&tc_verdicts, &reason);
+	if (n)
+		(*n)++;
+}
+
+/* tc_next_hop is next_hop for the skb path: the FIB's answer for the
+ * rewritten packet, forwarded from the ingress, to any egress. -1 when it can
+ * be forwarded, else the PASS reason. */
+static __always_inline int tc_next_hop(struct __sk_buff *ctx, __u32 in_ifindex, struct rewrite *rw)
+{
+	struct bpf_fib_lookup fib = {};
+	fib.family = rw->family;
+	fib.l4_protocol = IPPROTO_UDP;
+	fib.sport = rw->sport;
+	fib.dport = rw->dport;
+	fib.tot_len = rw->len; /* checked against the egress MTU, as XDP's */
+	fib.ifindex = in_ifindex;
+	if (rw->family == AF_INET) {
+		fib.tos = rw->tos;
+		fib.ipv4_src = addr_v4(&rw->saddr);
+		fib.ipv4_dst = addr_v4(&rw->daddr);
+	} else {
+		fib.flowinfo = bpf_htonl((__u32)rw->tos << 20);
+		__builtin_memcpy(fib.ipv6_src, rw->saddr.b, 16);
+		__builtin_memcpy(fib.ipv6_dst, rw->daddr.b, 16);
+	}
+	switch (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0)) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+		break;
+	case BPF_FIB_LKUP_RET_NO_NEIGH:
+		return REASON_FIB_NO_NEIGH;
+	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
+		return REASON_FIB_FRAG_NEEDED;
+	case BPF_FIB_LKUP_RET_FWD_DISABLED:
+		return REASON_FIB_FWD_DISABLED;
+	default:
+		return REASON_FIB_NOT_FORWARDED;
+	}
+	__builtin_memcpy(rw->dmac, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(rw->smac, fib.smac, ETH_ALEN);
+	rw->egress_ifindex = fib.ifindex;
+	return -1;
+}
+
+/* tc_move moves len bytes of the skb from offset from to offset to (4 apart)
+ * through this CPU's scratch buffer: two helper calls whatever the length
+ * (the program runs to its end on one CPU; nothing else on it uses the
+ * buffer meanwhile). */
+static __always_inline int tc_move(struct __sk_buff *skb, __u32 from, __u32 to, __u32 len)
+{
+	__u32 zero = 0;
+	__u8 *buf = bpf_map_lookup_elem(&tc_scratch, &zero);
+	if (!buf)
+		return -1;
+	__u64 n = len & CHANNEL_DATA_MAX_LEN;
+	if (n == 0)
+		return 0;
+	if (bpf_skb_load_bytes(skb, from & 0xff, buf, n) || bpf_skb_store_bytes(skb, to & 0xff, buf, n, 0))
+		return -1;
+	return 0;
+}
+
+/* tc_emit writes the Ethernet, IP and UDP headers (and for peer->client the
+ * ChannelData header) of the rewritten skb, whose UDP header is at udp_off,
+ * and redirects it. */
+static __always_inline int tc_emit(struct __sk_buff *skb, __u32 in_ifindex, struct iphdr *ip4, struct rewrite *rw,
+				   __be16 channel, __u16 data_len, int c2p, __u32 *reason)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct udphdr *udp;
+	__u32 l3_len = rw->family == AF_INET ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+
+	if ((void *)(eth + 1) > data_end) {
+		*reason = TC_REASON_REWRITE_FAILED;
+		return TC_ACT_SHOT;
+	}
+	if (rw->family == AF_INET) {
+		struct iphdr *nip = (void *)(eth + 1);
+		if ((void *)(nip + 1) > data_end) {
+			*reason = TC_REASON_REWRITE_FAILED;
+			return TC_ACT_SHOT;
+		}
+		ip4->check = 0;
+		ip4->check = ipv4_csum(ip4);
+		*nip = *ip4;
+		eth->h_proto = bpf_htons(ETH_P_IP);
+		udp = (void *)(nip + 1);
+	} else {
+		struct ipv6hdr *nip6 = (void *)(eth + 1);
+		if ((void *)(nip6 + 1) > data_end) {
+			*reason = TC_REASON_REWRITE_FAILED;
+			return TC_ACT_SHOT;
+		}
+		__builtin_memset(nip6, 0, sizeof(*nip6));
+		nip6->version = 6;
+		nip6->priority = rw->tos >> 4;
+		nip6->flow_lbl[0] = (rw->tos & 0xf) << 4;
+		nip6->payload_len = bpf_htons(rw->len - sizeof(struct ipv6hdr));
+		nip6->nexthdr = IPPROTO_UDP;
+		nip6->hop_limit = rw->ttl;
+		__builtin_memcpy(&nip6->saddr, rw->saddr.b, 16);
+		__builtin_memcpy(&nip6->daddr, rw->daddr.b, 16);
+		eth->h_proto = bpf_htons(ETH_P_IPV6);
+		udp = (void *)(nip6 + 1);
+	}
+	__builtin_memcpy(eth->h_dest, rw->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, rw->smac, ETH_ALEN);
+
+	__u8 *cd = (void *)(udp + 1);
+	if ((void *)cd > data_end) {
+		*reason = TC_REASON_REWRITE_FAILED;
+		return TC_ACT_SHOT;
+	}
+	udp->source = rw->sport;
+	udp->dest = rw->dport;
+	udp->len = bpf_htons(rw->len - l3_len);
+	udp->check = rw->udp_csum;
+	if (!c2p) {
+		if ((void *)(cd + CHANNEL_DATA_HDR_LEN) > data_end) {
+			*reason = TC_REASON_REWRITE_FAILED;
+			return TC_ACT_SHOT;
+		}
+		*(__be16 *)cd = channel;
+		*(__be16 *)(cd + 2) = bpf_htons(data_len);
+	}
+	if (rw->egress_ifindex == in_ifindex)
+		*reason = c2p ? REASON_RELAY_C2P_TX : REASON_RELAY_P2C_TX;
+	else
+		*reason = c2p ? REASON_RELAY_C2P_REDIRECT : REASON_RELAY_P2C_REDIRECT;
+	/* Out of the egress through the skb path (dev_queue_xmit): any device.
+	 * The MACs are the FIB's, as XDP's. */
+	return bpf_redirect(rw->egress_ifindex, 0);
+}
+
+/* tc_over_limit is over_limit with TC's verdicts. */
+static __always_inline int tc_over_limit(const struct rate_limit *rl, __u32 alloc_id, __u16 data_len, __u32 *reason)
+{
+	struct alloc_rate *ar = bpf_map_lookup_elem(&alloc_rates, &alloc_id);
+	if (!ar || !rate_limited(ar, rl, data_len))
+		return -1;
+	*reason = REASON_RATE_LIMITED;
+	return rl->pass ? TC_ACT_OK : TC_ACT_SHOT;
+}
+
+static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct cursor *c, struct input *in,
+					     struct udphdr *udp, __u32 *reason)
+{
+	__u16 payload_len = bpf_ntohs(udp->len) - sizeof(*udp);
+	__be16 channel;
+	__u16 data_len, pad;
+	int r = parse_channel_data(c, payload_len, &channel, &data_len, &pad);
+	if (r >= 0) {
+		*reason = r;
+		return TC_ACT_OK;
+	}
+	if (in->family == AF_INET6) {
+		if (addr_is_v4(&in->saddr)) {
+			*reason = REASON_NO_CHANNEL;
+			return TC_ACT_OK;
+		}
+		if (addr_is_v4(&in->daddr)) {
+			*reason = REASON_NOT_LISTENER_ADDR;
+			return TC_ACT_OK;
+		}
+	}
+	/* The binding, as XDP finds it (the flow caches are shared: their
+	 * entries describe themselves). */
+	__u32 gen = fib_generation();
+	struct binding_state *st = 0;
+	struct c2p_flow *f = 0;
+	__u32 binding_id, alloc_id = 0;
+	__be32 peer_addr, relay_addr;
+	__be16 peer_port, relay_port;
+	int hit = 0;
+	if (cfg.flow_cache && gen) {
+		__u64 h = addr_hash(addr_hash(cfg.flow_seed, &in->saddr), &in->daddr);
+		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 32) | ((__u64)udp->dest << 16) | channel));
+		f = bpf_map_lookup_elem(&c2p_flows, &idx);
+	}
+	if (f && f->fib_gen == gen && f->client_port == udp->source && f->dst_port == udp->dest && f->channel == channel &&
+	    addr_eq(&f->client_addr, &in->saddr) && addr_eq(&f->dst_addr, &in->daddr)) {
+		binding_id = f->binding_id;
+		st = bpf_map_lookup_elem(&binding_states, &binding_id);
+		hit = st && st->gen == f->gen;
+	}
+	if (hit) {
+		peer_addr = f->peer_addr;
+		relay_addr = f->relay_addr;
+		peer_port = f->peer_port;
+		relay_port = f->relay_port;
+		alloc_id = f->alloc_id;
+	} else {
+		struct dst_key dk = {};
+		dk.addr = in->daddr;
+		dk.port = udp->dest;
+		struct dst_val *dst = bpf_map_lookup_elem(&listener_dsts, &dk);
+		if (!dst) {
+			*reason = REASON_NOT_LISTENER_ADDR;
+			return TC_ACT_OK;
+		}
+		struct c2p_key key = {};
+		key.client_addr = in->saddr;
+		key.client_port = udp->source;
+		key.channel = channel;
+		key.listener_id = dst->listener_id;
+		struct c2p_val *b = bpf_map_lookup_elem(&c2p_bindings, &key);
+		if (!b || !words_eq(&b->key, &key, sizeof(key) / 4)) {
+			*reason = REASON_NO_CHANNEL;
+			return TC_ACT_OK;
+		}
+		barrier();
+		binding_id = b->binding_id;
+		alloc_id = b->alloc_id;
+		peer_addr = addr_v4(&b->peer_addr);
+		relay_addr = addr_v4(&b->relay_addr);
+		peer_port = b->peer_port;
+		relay_port = b->relay_port;
+		__u32 bgen = b->gen;
+		barrier();
+		if (!words_eq(&b->key, &key, sizeof(key) / 4)) {
+			*reason = REASON_NO_CHANNEL;
+			return TC_ACT_OK;
+		}
+		st = bpf_map_lookup_elem(&binding_states, &binding_id);
+		if (f && st && st->gen == bgen) {
+			f->client_addr = in->saddr;
+			f->dst_addr = in->daddr;
+			f->client_port = udp->source;
+			f->dst_port = udp->dest;
+			f->channel = channel;
+			f->gen = bgen;
+			f->binding_id = binding_id;
+			f->alloc_id = alloc_id;
+			f->peer_addr = peer_addr;
+			f->relay_addr = relay_addr;
+			f->peer_port = peer_port;
+			f->relay_port = relay_port;
+			f->fib_gen = gen;
+		}
+	}
+
+	if (in->family == AF_INET) {
+		struct iphdr *hdr = (void *)udp - sizeof(struct iphdr);
+		if ((void *)(hdr + 1) > c->end) {
+			*reason = REASON_MALFORMED_IP;
+			return TC_ACT_OK;
+		}
+		if (!ipv4_csum_ok(hdr)) {
+			*reason = REASON_BAD_IP_CHECKSUM;
+			return TC_ACT_OK;
+		}
+	} else if (udp->check == 0) {
+		*reason = REASON_NO_CHECKSUM;
+		return TC_ACT_OK;
+	}
+	if (in->ttl < MIN_RELAY_TTL) {
+		*reason = REASON_TTL_EXPIRED;
+		return TC_ACT_OK;
+	}
+	/* Learned as XDP learns it (and XDP's reply next hop dropped). */
+	if (st && !addr_eq(&st->listener_addr, &in->daddr)) {
+		st->listener_addr = in->daddr;
+		bpf_spin_lock(&st->lock);
+		st->p2c_hop.seq++;
+		barrier();
+		st->p2c_hop.gen = 0;
+		barrier();
+		st->p2c_hop.seq++;
+		bpf_spin_unlock(&st->lock);
+	}
+
+	struct rewrite rw = {};
+	rw.family = AF_INET;
+	rw.tos = in->tos;
+	rw.ttl = in->ttl - 1;
+	addr_set_v4(&rw.saddr, relay_addr);
+	addr_set_v4(&rw.daddr, peer_addr);
+	rw.sport = relay_port;
+	rw.dport = peer_port;
+	rw.len = sizeof(struct iphdr) + sizeof(struct udphdr) + data_len;
+	r = tc_next_hop(ctx, in->ifindex, &rw);
+	if (r >= 0) {
+		*reason = r;
+		return TC_ACT_OK;
+	}
+	__u32 udp_off = sizeof(struct ethhdr) + in->l3_len;
+	int partial = partial_state(ctx, udp_off);
+	if (partial < 0) {
+		*reason = TC_REASON_PARTIAL_ELSEWHERE;
+		return TC_ACT_OK;
+	}
+	const struct rate_limit *rl = limit_on();
+	if (rl && (r = tc_over_limit(rl, alloc_id, data_len, reason)) >= 0)
+		return r;
+
+	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + data_len);
+	if (partial) {
+		/* The egress sums the datagram from this header: the field holds
+		 * the output's pseudo-header sum, as the sender's stack left it. */
+		rw.udp_csum = (__u16)~csum_fold(pseudo_sum(&rw.saddr, &rw.daddr, 1, new_udp_len));
+	} else {
+		__be32 from[12] = {}, to[5] = {};
+		to[0] = addr_v4(&rw.saddr);
+		to[1] = addr_v4(&rw.daddr);
+		__builtin_memcpy(&to[2], &rw.sport, 2);
+		__builtin_memcpy((__u8 *)&to[2] + 2, &rw.dport, 2);
+		__builtin_memcpy(&to[3], &new_udp_len, 2);
+		__builtin_memcpy((__u8 *)&to[3] + 2, &new_udp_len, 2);
+		__u32 pad_sum = 0;
+		__u8 *p = c->pos;
+		p += data_len & CHANNEL_DATA_MAX_LEN;
+#pragma unroll
+		for (int i = 0; i < CHANNEL_DATA_MAX_PAD; i++) {
+			if (i < pad) {
+				if ((void *)(p + i + 1) > c->end) {
+					*reason = REASON_MALFORMED_CHANNEL_DATA;
+					return TC_ACT_OK;
+				}
+				__u32 v = p[i];
+				pad_sum += ((data_len + i) & 1) ? v << 8 : v;
+			}
+		}
+		int n = pseudo_words(from, &in->saddr, &in->daddr, in->family == AF_INET);
+		__builtin_memcpy(&from[n], &udp->source, 4);
+		__builtin_memcpy(&from[n + 1], &udp->len, 2);
+		__builtin_memcpy((__u8 *)&from[n + 1] + 2, &udp->len, 2);
+		__builtin_memcpy(&from[n + 2], (__u8 *)(udp + 1), 4);
+		rw.udp_csum = udp_csum_update(udp->check, from, n + 3, to, 4, pad_sum);
+	}
+
+	struct iphdr ip4 = {};
+	if (in->family == AF_INET) {
+		struct iphdr *old = (void *)udp - sizeof(struct iphdr);
+		if ((void *)(old + 1) > c->end) {
+			*reason = REASON_MALFORMED_IP;
+			return TC_ACT_OK;
+		}
+		ip4 = *old;
+	} else {
+		ip4.version = 4;
+		ip4.ihl = 5;
+		ip4.tos = in->tos;
+		ip4.frag_off = bpf_htons(IP_DF);
+		ip4.protocol = IPPROTO_UDP;
+	}
+	ip4.tot_len = bpf_htons(rw.len);
+	ip4.ttl = rw.ttl;
+	ip4.saddr = addr_v4(&rw.saddr);
+	ip4.daddr = addr_v4(&rw.daddr);
+
+	/* The rewrite. Until the data moves, a failure leaves the packet as it
+	 * came: a change of the tail to its own length makes the skb linear and
+	 * writable (and fails where the trim after the move would). */
+	__u32 data_off = udp_off + sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN;
+	if (bpf_skb_change_tail(ctx, ctx->len, 0)) {
+		*reason = REASON_ADJUST_FAILED;
+		return TC_ACT_OK;
+	}
+	if (in->family == AF_INET6) {
+		/* 20 bytes fewer before the network header: L4 stays in place. */
+		if (bpf_skb_change_proto(ctx, bpf_htons(ETH_P_IP), 0)) {
+			*reason = REASON_ADJUST_FAILED;
+			return TC_ACT_OK;
+		}
+		data_off -= sizeof(struct ipv6hdr) - sizeof(struct iphdr);
+	}
+	/* The data 4 bytes down over the ChannelData header, then the tail cut
+	 * after it (padding, Ethernet trailer, the data's old last 4 bytes). */
+	if (tc_move(ctx, data_off, data_off - CHANNEL_DATA_HDR_LEN, data_len) ||
+	    bpf_skb_change_tail(ctx, data_off - CHANNEL_DATA_HDR_LEN + data_len, 0) || complete_left(ctx)) {
+		*reason = TC_REASON_REWRITE_FAILED;
+		return TC_ACT_SHOT;
+	}
+	int action = tc_emit(ctx, in->ifindex, &ip4, &rw, channel, data_len, 1, reason);
+	if (action == TC_ACT_REDIRECT && st)
+		count_binding(st, 1, data_len);
+	return action;
+}
+
+static __always_inline int tc_p2c_out(struct __sk_buff *ctx, struct cursor *c, struct input *in, struct udphdr *udp,
+				      __u32 *reason, struct binding_state *st, const struct p2c_binding *bind,
+				      const int to_v4)
+{
+	if (!st || (to_v4 ? addr_v4(&st->listener_addr) == 0 : addr_is_zero(&st->listener_addr))) {
+		*reason = REASON_CLIENT_ADDR_UNKNOWN;
+		return TC_ACT_OK;
+	}
+	struct iphdr *old = (void *)udp - sizeof(struct iphdr);
+	if ((void *)(old + 1) > c->end) {
+		*reason = REASON_MALFORMED_IP;
+		return TC_ACT_OK;
+	}
+	if (!ipv4_csum_ok(old)) {
+		*reason = REASON_BAD_IP_CHECKSUM;
+		return TC_ACT_OK;
+	}
+	if (!to_v4 && udp->check == 0) {
+		*reason = REASON_NO_CHECKSUM;
+		return TC_ACT_OK;
+	}
+	__u16 data_len = bpf_ntohs(udp->len) - sizeof(*udp);
+	if (data_len > CHANNEL_DATA_MAX_LEN) {
+		*reason = REASON_OVERSIZE;
+		return TC_ACT_OK;
+	}
+	if (in->ttl < MIN_RELAY_TTL) {
+		*reason = REASON_TTL_EXPIRED;
+		return TC_ACT_OK;
+	}
+
+	struct rewrite rw = {};
+	rw.family = to_v4 ? AF_INET : AF_INET6;
+	rw.tos = in->tos;
+	rw.ttl = in->ttl - 1;
+	rw.saddr = st->listener_addr;
+	rw.daddr = bind->client_addr;
+	rw.sport = bind->listener_port;
+	rw.dport = bind->client_port;
+	__u32 out_l3 = to_v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+	rw.len = out_l3 + sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len;
+	int r = tc_next_hop(ctx, in->ifindex, &rw);
+	if (r >= 0) {
+		*reason = r;
+		return TC_ACT_OK;
+	}
+	__u32 udp_off = sizeof(struct ethhdr) + sizeof(struct iphdr);
+	int partial = partial_state(ctx, udp_off);
+	if (partial < 0) {
+		*reason = TC_REASON_PARTIAL_ELSEWHERE;
+		return TC_ACT_OK;
+	}
+	const struct rate_limit *rl = limit_on();
+	if (rl && (r = tc_over_limit(rl, bind->alloc_id, data_len, reason)) >= 0)
+		return r;
+
+	__be16 channel = bind->channel;
+	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len);
+	if (partial) {
+		rw.udp_csum = (__u16)~csum_fold(pseudo_sum(&rw.saddr, &rw.daddr, to_v4, new_udp_len));
+	} else {
+		__be16 cd_len = bpf_htons(data_len);
+		__be32 from[4] = {}, to[12] = {};
+		int n = pseudo_words(to, &rw.saddr, &rw.daddr, to_v4);
+		__builtin_memcpy(&to[n], &rw.sport, 2);
+		__builtin_memcpy((__u8 *)&to[n] + 2, &rw.dport, 2);
+		__builtin_memcpy(&to[n + 1], &new_udp_len, 2);
+		__builtin_memcpy((__u8 *)&to[n + 1] + 2, &new_udp_len, 2);
+		__builtin_memcpy(&to[n + 2], &channel, 2);
+		__builtin_memcpy((__u8 *)&to[n + 2] + 2, &cd_len, 2);
+		from[0] = addr_v4(&in->saddr);
+		from[1] = addr_v4(&in->daddr);
+		__builtin_memcpy(&from[2], &udp->source, 4);
+		__builtin_memcpy(&from[3], &udp->len, 2);
+		__builtin_memcpy((__u8 *)&from[3] + 2, &udp->len, 2);
+		rw.udp_csum = udp_csum_update(udp->check, from, 4, to, n + 3, 0);
+	}
+
+	struct iphdr ip4 = *old;
+	ip4.tot_len = bpf_htons(rw.len);
+	ip4.ttl = rw.ttl;
+	ip4.saddr = addr_v4(&rw.saddr);
+	ip4.daddr = addr_v4(&rw.daddr);
+
+	/* The tail first: the Ethernet trailer off, then 4 bytes on. Until the
+	 * data moves a failure leaves what the stack reads unchanged (zeros
+	 * after the IP packet are a trailer to it). */
+	__u32 data_off = udp_off + sizeof(struct udphdr);
+	__u32 end = data_off + data_len;
+	if ((ctx->len != end && bpf_skb_change_tail(ctx, end, 0)) ||
+	    bpf_skb_change_tail(ctx, end + CHANNEL_DATA_HDR_LEN, 0)) {
+		*reason = REASON_ADJUST_FAILED;
+		return TC_ACT_OK;
+	}
+	if (!to_v4) {
+		/* 20 bytes more before the network header: L4 stays in place. */
+		if (bpf_skb_change_proto(ctx, bpf_htons(ETH_P_IPV6), 0)) {
+			*reason = REASON_ADJUST_FAILED;
+			return TC_ACT_OK;
+		}
+		data_off += sizeof(struct ipv6hdr) - sizeof(struct iphdr);
+	}
+	if (tc_move(ctx, data_off, data_off + CHANNEL_DATA_HDR_LEN, data_len) || complete_left(ctx)) {
+		*reason = TC_REASON_REWRITE_FAILED;
+		return TC_ACT_SHOT;
+	}
+	int action = tc_emit(ctx, in->ifindex, &ip4, &rw, channel, data_len, 0, reason);
+	if (action == TC_ACT_REDIRECT)
+		count_binding(st, 0, data_len);
+	return action;
+}
+
+static __always_inline int tc_peer_to_client(struct __sk_buff *ctx, struct cursor *c, struct input *in,
+					     struct udphdr *udp, __u32 *reason)
+{
+	if (in->family != AF_INET) {
+		*reason = REASON_NO_PEER_BINDING;
+		return TC_ACT_OK;
+	}
+	__u32 gen = fib_generation();
+	__be32 peer_addr = addr_v4(&in->saddr), relay_addr = addr_v4(&in->daddr);
+	struct binding_state *st = 0;
+	struct p2c_flow *f = 0;
+	struct p2c_binding v;
+	const struct p2c_binding *bind = &v;
+	int hit = 0;
+	if (cfg.flow_cache && gen) {
+		__u64 h = flow_mix(cfg.flow_seed, ((__u64)peer_addr << 32) | relay_addr);
+		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 16) | udp->dest));
+		f = bpf_map_lookup_elem(&p2c_flows, &idx);
+	}
+	if (f && f->fib_gen == gen && f->peer_addr == peer_addr && f->relay_addr == relay_addr &&
+	    f->peer_port == udp->source && f->relay_port == udp->dest) {
+		__u32 id = f->bind.binding_id;
+		st = bpf_map_lookup_elem(&binding_states, &id);
+		hit = st && st->gen == f->bind.gen;
+	}
+	if (hit) {
+		bind = &f->bind;
+	} else {
+		struct p2c_key key = {};
+		key.peer_addr = in->saddr;
+		key.relay_addr = in->daddr;
+		key.peer_port = udp->source;
+		key.relay_port = udp->dest;
+		struct p2c_val *b = bpf_map_lookup_elem(&p2c_bindings, &key);
+		if (!b || !words_eq(&b->key, &key, sizeof(key) / 4)) {
+			*reason = REASON_NO_PEER_BINDING;
+			return TC_ACT_OK;
+		}
+		barrier();
+		v = b->bind;
+		barrier();
+		if (!words_eq(&b->key, &key, sizeof(key) / 4)) {
+			*reason = REASON_NO_PEER_BINDING;
+			return TC_ACT_OK;
+		}
+		st = bpf_map_lookup_elem(&binding_states, &v.binding_id);
+		if (f && st && st->gen == v.gen) {
+			f->peer_addr = peer_addr;
+			f->relay_addr = relay_addr;
+			f->peer_port = udp->source;
+			f->relay_port = udp->dest;
+			f->bind = v;
+			f->fib_gen = gen;
+		}
+	}
+	if (addr_is_v4(&bind->client_addr))
+		return tc_p2c_out(ctx, c, in, udp, reason, st, bind, 1);
+	return tc_p2c_out(ctx, c, in, udp, reason, st, bind, 0);
+}
+
+static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
+{
+	/* Several datagrams in one skb (UDP GSO from a pod, GRO): the stack
+	 * segments them; relaying the skb would send one datagram. */
+	if (ctx->gso_size) {
+		*reason = TC_REASON_GSO;
+		return TC_ACT_OK;
+	}
+	/* A VLAN tag a device took off (skb->vlan_tci): the frame was tagged,
+	 * which XDP sees and passes; the stack hands it to the VLAN device. */
+	if (ctx->vlan_present) {
+		*reason = REASON_NOT_IP;
+		return TC_ACT_OK;
+	}
+	/* The parser reads the whole packet in the linear part, as XDP's frame. */
+	if (ctx->data_end - ctx->data < ctx->len && bpf_skb_pull_data(ctx, ctx->len)) {
+		*reason = REASON_ADJUST_FAILED;
+		return TC_ACT_OK;
+	}
+	struct cursor c = {
+		.pos = (void *)(long)ctx->data,
+		.end = (void *)(long)ctx->data_end,
+	};
+	struct ethhdr *eth;
+	struct udphdr *udp;
+	struct input in = {};
+	__u16 proto;
+	int r;
+
+	in.ifindex = ctx->ingress_ifindex;
+	if ((r = parse_eth(&c, &eth, &proto)) >= 0) {
+		*reason = r;
+		return TC_ACT_OK;
+	}
+	if (proto == ETH_P_IP) {
+		struct iphdr *ip;
+		if ((r = parse_ipv4(&c, &ip)) >= 0 ||
+		    (r = parse_udp(&c, bpf_ntohs(ip->tot_len) - sizeof(*ip), &udp)) >= 0) {
+			*reason = r;
+			return TC_ACT_OK;
+		}
+		in.family = AF_INET;
+		in.tos = ip->tos;
+		in.ttl = ip->ttl;
+		in.l3_len = sizeof(*ip);
+		in.l3_total = bpf_ntohs(ip->tot_len);
+		addr_set_v4(&in.saddr, ip->saddr);
+		addr_set_v4(&in.daddr, ip->daddr);
+		if (is_listener_port(udp->dest))
+			return tc_client_to_peer(ctx, &c, &in, udp, reason);
+		if (is_relay_port(udp->dest))
+			return tc_peer_to_client(ctx, &c, &in, udp, reason);
+	} else {
+		struct ipv6hdr *ip6;
+		if ((r = parse_ipv6(&c, &ip6)) >= 0 ||
+		    (r = parse_udp(&c, bpf_ntohs(ip6->payload_len), &udp)) >= 0) {
+			*reason = r;
+			return TC_ACT_OK;
+		}
+		in.family = AF_INET6;
+		in.tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
+		in.ttl = ip6->hop_limit;
+		in.l3_len = sizeof(*ip6);
+		in.l3_total = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+		__builtin_memcpy(in.saddr.b, &ip6->saddr, 16);
+		__builtin_memcpy(in.daddr.b, &ip6->daddr, 16);
+		if (is_listener_port(udp->dest))
+			return tc_client_to_peer(ctx, &c, &in, udp, reason);
+		if (is_relay_port(udp->dest))
+			return tc_peer_to_client(ctx, &c, &in, udp, reason);
+	}
+	*reason = REASON_NOT_OURS;
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int tc_turn_relay(struct __sk_buff *ctx)
+{
+	__u32 reason = REASON_NOT_OURS;
+	int action = tc_relay(ctx, &reason);
+	tc_count(reason);
+	return action;
+}

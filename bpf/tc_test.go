@@ -1,0 +1,508 @@
+package bpf_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/model"
+	"github.com/l7mp/stunnerd-xdp/internal/packet"
+)
+
+// The TC engine (relay_tc.c) through BPF_PROG_RUN in the shared environment,
+// against model.ProcessTC: the same golden and hostile rows as the XDP
+// program, the rows where the engines differ, and the engine's own verdicts.
+
+// skBuff is struct __sk_buff up to hwtstamp (uapi/linux/bpf.h): BPF_PROG_RUN
+// takes ifindex, ingress_ifindex and gso_size from it.
+type skBuff struct {
+	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTci, VlanProto uint32
+	Priority, IngressIfindex, Ifindex, TcIndex                                  uint32
+	Cb                                                                          [5]uint32
+	Hash, TcClassid, Data, DataEnd, NapiID, Family, RemoteIP4, LocalIP4         uint32
+	RemoteIP6, LocalIP6                                                         [4]uint32
+	RemotePort, LocalPort, DataMeta                                             uint32
+	FlowKeys, Tstamp                                                            uint64
+	WireLen, GsoSegs                                                            uint32
+	Sk                                                                          uint64
+	GsoSize                                                                     uint32
+	TstampType                                                                  uint8
+	_                                                                           [3]byte
+	Hwtstamp                                                                    uint64
+}
+
+// BPF_F_TEST_SKB_CHECKSUM_COMPLETE: the skb starts CHECKSUM_COMPLETE, and the
+// run fails with EBADMSG if the program leaves skb->csum wrong.
+const testSkbChecksumComplete = 1 << 2
+
+// tcEnv is the shared environment with the TC engine loaded over its maps.
+type tcEnv struct {
+	*env
+	tc *loader.TC
+}
+
+func newTCEnv(t testing.TB) *tcEnv {
+	t.Helper()
+	e := newEnv(t)
+	tc, err := e.prog.LoadTC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tc.Close() })
+	return &tcEnv{env: e, tc: tc}
+}
+
+// runTC runs the TC program once on frame as if it arrived on the named
+// interface; complete starts the skb CHECKSUM_COMPLETE.
+func (e *tcEnv) runTC(t testing.TB, ingress string, frame []byte, skb model.SKB) (uint32, []byte, error) {
+	t.Helper()
+	var (
+		ret uint32
+		out []byte
+		err error
+	)
+	if skb.Checksum == model.ChecksumPartial {
+		t.Fatal("BPF_PROG_RUN cannot build a CHECKSUM_PARTIAL skb")
+	}
+	doErr := e.ns.Do(func() error {
+		idx := uint32(e.ifaces[ingress].index)
+		ctx := skBuff{IngressIfindex: idx, Ifindex: idx}
+		if skb.GSO {
+			ctx.GsoSize, ctx.GsoSegs = 1000, 2
+		}
+		opts := ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+512), Context: ctx}
+		if skb.Checksum == model.ChecksumComplete {
+			opts.Flags = testSkbChecksumComplete
+		}
+		e.ranAt = model.MonotonicNow()
+		ret, err = e.tc.Prog().Run(&opts)
+		out = opts.DataOut
+		return nil
+	})
+	if doErr != nil {
+		t.Fatal(doErr)
+	}
+	return ret, out, err
+}
+
+func (e *tcEnv) tcVerdicts(t testing.TB) []uint64 {
+	t.Helper()
+	v, err := e.tc.Verdicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// checkTC runs frame through the TC program and model.ProcessTC (which it
+// advances) and fails on any difference: verdict, reason (exactly one TC
+// counter moves, by one; no XDP counter moves), output bytes, learned
+// listener addresses and per-binding counters.
+func (e *tcEnv) checkTC(t testing.TB, m *model.Model, ingress string, frame []byte, skb model.SKB) (observation, model.TCResult) {
+	t.Helper()
+	before, beforeXDP, beforeTotals := e.tcVerdicts(t), e.verdicts(t), e.totals(t)
+	ret, out, err := e.runTC(t, ingress, frame, skb)
+	// A relayed CHECKSUM_COMPLETE skb leaves CHECKSUM_NONE (the program
+	// shoots one that does not, as tc_rewrite_failed), so its skb->csum is
+	// stale, and BPF_PROG_RUN, which compares skb->csum with the bytes
+	// whatever ip_summed says, fails the run after the program ran: the
+	// counters still tell what it did; the bytes are not returned.
+	noBytes := err != nil && skb.Checksum == model.ChecksumComplete && errors.Is(err, unix.EBADMSG)
+	if err != nil && !noBytes {
+		t.Fatalf("BPF_PROG_RUN: %v", err)
+	}
+	after, afterXDP, afterTotals := e.tcVerdicts(t), e.verdicts(t), e.totals(t)
+	if !equalCounts(beforeXDP, afterXDP) {
+		t.Errorf("the TC program moved an XDP verdict counter")
+	}
+	got := observation{verdict: ret, out: out, counted: statsDelta(beforeTotals, afterTotals),
+		reason: movedByOne(t, before, after, bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_MAX), tcReasonName)}
+	clock := m.Now
+	m.Now = func() uint64 { return e.ranAt }
+	want := m.ProcessTC(e.ifaces[ingress].index, frame, skb)
+	m.Now = clock
+	if noBytes {
+		if want.Verdict != model.TCRedirect {
+			t.Errorf("BPF_PROG_RUN: %v, for a skb the model says is %v", err, want.Verdict)
+		}
+		got.verdict, got.out = uint32(model.TCRedirect), want.Frame
+	}
+	if got.verdict != uint32(want.Verdict) || got.reason != want.Reason {
+		t.Errorf("program: %v %s; model: %v %s", model.TCVerdict(got.verdict), tcReasonName(got.reason), want.Verdict, tcReasonName(want.Reason))
+	}
+	if !bytes.Equal(got.out, want.Frame) {
+		t.Errorf("output differs from the model's\nprogram %x\n  model %x", got.out, want.Frame)
+	}
+	e.checkEffects(t, m, got.counted, want.Reason, want.Counted, want.DataLen)
+	return got, want
+}
+
+func equalCounts(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func tcReasonName(r bpf.RelayReason) string {
+	switch bpf.RelayTcTcReason(r) {
+	case bpf.RelayTcTcReasonTC_REASON_GSO:
+		return "tc_gso"
+	case bpf.RelayTcTcReasonTC_REASON_PARTIAL_ELSEWHERE:
+		return "tc_partial_elsewhere"
+	case bpf.RelayTcTcReasonTC_REASON_REWRITE_FAILED:
+		return "tc_rewrite_failed"
+	}
+	return reasonName(r)
+}
+
+// tcVerdictOf is the TC action for an XDP golden row's verdict.
+func tcVerdictOf(xdp uint32) model.TCVerdict {
+	switch xdp {
+	case xdpTX, xdpRedirect:
+		return model.TCRedirect
+	case uint32(model.Drop):
+		return model.TCShot
+	}
+	return model.TCOK
+}
+
+// TestTCGoldenPackets: every golden and hostile row of the XDP program through
+// the TC program, as a CHECKSUM_NONE and a CHECKSUM_COMPLETE skb, against the
+// model; where the engines agree (everything but an unattached egress and
+// the PARTIAL guess, which the TC engine does not make), against the row's
+// own expectation too.
+func TestTCGoldenPackets(t *testing.T) {
+	e := newTCEnv(t)
+	m := e.install(t)
+	var rows []golden
+	for _, set := range [][]golden{goldenCases(e.env), goldenCases6(e.env), contractCases(e.env), hostileCases(e.env), hostileCases6(e.env)} {
+		rows = append(rows, set...)
+	}
+	for _, c := range rows {
+		if !skbRunnable(c.in) {
+			continue
+		}
+		for _, kind := range []model.Checksum{model.ChecksumNone, model.ChecksumComplete} {
+			t.Run(fmt.Sprintf("%s/ip_summed=%d", c.name, kind), func(t *testing.T) {
+				for run := 0; run < 2; run++ {
+					got, want := e.checkTC(t, m, c.ingress, c.in, model.SKB{Checksum: kind})
+					sameAsXDP := c.reason != bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED && !guessedPartial(c.in)
+					if !sameAsXDP {
+						continue
+					}
+					if model.TCVerdict(got.verdict) != tcVerdictOf(c.verdict) || got.reason != c.reason {
+						t.Errorf("%v %s, want %v %s", model.TCVerdict(got.verdict), tcReasonName(got.reason), tcVerdictOf(c.verdict), reasonName(c.reason))
+					}
+					wantOut := c.out
+					if wantOut == nil {
+						wantOut = c.in
+					}
+					if !bytes.Equal(got.out, wantOut) {
+						t.Fatalf("output differs from the row's\n got %x\nwant %x", got.out, wantOut)
+					}
+					_ = want
+				}
+			})
+		}
+	}
+}
+
+// skbRunnable tells a frame BPF_PROG_RUN builds an skb of: more than an
+// Ethernet header, and with room for the IP header its ethertype names.
+func skbRunnable(f []byte) bool {
+	if len(f) <= minRunFrame || len(f) > maxRunFrame {
+		return false
+	}
+	switch {
+	case f[12] == 0x86 && f[13] == 0xdd:
+		return len(f) >= 14+40
+	case f[12] == 0x08 && f[13] == 0x00:
+		return len(f) >= 14+20
+	}
+	return true
+}
+
+// guessedPartial tells a frame whose UDP checksum field holds its pseudo-header
+// sum: the XDP program takes it for CHECKSUM_PARTIAL and sums it afresh; the
+// TC engine reads ip_summed and updates it.
+func guessedPartial(frame []byte) bool {
+	var addrs, udp []byte
+	switch {
+	case len(frame) >= 14+20+8 && frame[12] == 0x08 && frame[13] == 0x00 && frame[14] == 0x45:
+		addrs, udp = frame[26:34], frame[34:]
+	case len(frame) >= 14+40+8 && frame[12] == 0x86 && frame[13] == 0xdd:
+		addrs, udp = frame[22:54], frame[54:]
+	default:
+		return false
+	}
+	s := uint32(17) + uint32(udp[4])<<8 + uint32(udp[5])
+	for i := 0; i+1 < len(addrs); i += 2 {
+		s += uint32(addrs[i])<<8 | uint32(addrs[i+1])
+	}
+	for s > 0xffff {
+		s = s&0xffff + s>>16
+	}
+	return uint32(udp[6])<<8|uint32(udp[7]) == s
+}
+
+// TestTCAnyEgress: where XDP passes because the egress is not in its devmap
+// (a pod's veth, a tunnel), the TC engine relays, both directions, IPv4 and
+// IPv6 clients, with the output built independently of the model.
+func TestTCAnyEgress(t *testing.T) {
+	e := newTCEnv(t)
+	m := e.install(t)
+	a0, e0 := e.ifaces["a0"], e.ifaces["e0"]
+	for _, name := range []string{"notattached", "v6fwdoff6"} {
+		b := bindings[name]
+		d := data(200)
+		listener := "10.100.0.1"
+		if b.Client.Addr().Is6() {
+			listener = "fd00:100::1"
+		}
+		in := fromClient(b, listener, packet.ChannelData(b.Channel, d, []byte{7, 7}))
+		want := toPeer(in, b, e0.mac, otherMAC, d).Marshal()
+		t.Run(name+"/c2p", func(t *testing.T) {
+			if got := e.observe(t, "a0", in.Marshal()); got.reason != bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED {
+				t.Fatalf("XDP: %s, want egress_not_attached", reasonName(got.reason))
+			}
+			m.Process(a0.index, in.Marshal())
+			got, _ := e.checkTC(t, m, "a0", in.Marshal(), model.SKB{})
+			if model.TCVerdict(got.verdict) != model.TCRedirect || got.reason != bpf.RelayReasonREASON_RELAY_C2P_REDIRECT {
+				t.Errorf("%v %s", model.TCVerdict(got.verdict), tcReasonName(got.reason))
+			}
+			if !bytes.Equal(got.out, want) {
+				t.Errorf("output\n got %x\nwant %x", got.out, want)
+			}
+		})
+	}
+	// peer->client from the unattached side, to an IPv4 client on a0.
+	b := bindings["notattached"]
+	in := fromPeer(b, data(150))
+	in.SrcMAC = otherMAC
+	want := toClient(in, b, b.ReplySource, a0.mac, clientMAC, data(150)).Marshal()
+	got, _ := e.checkTC(t, m, "e0", in.Marshal(), model.SKB{Checksum: model.ChecksumComplete})
+	if model.TCVerdict(got.verdict) != model.TCRedirect || got.reason != bpf.RelayReasonREASON_RELAY_P2C_REDIRECT {
+		t.Errorf("p2c: %v %s", model.TCVerdict(got.verdict), tcReasonName(got.reason))
+	}
+	if !bytes.Equal(got.out, want) {
+		t.Errorf("p2c output\n got %x\nwant %x", got.out, want)
+	}
+}
+
+// TestTCGSO: an skb with gso_size set holds several datagrams: it passes,
+// counted as such, whatever it carries.
+func TestTCGSO(t *testing.T) {
+	e := newTCEnv(t)
+	m := e.install(t)
+	b := bindings["redirect"]
+	for name, f := range map[string][]byte{
+		"c2p": fromClient(b, "10.100.0.1", packet.ChannelData(b.Channel, data(100), nil)).Marshal(),
+		"p2c": fromPeer(b, data(100)).Marshal(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, _ := e.checkTC(t, m, "a0", f, model.SKB{GSO: true})
+			if got.verdict != uint32(model.TCOK) || got.reason != bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_GSO) {
+				t.Errorf("%v %s", model.TCVerdict(got.verdict), tcReasonName(got.reason))
+			}
+			if !bytes.Equal(got.out, f) {
+				t.Errorf("a passed skb changed")
+			}
+		})
+	}
+}
+
+// FuzzTCVsModel: FuzzRelayVsModel for the TC engine: any frame on any
+// interface against the golden bindings, as a CHECKSUM_NONE or
+// CHECKSUM_COMPLETE skb, with or without gso_size (kind: bit 0 COMPLETE, bit
+// 1 GSO).
+func FuzzTCVsModel(f *testing.F) {
+	e := newTCEnv(f)
+	bs := sortedBindings()
+	e.replace(f, bs)
+	for _, c := range append(goldenCases(e.env), hostileCases(e.env)...) {
+		f.Add(c.in, ingressIndex(c.ingress), uint8(0))
+		f.Add(c.in, ingressIndex(c.ingress), uint8(1))
+	}
+	redirect := bindings["redirect"]
+	f.Add(fromClient(redirect, "10.100.0.1", packet.ChannelData(redirect.Channel, data(64), nil)).Marshal(), uint8(0), uint8(2))
+	f.Fuzz(func(t *testing.T, frame []byte, ingress, kind uint8) {
+		name := ifaceNames[int(ingress)%len(ifaceNames)]
+		skb := model.SKB{GSO: kind&2 != 0}
+		if kind&1 != 0 {
+			skb.Checksum = model.ChecksumComplete
+		}
+		m := e.newModel(t, bs)
+		if !skbRunnable(frame) {
+			m.ProcessTC(e.ifaces[name].index, frame, skb) // BPF_PROG_RUN refuses it; the model must not panic
+			return
+		}
+		if _, res := e.checkTC(t, m, name, frame, skb); res.Learned != nil {
+			e.restore(t, bs)
+		}
+	})
+}
+
+// TestTCRateLimit: the TC engine charges the same buckets as XDP (one per
+// allocation): over a dropping limit a bound packet is shot, over a passing
+// one it goes on to pion/turn, neither charged; under it, relayed and
+// charged.
+func TestTCRateLimit(t *testing.T) {
+	e := newTCEnv(t)
+	m := e.install(t)
+	b := bindings["redirect"]
+	c2p := fromClient(b, "10.100.0.1", packet.ChannelData(b.Channel, data(100), nil)).Marshal()
+	p2c := fromPeer(b, data(100)).Marshal()
+	owedFar := model.MonotonicNow() + uint64(10*time.Second)
+	for _, c := range []struct {
+		name    string
+		limit   channelmap.RateLimit
+		owes    model.RateState
+		verdict model.TCVerdict
+	}{
+		{"over/drop", channelmap.RateLimit{PacketsPerSecond: 50}, model.RateState{PacketTAT: owedFar}, model.TCShot},
+		{"over/pass", channelmap.RateLimit{PacketsPerSecond: 50, Pass: true}, model.RateState{PacketTAT: owedFar}, model.TCOK},
+		{"over-bytes/drop", channelmap.RateLimit{BytesPerSecond: 1000}, model.RateState{ByteTAT: owedFar}, model.TCShot},
+		{"under", channelmap.RateLimit{PacketsPerSecond: 50}, model.RateState{}, model.TCRedirect},
+	} {
+		for _, dir := range []struct {
+			ingress string
+			frame   []byte
+		}{{"a0", c2p}, {"b0", p2c}} {
+			t.Run(c.name+"/"+dir.ingress, func(t *testing.T) {
+				e.setRateLimit(t, m, c.limit)
+				e.owe(t, m, b, c.owes)
+				got, _ := e.checkTC(t, m, dir.ingress, dir.frame, model.SKB{})
+				if model.TCVerdict(got.verdict) != c.verdict {
+					t.Errorf("%v %s, want %v", model.TCVerdict(got.verdict), tcReasonName(got.reason), c.verdict)
+				}
+				if c.verdict != model.TCRedirect && got.reason != bpf.RelayReasonREASON_RATE_LIMITED {
+					t.Errorf("reason %s, want rate_limited", tcReasonName(got.reason))
+				}
+				after := e.owed(t, m, b)
+				if charged := after != c.owes; charged != (c.verdict == model.TCRedirect) {
+					t.Errorf("owes %+v after, %+v before: charged %v", after, c.owes, charged)
+				}
+			})
+		}
+	}
+	e.setRateLimit(t, m, channelmap.RateLimit{})
+}
+
+// FuzzTCBindingsVsModel: FuzzRelayBindingsVsModel for the TC engine: varied
+// binding sets, both directions, every FIB outcome and rate limit, as a
+// CHECKSUM_NONE or a CHECKSUM_COMPLETE skb.
+func FuzzTCBindingsVsModel(f *testing.F) {
+	e := newTCEnv(f)
+	seeds := []struct {
+		spec             []byte
+		pick, dst, flags uint8
+		complete         bool
+	}{
+		{[]byte{0, 0, 0, 0x20, 0x10, 1}, 0, 0, 1, false},        // redirect c2p
+		{[]byte{0, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, true},         // redirect p2c
+		{[]byte{0, 0, 0, 0x70, 0x40, 1}, 0, 0, 1, false},        // egress not attached: TC relays
+		{[]byte{0x85, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, true},      // v6 client behind e0
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1}, 0, 0, 1, true},      // v6 c2p
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 1 | 4}, 0, 0, 1, false}, // over a dropping limit: shot
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 2 | 4}, 1, 0, 0, false}, // over a passing limit
+		{[]byte{0, 0, 0, 0x50, 0x20, 1, 1 | 4}, 0, 0, 1, false}, // over it, no neighbour: the FIB first
+		{[]byte{0, 0, 4, 0x20, 0x10, 1}, 0, 0, 1 | 3<<1, true},  // padding 3
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1}, 1, 0x80, 8, false},  // field = pseudo-header sum: no PARTIAL guess
+	}
+	for _, s := range seeds {
+		f.Add(s.spec, uint8(0), s.pick, s.dst, s.flags, s.complete, data(100))
+	}
+	f.Fuzz(func(t *testing.T, spec []byte, ingress, pick, dst, flags uint8, complete bool, payload []byte) {
+		bs := decodeBindings(spec)
+		e.replace(t, bs)
+		m := e.newModel(t, bs)
+		e.fuzzRateLimit(t, m, spec, bs)
+		if len(payload) > maxRunFrame-64 {
+			payload = payload[:maxRunFrame-64]
+		}
+		skb := model.SKB{}
+		if complete {
+			skb.Checksum = model.ChecksumComplete
+		}
+		frame := fuzzFrame(bs, pick, dst, flags, payload)
+		if !skbRunnable(frame) {
+			return
+		}
+		e.checkTC(t, m, ifaceNames[int(ingress)%len(ifaceNames)], frame, skb)
+	})
+}
+
+// TestTCReconfigure: after the XDP program's Reconfigure, the engine's
+// Reconfigure loads it with the new configuration and swaps it into its tcx
+// links; its counters carry over.
+func TestTCReconfigure(t *testing.T) {
+	e := newTCEnv(t)
+	m := e.install(t)
+	if err := e.ns.Do(func() error { return e.tc.Attach("a0") }); err != nil {
+		t.Fatal(err)
+	}
+	b := bindings["redirect"]
+	in := fromClient(b, "10.100.0.1", packet.ChannelData(b.Channel, data(10), nil)).Marshal()
+	if got, _ := e.checkTC(t, m, "a0", in, model.SKB{}); got.reason != bpf.RelayReasonREASON_RELAY_C2P_REDIRECT {
+		t.Fatalf("before: %s", tcReasonName(got.reason))
+	}
+	cfg := progConfig
+	cfg.ListenerPorts = []uint16{listenerPort + 1}
+	if err := e.prog.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	old := e.tc.Prog()
+	if err := e.tc.Reconfigure(e.prog); err != nil {
+		t.Fatal(err)
+	}
+	if e.tc.Prog() == old {
+		t.Fatal("the program was not swapped")
+	}
+	before := e.tcVerdicts(t)
+	ret, _, err := e.runTC(t, "a0", in, model.SKB{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := e.tcVerdicts(t)
+	if model.TCVerdict(ret) != model.TCOK || after[bpf.RelayReasonREASON_NOT_OURS] != before[bpf.RelayReasonREASON_NOT_OURS]+1 {
+		t.Errorf("after: %v, not_ours %d -> %d (port %d is no listener's now)", model.TCVerdict(ret),
+			before[bpf.RelayReasonREASON_NOT_OURS], after[bpf.RelayReasonREASON_NOT_OURS], listenerPort)
+	}
+	if after[bpf.RelayReasonREASON_RELAY_C2P_REDIRECT] == 0 {
+		t.Error("the counters did not carry over")
+	}
+	// The link runs the new program.
+	info, err := e.tc.Prog().Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	err = e.ns.Do(func() error {
+		r, err := link.QueryPrograms(link.QueryOptions{Target: e.ifaces["a0"].index, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		if len(r.Programs) != 1 || r.Programs[0].ID != id {
+			t.Errorf("a0 runs %+v, want program %d", r.Programs, id)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

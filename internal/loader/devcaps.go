@@ -1,0 +1,235 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/xdpfeatures"
+)
+
+// devCaps keeps the program's dev_caps map true for every device of the
+// namespace it was started in: how the program runs there (native, generic,
+// not attached), whether an XDP frame sent out of it is transmitted, and its
+// MTU. The program relays into a device only when the frame will leave (see
+// bpf/maps.h); any device may be the FIB's egress, so all are written (a hash
+// map of ifindexes: cheap). It follows rtnetlink link events (devices added,
+// deleted, their MTU) and the netdev family's notifications (a veth's
+// NDO_XMIT comes and goes with its peer's XDP program), re-reads everything
+// on each (coalesced), and bumps the FIB generation whenever an entry
+// changed, so that cached next hops, which carry the decision, are decided
+// again.
+type devCaps struct {
+	caps, fibGen *ebpf.Map
+	log          *slog.Logger
+	ns           netns.NsHandle
+	rtnl         *netlink.Handle
+	feat         *xdpfeatures.Client // nil: the kernel reports no XDP features
+	watch        *xdpfeatures.Watcher
+	stop         chan struct{}
+	kick         chan struct{}
+	wg           sync.WaitGroup
+
+	mu      sync.Mutex
+	modes   map[int]Mode
+	written map[uint32]bpf.RelayDevCap
+}
+
+// startDevCaps starts keeping the dev_caps map of the calling thread's
+// network namespace, with modes the attachments so far. It returns once the
+// map is written and every subscription is up.
+func startDevCaps(caps, fibGen *ebpf.Map, modes map[int]Mode, log *slog.Logger) (*devCaps, error) {
+	ns, err := netns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("device capabilities: network namespace: %w", err)
+	}
+	rtnl, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("device capabilities: netlink: %w", err)
+	}
+	d := &devCaps{caps: caps, fibGen: fibGen, log: log, ns: ns, rtnl: rtnl, stop: make(chan struct{}),
+		kick: make(chan struct{}, 1), modes: modes, written: map[uint32]bpf.RelayDevCap{}}
+	feat, err := xdpfeatures.Dial()
+	switch {
+	case errors.Is(err, xdpfeatures.ErrUnsupported):
+		log.Warn("the kernel does not report which devices transmit XDP frames (Linux 6.3+): from natively attached interfaces nothing is redirected or sent back (XDP_TX); use --xdp-mode=generic", "error", err)
+	case err != nil:
+		rtnl.Close()
+		ns.Close()
+		return nil, fmt.Errorf("device capabilities: %w", err)
+	default:
+		d.feat = feat
+		if d.watch, err = xdpfeatures.Watch(func(xdpfeatures.Event) { d.poke() }); err != nil {
+			d.close()
+			return nil, fmt.Errorf("device capabilities: notifications: %w", err)
+		}
+	}
+	updates := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	err = netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{Namespace: &d.ns,
+		ErrorCallback: func(err error) { log.Debug("netlink link events for device capabilities", "error", err) }})
+	if err != nil {
+		d.close()
+		return nil, fmt.Errorf("device capabilities: link events: %w", err)
+	}
+	d.sync()
+	d.wg.Add(2)
+	go func() {
+		defer d.wg.Done()
+		for {
+			select {
+			case <-d.stop:
+				close(done)
+				for range updates { // closed by the receiver once the socket is
+				}
+				return
+			case _, ok := <-updates:
+				d.poke()
+				if !ok {
+					// The subscription broke: netdev notifications and
+					// attachments still re-read everything.
+					log.Warn("netlink link events ended: device capabilities follow only XDP feature notifications and attachments")
+					<-d.stop
+					close(done)
+					return
+				}
+			}
+		}
+	}()
+	go func() {
+		defer d.wg.Done()
+		for {
+			select {
+			case <-d.stop:
+				return
+			case <-d.kick:
+				d.sync()
+			}
+		}
+	}()
+	return d, nil
+}
+
+// poke asks for a re-read (coalesced: one pending at most).
+func (d *devCaps) poke() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// setModes records the attachments (ifindex -> mode) and writes the map
+// before returning.
+func (d *devCaps) setModes(modes map[int]Mode) {
+	d.mu.Lock()
+	d.modes = modes
+	d.mu.Unlock()
+	d.sync()
+}
+
+// capOf is the dev_caps entry of a device: features as the kernel reports
+// them (known false: nothing known).
+func capOf(l netlink.Link, mode Mode, features xdpfeatures.Act, known bool) bpf.RelayDevCap {
+	v := bpf.RelayDevCap{Mtu: uint32(l.Attrs().MTU)}
+	switch mode {
+	case ModeNative:
+		v.Flags |= bpf.RelayDevFlagDEV_ATTACHED_NATIVE
+	case ModeGeneric:
+		v.Flags |= bpf.RelayDevFlagDEV_ATTACHED_GENERIC
+	}
+	if !known {
+		return v
+	}
+	if features&xdpfeatures.NDOXmit != 0 {
+		v.Flags |= bpf.RelayDevFlagDEV_XDP_XMIT
+	}
+	// XDP_TX out of a veth is a transmit into its peer (veth_xdp_tx ->
+	// veth_xdp_xmit), dropped unless the peer can receive XDP frames: what
+	// NDO_XMIT says. A driver with native XDP (Basic) transmits XDP_TX on its
+	// own queues (ndo_xdp_xmit or not: mlx4 has XDP_TX without it).
+	tx := features&xdpfeatures.Basic != 0
+	if l.Type() == "veth" {
+		tx = features&xdpfeatures.NDOXmit != 0
+	}
+	if tx {
+		v.Flags |= bpf.RelayDevFlagDEV_XDP_TX
+	}
+	return v
+}
+
+// sync reads every device and its features and writes what changed.
+func (d *devCaps) sync() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	links, err := d.rtnl.LinkList()
+	if err != nil {
+		d.log.Warn("device capabilities: cannot list the devices; keeping what the program has", "error", err)
+		return
+	}
+	var features map[int]xdpfeatures.Act
+	if d.feat != nil {
+		if features, err = d.feat.Dump(); err != nil {
+			// Nothing is known until the next read works: conservative.
+			d.log.Warn("device capabilities: cannot read XDP features; treating every device as transmitting none", "error", err)
+			features = nil
+		}
+	}
+	want := make(map[uint32]bpf.RelayDevCap, len(links))
+	for _, l := range links {
+		f, known := features[l.Attrs().Index]
+		want[uint32(l.Attrs().Index)] = capOf(l, d.modes[l.Attrs().Index], f, known)
+	}
+	changed := false
+	for k, v := range want {
+		if old, ok := d.written[k]; ok && old == v {
+			continue
+		}
+		if err := d.caps.Put(k, v); err != nil {
+			d.log.Warn("device capabilities: cannot write; the program treats the device as transmitting no XDP frame", "ifindex", k, "error", err)
+			delete(want, k)
+			continue
+		}
+		changed = true
+	}
+	for k := range d.written {
+		if _, ok := want[k]; ok {
+			continue
+		}
+		if err := d.caps.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			d.log.Warn("device capabilities: cannot remove a gone device", "ifindex", k, "error", err)
+		}
+		changed = true
+	}
+	d.written = want
+	if changed {
+		if err := bpf.BumpFibGen(d.fibGen); err != nil {
+			d.log.Warn("device capabilities changed but the next-hop cache cannot be invalidated; turning it off", "error", err)
+			_ = bpf.DisableFibGen(d.fibGen)
+		}
+	}
+}
+
+// close stops following and closes the sockets.
+func (d *devCaps) close() {
+	select {
+	case <-d.stop:
+	default:
+		close(d.stop)
+	}
+	if d.watch != nil {
+		_ = d.watch.Close()
+	}
+	d.wg.Wait()
+	if d.feat != nil {
+		_ = d.feat.Close()
+	}
+	d.rtnl.Close()
+	d.ns.Close()
+}

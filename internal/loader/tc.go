@@ -1,0 +1,241 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path"
+	"reflect"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+)
+
+// TC is the second kernel engine (bpf/relay_tc.c): the relay on the skb path,
+// attached with tcx at ingress. It shares every map with the XDP program it
+// was loaded for (bindings, states, counters, rate limits, flow caches), and
+// reaches any egress (bpf_redirect), so it relays where XDP cannot transmit: a
+// pod's veth, a tunnel or bridge device, and traffic entering on a pod's
+// host-side veth, where no XDP program runs.
+type TC struct {
+	objs bpf.RelayTcObjects
+
+	mu sync.Mutex
+	// links are keyed by ifindex, as the XDP program's.
+	links map[int]tcAttachment
+}
+
+type tcAttachment struct {
+	link link.Link
+	name string
+}
+
+// LoadTC loads the TC engine over the XDP program's maps, with its
+// configuration (listener ports, relay range, flow cache seed). After the XDP
+// program's Reconfigure, call the engine's Reconfigure.
+func (p *Program) LoadTC() (*TC, error) {
+	t := &TC{links: map[int]tcAttachment{}}
+	if err := loadTC(p, &t.objs, nil); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// loadTC loads the engine into objs with p's maps and configuration, and the
+// engine's own maps from own when given (a reload keeps its counters).
+func loadTC(p *Program, objs *bpf.RelayTcObjects, own *bpf.RelayTcMaps) error {
+	spec, err := bpf.LoadRelayTc()
+	if err != nil {
+		return fmt.Errorf("read TC program spec: %w", err)
+	}
+	var c bpf.RelayConfig
+	if err := p.objs.Cfg.Get(&c); err != nil {
+		return fmt.Errorf("read the XDP program's config: %w", err)
+	}
+	if err := spec.Variables[bpf.RelayTcVarCfg].Set(bpf.RelayTcConfig(c)); err != nil {
+		return fmt.Errorf("set TC program config: %w", err)
+	}
+	shared := mapsByName(&p.objs.RelayMaps)
+	if own != nil {
+		shared[bpf.RelayTcMapTcVerdicts] = own.TcVerdicts
+		shared[bpf.RelayTcMapTcScratch] = own.TcScratch
+	}
+	repl := map[string]*ebpf.Map{}
+	for name, ms := range spec.Maps {
+		m, ok := shared[name]
+		if !ok {
+			continue // the engine's own (tc_verdicts, tc_scratch) and .rodata
+		}
+		// Sized by the loader from the XDP program's configuration.
+		ms.MaxEntries = m.MaxEntries()
+		repl[name] = m
+	}
+	if err := spec.LoadAndAssign(objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return fmt.Errorf("load TC program: %w\n%s", err, strings.Join(ve.Log, "\n"))
+		}
+		return fmt.Errorf("load TC program: %w", err)
+	}
+	return nil
+}
+
+// Reconfigure loads the engine again with the XDP program's current
+// configuration (after its Reconfigure) and swaps it into every attachment
+// through the tcx links: no packet sees a detached interface. The engine's own
+// maps (its counters) carry over.
+func (t *TC) Reconfigure(p *Program) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var next bpf.RelayTcObjects
+	if err := loadTC(p, &next, &t.objs.RelayTcMaps); err != nil {
+		return err
+	}
+	var moved []link.Link
+	for _, a := range t.links {
+		if err := a.link.Update(next.TcTurnRelay); err != nil {
+			for _, l := range moved {
+				_ = l.Update(t.objs.TcTurnRelay)
+			}
+			_ = next.Close()
+			return fmt.Errorf("swap the TC program on %s: %w", a.name, err)
+		}
+		moved = append(moved, a.link)
+	}
+	// The maps in next are clones of ours: close them, keep the program.
+	_ = next.RelayTcMaps.Close()
+	old := t.objs.TcTurnRelay
+	t.objs.TcTurnRelay = next.TcTurnRelay
+	return old.Close()
+}
+
+// mapsByName lists the maps of a bpf2go Maps struct by their names in the
+// object (the ebpf struct tags).
+func mapsByName(ms *bpf.RelayMaps) map[string]*ebpf.Map {
+	out := map[string]*ebpf.Map{}
+	v := reflect.ValueOf(ms).Elem()
+	for i := range v.NumField() {
+		if m, ok := v.Field(i).Interface().(*ebpf.Map); ok && m != nil {
+			out[v.Type().Field(i).Tag.Get("ebpf")] = m
+		}
+	}
+	return out
+}
+
+// Prog returns the TC program (for BPF_PROG_RUN in tests).
+func (t *TC) Prog() *ebpf.Program { return t.objs.TcTurnRelay }
+
+// Verdicts returns the TC engine's verdict counters, summed over CPUs,
+// indexed by reason (bpf.RelayReason below bpf.RelayTcTcReasonTC_REASON_GSO,
+// bpf.RelayTcTcReason from it).
+func (t *TC) Verdicts() ([]uint64, error) {
+	n := bpf.RelayTcTcReasonTC_REASON_MAX
+	out := make([]uint64, n)
+	for r := range uint32(n) {
+		var per []uint64
+		if err := t.objs.TcVerdicts.Lookup(r, &per); err != nil {
+			return nil, fmt.Errorf("TC verdict %d: %w", r, err)
+		}
+		for _, c := range per {
+			out[r] += c
+		}
+	}
+	return out, nil
+}
+
+// Attach attaches the engine at the interface's ingress (tcx, after any
+// program already there). Call it from the interface's network namespace.
+func (t *TC) Attach(iface string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ifc, err := interfaceByName(iface)
+	if err != nil {
+		return err
+	}
+	if a, ok := t.links[ifc.Index]; ok {
+		a.name = iface // renamed, still attached
+		t.links[ifc.Index] = a
+		return nil
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Program: t.objs.TcTurnRelay, Attach: ebpf.AttachTCXIngress, Interface: ifc.Index})
+	if err != nil {
+		return fmt.Errorf("attach TC to %s: %w", iface, err)
+	}
+	t.links[ifc.Index] = tcAttachment{link: l, name: iface}
+	return nil
+}
+
+// Detach detaches the engine from the interface of that name.
+func (t *TC) Detach(iface string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for ifindex, a := range t.links {
+		if a.name == iface {
+			delete(t.links, ifindex)
+			return a.link.Close()
+		}
+	}
+	return nil
+}
+
+// Attached returns the names of the interfaces the engine is attached to.
+func (t *TC) Attached() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]string, 0, len(t.links))
+	for _, a := range t.links {
+		out = append(out, a.name)
+	}
+	return out
+}
+
+// Close detaches the engine everywhere and frees it (the shared maps stay
+// with the XDP program).
+func (t *TC) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var errs []error
+	for ifindex, a := range t.links {
+		delete(t.links, ifindex)
+		errs = append(errs, a.link.Close())
+	}
+	errs = append(errs, t.objs.Close())
+	return errors.Join(errs...)
+}
+
+// AttachMatching attaches the engine to every interface whose name matches
+// one of the patterns (path.Match: "lxc*", "cali*", "veth*"): pods' host-side
+// veths and tunnel devices, where the media of local pods and overlays
+// enters. It returns the names it attached to now. Interfaces that appear
+// later need another call (netlink-driven discovery is not built yet).
+func (t *TC) AttachMatching(patterns ...string) ([]string, error) {
+	for _, p := range patterns {
+		if _, err := path.Match(p, ""); err != nil {
+			return nil, fmt.Errorf("interface pattern %q: %w", p, err)
+		}
+	}
+	ifcs, err := net.Interfaces()
+	if err != nil {
+		return nil, fmt.Errorf("list interfaces: %w", err)
+	}
+	var attached []string
+	var errs []error
+	for _, ifc := range ifcs {
+		for _, p := range patterns {
+			if ok, _ := path.Match(p, ifc.Name); !ok {
+				continue
+			}
+			if err := t.Attach(ifc.Name); err != nil {
+				errs = append(errs, err)
+			} else {
+				attached = append(attached, ifc.Name)
+			}
+			break
+		}
+	}
+	return attached, errors.Join(errs...)
+}

@@ -1,0 +1,246 @@
+package loader_test
+
+import (
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+
+	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+)
+
+// TestTCAttachMatching: the TC engine attaches (tcx ingress) to the
+// interfaces whose names match the patterns and to no other, shares the XDP
+// program's maps, and detaches when closed.
+func TestTCAttachMatching(t *testing.T) {
+	ns, cfg, log := tcTestNS(t)
+	var closeTC func() error
+	err := ns.Do(func() error {
+		for _, name := range []string{"lxc1", "cali2", "eth9"} {
+			if err := addVeth(name); err != nil {
+				return err
+			}
+		}
+		prog, err := loader.Load(cfg, log)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { _ = ns.Do(prog.Close) })
+		tc, err := prog.LoadTC()
+		if err != nil {
+			return err
+		}
+		got, err := tc.AttachMatching("lxc*", "cali*", "nomatch*")
+		if err != nil {
+			return err
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, []string{"cali2", "lxc1"}) {
+			t.Errorf("attached to %v, want cali2 and lxc1", got)
+		}
+		if _, err := tc.AttachMatching("["); err == nil {
+			t.Error("a malformed pattern was taken")
+		}
+		closeTC = tc.Close
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]int{"lxc1": 1, "cali2": 1, "eth9": 0, "plxc1": 0} {
+		if n := tcxPrograms(t, ns, name); n != want {
+			t.Errorf("%s: %d programs at tcx ingress, want %d", name, n, want)
+		}
+	}
+	if err := ns.Do(closeTC); err != nil {
+		t.Fatal(err)
+	}
+	if tcxPrograms(t, ns, "lxc1") != 0 {
+		t.Errorf("still attached after Close")
+	}
+}
+
+// TestTCDiscover: pods' veths that appear after Discover started are
+// attached, others not; a deleted one is forgotten, so that a new device that
+// reuses its name is attached again.
+func TestTCDiscover(t *testing.T) {
+	ns, cfg, log := tcTestNS(t)
+	var tc *loader.TC
+	stop := make(chan struct{})
+	err := ns.Do(func() error {
+		prog, err := loader.Load(cfg, log)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { prog.Close() })
+		if tc, err = prog.LoadTC(); err != nil {
+			return err
+		}
+		t.Cleanup(func() { close(stop); tc.Close() })
+		return tc.Discover(stop, []string{"lxc*"}, log)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := func(name string) {
+		t.Helper()
+		if err := ns.Do(func() error { return addVeth(name) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	attached := func(name string) bool { return tcxEventually(t, ns, name, 1) }
+	add("lxc7")
+	add("eth7")
+	if !attached("lxc7") {
+		t.Error("lxc7 (new, matching) not attached")
+	}
+	if attached("eth7") {
+		t.Error("eth7 (not matching) attached")
+	}
+	if err := ns.Do(func() error {
+		l, err := netlink.LinkByName("lxc7")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkDel(l)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	add("lxc7")
+	if !attached("lxc7") {
+		t.Error("lxc7 (deleted and made again) not attached")
+	}
+	if got := tc.Attached(); len(got) != 1 || got[0] != "lxc7" {
+		t.Errorf("attached to %v, want lxc7 only", got)
+	}
+}
+
+// TestEngines: the TC engine runs beside the XDP program and follows pods'
+// veths only while the XDP program is attached somewhere: the kernel path is
+// on with both engines, or off with neither.
+func TestEngines(t *testing.T) {
+	ns, cfg, log := tcTestNS(t)
+	tcx := func(name string) int { return tcxPrograms(t, ns, name) }
+	eventually := func(name string, want int) {
+		t.Helper()
+		if !tcxEventually(t, ns, name, want) {
+			t.Fatalf("%s: %d TC programs, want %d", name, tcx(name), want)
+		}
+	}
+	var e *loader.Engines
+	do := func(f func() error) {
+		t.Helper()
+		if err := ns.Do(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	do(func() error {
+		for _, n := range []string{"n0", "lxc3"} {
+			if err := addVeth(n); err != nil {
+				return err
+			}
+		}
+		prog, err := loader.Load(cfg, log)
+		if err != nil {
+			return err
+		}
+		e, err = prog.WithTC([]string{"lxc*"}, log)
+		return err
+	})
+	t.Cleanup(func() { _ = ns.Do(e.Close) })
+	if tcx("n0") != 0 || tcx("lxc3") != 0 {
+		t.Fatal("attached before the XDP program was")
+	}
+	do(func() error { _, err := e.Attach("n0", loader.ModeAuto); return err })
+	eventually("n0", 1)
+	eventually("lxc3", 1)
+	do(func() error { return addVeth("lxc4") })
+	eventually("lxc4", 1)
+	do(func() error { return e.Detach("n0") })
+	for _, n := range []string{"n0", "lxc3", "lxc4"} {
+		if tcx(n) != 0 {
+			t.Errorf("%s: TC still attached with the XDP program detached everywhere", n)
+		}
+	}
+	do(func() error { return addVeth("lxc5") })
+	time.Sleep(200 * time.Millisecond)
+	if tcx("lxc5") != 0 {
+		t.Error("lxc5 attached while the kernel path is off")
+	}
+	do(func() error { _, err := e.Attach("n0", loader.ModeAuto); return err })
+	for _, n := range []string{"n0", "lxc3", "lxc4", "lxc5"} {
+		eventually(n, 1)
+	}
+	do(e.Close)
+	for _, n := range []string{"n0", "lxc3", "lxc4", "lxc5"} {
+		if tcx(n) != 0 {
+			t.Errorf("%s: TC attached after Close", n)
+		}
+	}
+}
+
+// tcxPrograms counts the programs at the named device's tcx ingress, as the
+// kernel lists them (in the NSWorker's namespace).
+func tcxPrograms(t *testing.T, ns *testenv.NSWorker, name string) int {
+	t.Helper()
+	var n int
+	if err := ns.Do(func() error {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		r, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+		n = len(r.Programs)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// tcxEventually waits (2 s at most) for want programs at the device's tcx
+// ingress, which a netlink event brings, and tells whether they came.
+func tcxEventually(t *testing.T, ns *testenv.NSWorker, name string, want int) bool {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for tcxPrograms(t, ns, name) != want {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
+// addVeth adds a veth pair, name and "p"+name, both up (in the caller's
+// namespace).
+func addVeth(name string) error {
+	la := netlink.NewLinkAttrs()
+	la.Name = name
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "p" + name}); err != nil {
+		return err
+	}
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	return netlink.LinkSetUp(l)
+}
+
+// tcTestNS is a TC test's namespace, program configuration and logger.
+func tcTestNS(t *testing.T) (*testenv.NSWorker, loader.Config, *slog.Logger) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("network namespace: not in -short mode")
+	}
+	testenv.RequireRoot(t)
+	cfg := loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 1024}
+	return testenv.NewNSWorker(t), cfg, slog.New(slog.NewTextHandler(io.Discard, nil))
+}

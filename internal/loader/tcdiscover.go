@@ -1,0 +1,134 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"path"
+	"runtime"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Discover keeps the engine attached to the interfaces whose names match the
+// patterns (pods' host-side veths: "lxc*", "cali*", "veth*"; tunnels) as they
+// come and go, until stop is closed: it attaches to those present now, then
+// follows the namespace's link events (a new or renamed device that matches
+// is attached; a deleted one's link is forgotten, so that a device reusing its
+// ifindex is attached afresh). Call it from the interfaces' network
+// namespace; it returns once the subscription stands. Discovery ends when
+// stop is closed; done (when not nil) is closed once it has (no attach after).
+func (t *TC) Discover(stop <-chan struct{}, patterns []string, log *slog.Logger) error {
+	return t.discover(stop, nil, patterns, log)
+}
+
+func (t *TC) discover(stop <-chan struct{}, done chan<- struct{}, patterns []string, log *slog.Logger) error {
+	if len(patterns) == 0 {
+		if done != nil {
+			close(done)
+		}
+		return nil
+	}
+	if _, err := t.AttachMatching(patterns...); err != nil {
+		log.Warn("TC engine: some matching interfaces could not be attached", "error", err)
+	}
+	ns, err := netns.Get()
+	if err != nil {
+		return fmt.Errorf("TC discovery: %w", err)
+	}
+	updates := make(chan netlink.LinkUpdate, 256)
+	unsubscribe := make(chan struct{})
+	err = netlink.LinkSubscribeWithOptions(updates, unsubscribe, netlink.LinkSubscribeOptions{
+		Namespace:     &ns,
+		ErrorCallback: func(err error) { log.Debug("TC discovery: netlink link events", "error", err) },
+	})
+	if err != nil {
+		ns.Close()
+		if done != nil {
+			close(done)
+		}
+		return fmt.Errorf("TC discovery: subscribe to link events: %w", err)
+	}
+	ready := make(chan error, 1)
+	go func() {
+		// Attaching resolves ifindexes in the thread's namespace: this
+		// thread stays in the caller's, and dies with the goroutine.
+		runtime.LockOSThread()
+		defer ns.Close()
+		if done != nil {
+			defer close(done)
+		}
+		if err := netns.Set(ns); err != nil {
+			ready <- err
+			close(unsubscribe)
+			return
+		}
+		ready <- nil
+		for {
+			select {
+			case <-stop:
+				close(unsubscribe)
+				for range updates { // closed once the socket is
+				}
+				return
+			case u, ok := <-updates:
+				if !ok {
+					// The subscription broke: look at what is there now;
+					// devices that come later wait for the next Discover.
+					log.Warn("TC discovery: link events ended; matching interfaces that appear later are not attached")
+					_, _ = t.AttachMatching(patterns...)
+					return
+				}
+				t.linkEvent(u, patterns, log)
+			}
+		}
+	}()
+	if err := <-ready; err != nil {
+		return fmt.Errorf("TC discovery: enter the namespace: %w", err)
+	}
+	return nil
+}
+
+// linkEvent attaches to a new (or renamed) matching device and forgets a
+// deleted one.
+func (t *TC) linkEvent(u netlink.LinkUpdate, patterns []string, log *slog.Logger) {
+	attrs := u.Link.Attrs()
+	if u.Header.Type == unix.RTM_DELLINK {
+		t.forget(attrs.Index)
+		return
+	}
+	for _, p := range patterns {
+		if ok, _ := path.Match(p, attrs.Name); !ok {
+			continue
+		}
+		// A device just created may not be registered under its name for
+		// every lookup yet: a few tries.
+		var err error
+		for try := 0; try < 5; try++ {
+			if err = t.Attach(attrs.Name); err == nil || errors.Is(err, unix.ENODEV) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			log.Warn("TC engine: cannot attach to a new interface", "iface", attrs.Name, "error", err)
+		} else {
+			log.Debug("TC engine attached", "iface", attrs.Name)
+		}
+		return
+	}
+}
+
+// forget closes the link of a device that is gone (the kernel detached the
+// program with it).
+func (t *TC) forget(ifindex int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if a, ok := t.links[ifindex]; ok {
+		delete(t.links, ifindex)
+		_ = a.link.Close()
+	}
+}

@@ -1,0 +1,87 @@
+package model
+
+import (
+	"fmt"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+)
+
+// TCVerdict is a TC action (TC_ACT_*), numbered as the kernel numbers them.
+type TCVerdict uint32
+
+// The verdicts the TC engine gives.
+const (
+	TCOK       TCVerdict = 0 // TC_ACT_OK: the stack and pion/turn get the skb
+	TCShot     TCVerdict = 2 // TC_ACT_SHOT: over a dropping rate limit
+	TCRedirect TCVerdict = 7 // TC_ACT_REDIRECT: out of the FIB's egress
+)
+
+func (v TCVerdict) String() string {
+	switch v {
+	case TCOK:
+		return "TC_ACT_OK"
+	case TCShot:
+		return "TC_ACT_SHOT"
+	case TCRedirect:
+		return "TC_ACT_REDIRECT"
+	}
+	return fmt.Sprintf("TC action %d", uint32(v))
+}
+
+// Checksum is an skb's ip_summed.
+type Checksum int
+
+// The kinds of ip_summed, as the kernel numbers them.
+const (
+	ChecksumNone        Checksum = 0 // the receiver verifies the field
+	ChecksumUnnecessary Checksum = 1 // a device verified it
+	ChecksumComplete    Checksum = 2 // skb->csum sums the packet
+	ChecksumPartial     Checksum = 3 // the field holds the pseudo-header sum; the egress sums from csum_start
+)
+
+// SKB is what the TC engine sees of an skb besides its bytes.
+type SKB struct {
+	Checksum Checksum
+	// CsumAtUDP: for CHECKSUM_PARTIAL, csum_start and csum_offset name this
+	// packet's UDP checksum field (not a tunnel's outer one).
+	CsumAtUDP bool
+	// GSO: gso_size is set: the skb holds several datagrams.
+	GSO bool
+	// VLAN: the device took a VLAN tag off the frame (skb->vlan_tci): the
+	// frame was tagged, which rule 1 passes.
+	VLAN bool
+}
+
+// TCResult is what the TC engine does with one skb. Reason is an enum reason
+// below bpf.RelayTcTcReasonTC_REASON_GSO, else an enum tc_reason.
+type TCResult struct {
+	Verdict TCVerdict
+	Reason  bpf.RelayReason
+	Frame   []byte
+	Learned *Learned
+	Counted *channelmap.Key
+	DataLen int
+}
+
+// ProcessTC is the TC engine for one skb arriving on the interface with the
+// given ifindex: Process with the skb path's rules (rule 8).
+func (m *Model) ProcessTC(ingress int, frame []byte, skb SKB) TCResult {
+	if skb.GSO {
+		return TCResult{Verdict: TCOK, Reason: bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_GSO), Frame: frame}
+	}
+	if skb.VLAN {
+		return TCResult{Verdict: TCOK, Reason: bpf.RelayReasonREASON_NOT_IP, Frame: frame}
+	}
+	m.skb = &skb
+	r := m.Process(ingress, frame)
+	m.skb = nil
+	v := TCOK
+	switch r.Verdict {
+	case Drop:
+		v = TCShot
+	case TX, Redirect:
+		v = TCRedirect
+	}
+	return TCResult{Verdict: v, Reason: r.Reason, Frame: r.Frame, Learned: r.Learned, Counted: r.Counted, DataLen: r.DataLen}
+}
