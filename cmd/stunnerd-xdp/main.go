@@ -22,6 +22,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
@@ -83,6 +84,8 @@ type options struct {
 	tcIfaces                                             string
 	udpThreadNum, userQuota, totalQuota, maxPermissions  int
 	gracePeriod                                          time.Duration
+	conns                                                connlimit.Limits // TCP and TLS listeners' clients
+	maxChannels                                          int
 	allowPeers, denyPeers, noOffloadPeers                prefixList
 	configOrigin, id, nodeName, kubeconfig               string
 	// cdsNode is the node the config discovery service patches configs for
@@ -163,6 +166,19 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 		"is USERID); over it, Allocate gets 486 Allocation Quota Reached; 0: no quota (default: the config's\nadmin.user_quota; given, it wins)")
 	fs.IntVar(&o.totalQuota, "total-quota", 0, "allocations the daemon holds at once, over all listeners; over it, Allocate gets 486; 0: no quota")
 	fs.IntVar(&o.maxPermissions, "max-permissions", 0, "peer IPs one allocation may hold permissions for; beyond it CreatePermission and ChannelBind\nto a new peer IP fail (refreshes do not); 0: no limit")
+	fs.IntVar(&o.maxChannels, "max-channels", 64, "channels one allocation may hold; beyond it a ChannelBind for a new channel gets 508\n"+
+		"Insufficient Capacity (refreshes pass); 0: no limit (pion binds up to 16,384)")
+	// The TCP and TLS listeners' clients (internal/connlimit; docs/operations.md, Security).
+	o.conns.MaxFrame = connlimit.DefaultMaxFrame
+	fs.IntVar(&o.conns.MaxConns, "max-tcp-conns", connlimit.DefaultMaxConns, "open connections over all TURN-TCP and TURN-TLS listeners; over it a new connection is\n"+
+		"reset at accept (each can pin about 50 KiB, see docs/operations.md); 0: no cap")
+	fs.IntVar(&o.conns.MaxConnsPerSource, "max-tcp-conns-per-source", connlimit.DefaultMaxConnsPerSource, "open TURN-TCP and TURN-TLS connections from one client IP (IPv6: one /64); 0: no cap")
+	fs.DurationVar(&o.conns.HandshakeTimeout, "tls-handshake-timeout", connlimit.DefaultHandshakeTimeout, "time a TURN-TLS client has to complete its TLS handshake; 0: no limit")
+	fs.DurationVar(&o.conns.IdleTimeout, "tcp-idle-timeout", connlimit.DefaultIdleTimeout, "a TURN-TCP or TURN-TLS connection that sends no whole STUN message or ChannelData\n"+
+		"for this long is closed, with its allocation (a waiting client refreshes its allocation within\n"+
+		"the 10 min of its default lifetime; ICE checks consent every few seconds); 0: never")
+	fs.DurationVar(&o.conns.FrameTimeout, "tcp-frame-timeout", connlimit.DefaultFrameTimeout, "time from the first to the last byte of one STUN message or ChannelData on a TURN-TCP or\n"+
+		"TURN-TLS connection; slower, the connection is closed (a slow-body attack); 0: no limit")
 	fs.Uint64Var(&o.maxAllocPPS, "max-alloc-pps", 0, "datagrams per second one allocation may relay, all its channels and both directions together,\n"+
 		"in the kernel and in userspace alike (a burst of 50 ms worth); 0: no limit")
 	fs.Uint64Var(&o.maxAllocBPS, "max-alloc-bps", 0, "application-data BYTES (not bits) per second one allocation may relay, all its channels and\n"+
@@ -336,6 +352,16 @@ func flagsConfig(o options) (daemon.Config, error) {
 	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
 	cfg.UDPThreadNum, cfg.NoShortcut = o.udpThreadNum, !o.shortcut
 	cfg.UserQuota, cfg.TotalQuota, cfg.MaxPermissions = o.userQuota, o.totalQuota, o.maxPermissions
+	if o.maxChannels < 0 {
+		return cfg, fmt.Errorf("--max-channels %d: want 0 (no limit) or more", o.maxChannels)
+	}
+	cfg.MaxChannels = o.maxChannels
+	if o.conns != (connlimit.Limits{}) { // zero: the daemon's defaults
+		if err := o.conns.Validate(); err != nil {
+			return cfg, err
+		}
+		cfg.ConnLimits = o.conns
+	}
 	cfg.RateLimit = channelmap.RateLimit{PacketsPerSecond: o.maxAllocPPS, BytesPerSecond: o.maxAllocBPS}
 	switch o.overLimit {
 	case "", "drop":

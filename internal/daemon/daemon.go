@@ -21,6 +21,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
 	"github.com/l7mp/stunnerd-xdp/internal/ctrefresh"
 	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
@@ -32,6 +33,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/offload"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
 	"github.com/l7mp/stunnerd-xdp/internal/status"
+	"github.com/l7mp/stunnerd-xdp/internal/turnguard"
 )
 
 // Config is everything the daemon runs on.
@@ -78,6 +80,12 @@ type Config struct {
 	// MaxPermissions bounds the peer IPs one allocation holds permissions
 	// for (0: no limit); beyond it, CreatePermission and ChannelBind fail.
 	MaxPermissions int
+	// MaxChannels bounds the channels one allocation holds (0: no limit);
+	// a ChannelBind for one more gets 508 (turnguard).
+	MaxChannels int
+	// ConnLimits bound the clients of the TCP and TLS listeners, over all of
+	// them (connlimit.Limits); the zero value means connlimit.Defaults().
+	ConnLimits connlimit.Limits
 	// RateLimit is every allocation's packet and byte rate, all its channels
 	// and both directions together, in the XDP program and in pion's relay
 	// sockets alike (zero: none). Pass hands what is over it to userspace, which
@@ -240,9 +248,15 @@ func (c *Config) validate() error {
 			return fmt.Errorf("pprof address %q: want a loopback IP:PORT, like 127.0.0.1:6060 (profiles reveal memory)", c.PprofAddr)
 		}
 	}
-	if c.UserQuota < 0 || c.TotalQuota < 0 || c.MaxPermissions < 0 {
-		return fmt.Errorf("quotas %d per user, %d in total, %d permissions per allocation: want 0 (no limit) or more",
-			c.UserQuota, c.TotalQuota, c.MaxPermissions)
+	if c.UserQuota < 0 || c.TotalQuota < 0 || c.MaxPermissions < 0 || c.MaxChannels < 0 {
+		return fmt.Errorf("quotas %d per user, %d in total, %d permissions and %d channels per allocation: want 0 (no limit) or more",
+			c.UserQuota, c.TotalQuota, c.MaxPermissions, c.MaxChannels)
+	}
+	if c.ConnLimits == (connlimit.Limits{}) {
+		c.ConnLimits = connlimit.Defaults()
+	}
+	if err := c.ConnLimits.Validate(); err != nil {
+		return err
 	}
 	if c.Logger == nil {
 		return errors.New("no logger")
@@ -295,6 +309,8 @@ type Daemon struct {
 	strangerLog *slog.Logger
 	quota       *quota.Counter
 	perms       *quota.Permissions
+	conns       *connlimit.Limiter // the TCP and TLS listeners' clients
+	guarded     turnguard.Counts   // what the listeners' turnguards refused
 	mirror      *mirror.Mirror
 	hooks       hookGate // pion's hooks into the mirror and the steering
 	auth        atomic.Pointer[authState]
@@ -347,6 +363,7 @@ func Start(cfg Config) (*Daemon, error) {
 		drained:     make(chan struct{}),
 	}
 	d.rateLimit = fallback.NewRateLimiter(cfg.RateLimit, d.counters)
+	d.conns, _ = connlimit.New(cfg.ConnLimits) // validate checked them
 	d.cfg.Store(&cfg)
 	d.traffic.SetListeners(cfg.trafficListeners())
 	d.mirror = mirror.New(cfg.Logger.Slog("control"))

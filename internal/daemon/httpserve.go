@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,13 +15,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/netutil"
+
+	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
 )
 
 // Limits of the HTTP endpoints: a probe or a scrape is one short request, so
-// slow or many clients must not pile up goroutines and file descriptors.
+// slow or many clients must not pile up goroutines and file descriptors. At
+// httpMaxConns a newcomer displaces a connection that is not being served
+// (connlimit.ShedListener), so idle connections cannot make a probe wait.
 const (
-	httpMaxConns          = 32
+	httpMaxConns          = 64
 	httpReadHeaderTimeout = 5 * time.Second
 	httpReadTimeout       = 10 * time.Second
 	httpWriteTimeout      = 30 * time.Second // a scrape of a full node
@@ -37,11 +41,24 @@ func Serve(ln net.Listener, h http.Handler) *http.Server {
 }
 
 func serveFor(ln net.Listener, h http.Handler, write time.Duration) *http.Server {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout,
-		WriteTimeout: write, IdleTimeout: httpIdleTimeout, MaxHeaderBytes: httpMaxHeaderBytes}
-	go func() { _ = srv.Serve(netutil.LimitListener(ln, httpMaxConns)) }()
+	shed := connlimit.Shed(ln, httpMaxConns)
+	// A connection in a handler is not displaced: the handler knows its
+	// connection through the request's context.
+	served := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
+			defer shed.Serving(c)()
+		}
+		h.ServeHTTP(w, r)
+	})
+	srv := &http.Server{Handler: served, ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout,
+		WriteTimeout: write, IdleTimeout: httpIdleTimeout, MaxHeaderBytes: httpMaxHeaderBytes,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) }}
+	go func() { _ = srv.Serve(shed) }()
 	return srv
 }
+
+// connKey is the request context's key for its connection.
+type connKey struct{}
 
 // EndpointAddrs are the addresses an endpoint address given without a host
 // (":8086", STUNner's "http://:8086") listens on: the pod's address (a

@@ -18,6 +18,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
+	"github.com/l7mp/stunnerd-xdp/internal/turnguard"
 	"github.com/l7mp/stunnerd-xdp/internal/udpio"
 )
 
@@ -107,6 +108,9 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 	lc := d.listenConfig(l.Protocol == config.UDP && d.udpThreads() > 1)
 	addr := l.Addr.String()
 	var scs []turn.ServerConfig
+	// guards[i] checks what scs[i]'s server reads (turnguard): 441 and nonce
+	// expiry, which pion/turn v4 leaves out.
+	var guards []*turnguard.Guard
 	// pion/turn relays over IPv4 whatever the client's family; the listener
 	// itself may be IPv6.
 	udp, tcp := "udp4", "tcp4"
@@ -125,14 +129,15 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		scs = make([]turn.ServerConfig, len(conns))
 		for i, conn := range conns {
 			scs[i] = sc
+			guards = append(guards, turnguard.New(d.authenticate, &d.guarded))
 			scs[i].EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, i, base)))
 			// The table also carries the IP header fields across pion
 			// (TTL, TOS), with the shortcut or without.
 			chans := fallback.NewChannels(relays, d.counters)
 			scs[i].EventHandler = chans.EventHandler(scs[i].EventHandler)
 			scs[i].PacketConnConfigs = []turn.PacketConnConfig{{
-				PacketConn: &fallback.ListenerConn{PacketConn: d.traffic.ListenerConn(l.Name, chans.ListenerSocket(conn)),
-					Counters: d.counters, Channels: chans, NoShortcut: cfg.NoShortcut},
+				PacketConn: guards[i].PacketConn(&fallback.ListenerConn{PacketConn: d.traffic.ListenerConn(l.Name, chans.ListenerSocket(conn)),
+					Counters: d.counters, Channels: chans, NoShortcut: cfg.NoShortcut}),
 				PermissionHandler:     permit,
 				RelayAddressGenerator: gen,
 			}}
@@ -146,9 +151,14 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 			ln.Close()
 			return fmt.Errorf("listener %q: %w", l.Name, err)
 		}
+		var tlsConf *tls.Config
 		if l.Protocol == config.TLS {
-			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*l.Cert}, MinVersion: tls.VersionTLS12})
+			tlsConf = &tls.Config{Certificates: []tls.Certificate{*l.Cert}, MinVersion: tls.VersionTLS12}
 		}
+		// Connection caps, deadlines and bounded frames (connlimit): pion
+		// has none, and anyone can connect.
+		guards = append(guards, turnguard.New(d.authenticate, &d.guarded))
+		ln = d.conns.Listener(ln, tlsConf, guards[0].Filter)
 		ln = d.traffic.Listener(l.Name, ln)
 		sc.ListenerConfigs = []turn.ListenerConfig{{
 			Listener:              ln,
@@ -166,6 +176,8 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		ls.quotas = append(ls.quotas, qs)
 		scs[i].QuotaHandler = d.quotaHandler(qs)
 		scs[i].EventHandler = d.withQuota(qs, scs[i].EventHandler)
+		guards[i].MaxChannels = cfg.MaxChannels
+		scs[i].EventHandler = guards[i].Hooks(scs[i].EventHandler)
 		// Outermost, so that every hook above sees one allocation per
 		// five-tuple at a time.
 		scs[i].EventHandler = new(replacements).wrap(scs[i].EventHandler)

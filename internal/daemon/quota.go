@@ -7,6 +7,7 @@ import (
 
 	"github.com/pion/turn/v4"
 
+	"github.com/l7mp/stunnerd-xdp/internal/metrics"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
 )
 
@@ -15,6 +16,13 @@ func (d *Daemon) Quota() quota.Stats {
 	st := d.quota.Stats()
 	st.PermissionsRefused = d.perms.Refused()
 	return st
+}
+
+// Guards returns the counts of the TCP and TLS connection limits and of the
+// request checks in front of pion (turnguard).
+func (d *Daemon) Guards() metrics.Guards {
+	return metrics.Guards{Conns: d.conns.Stats(), WrongCredentials: d.guarded.WrongCredentials.Load(),
+		StaleNonces: d.guarded.StaleNonces.Load(), ChannelsRefused: d.guarded.ChannelsRefused.Load()}
 }
 
 // quotaLimits are the configured quotas.

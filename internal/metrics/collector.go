@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
 	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
@@ -39,6 +40,16 @@ type Source interface {
 	Traffic() *Traffic
 	// Quota is the allocation quotas' counts.
 	Quota() quota.Stats
+	// Guards are the counts of the checks in front of pion: the TCP and TLS
+	// connection limits and the per-allocation request checks.
+	Guards() Guards
+}
+
+// Guards are what the connection limits and the request checks refused.
+type Guards struct {
+	Conns connlimit.Stats
+	// WrongCredentials got 441, StaleNonces 438, ChannelsRefused 508.
+	WrongCredentials, StaleNonces, ChannelsRefused uint64
 }
 
 // NewRegistry returns a registry with STUNner's series, the fast path's, and
@@ -67,7 +78,8 @@ type collector struct {
 	attached, mirrorEvents, mirrorErrors, drift    *prometheus.Desc
 	mode, label, steering, userspace, full         *prometheus.Desc
 	refused, permRefused, userRateLimited          *prometheus.Desc
-	shortcut, ttlExpired                           *prometheus.Desc
+	shortcut, ttlExpired, tcpConns, tcpRefused     *prometheus.Desc
+	tcpClosed, oversized, requestsRefused          *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -96,7 +108,17 @@ func newCollector(src Source) *collector {
 			"Permissions (CreatePermission, ChannelBind) refused because the allocation holds --max-permissions peers.", nil, nil),
 		userRateLimited: prometheus.NewDesc("stunnerd_xdp_userspace_rate_limited_total",
 			"Datagrams pion's relay sockets dropped over the allocation rate limit (--max-alloc-pps/-bps; the XDP program counts its own as verdict rate_limited).", nil, nil),
-		full: prometheus.NewDesc("stunnerd_xdp_bindings_full_total", "Channel bindings the full XDP maps refused (--max-bindings).", nil, nil),
+		full:     prometheus.NewDesc("stunnerd_xdp_bindings_full_total", "Channel bindings the full XDP maps refused (--max-bindings).", nil, nil),
+		tcpConns: prometheus.NewDesc("stunnerd_xdp_tcp_connections", "Open TURN-TCP and TURN-TLS connections.", nil, nil),
+		tcpRefused: prometheus.NewDesc("stunnerd_xdp_tcp_connections_refused_total",
+			"TURN-TCP and TURN-TLS connections reset at accept, by the cap reached: total (--max-tcp-conns) or source (--max-tcp-conns-per-source).", []string{"cap"}, nil),
+		tcpClosed: prometheus.NewDesc("stunnerd_xdp_tcp_connections_timed_out_total",
+			"TURN-TCP and TURN-TLS connections closed at a timeout: handshake (--tls-handshake-timeout), frame (--tcp-frame-timeout), idle (--tcp-idle-timeout).", []string{"timeout"}, nil),
+		oversized: prometheus.NewDesc("stunnerd_xdp_tcp_oversized_frames_total",
+			"Frames over 1,599 bytes on TURN-TCP and TURN-TLS connections, discarded as they arrived (pion discards them too).", nil, nil),
+		requestsRefused: prometheus.NewDesc("stunnerd_xdp_requests_refused_total",
+			"TURN requests refused before pion/turn saw them, by reason: wrong_credentials (441: another user's credentials on an allocation), "+
+				"stale_nonce (438: a nonce over 600 s old), channel_limit (508: --max-channels).", []string{"reason"}, nil),
 		shortcut: prometheus.NewDesc("stunnerd_xdp_userspace_shortcut_packets_total",
 			"Client-to-peer ChannelData datagrams the read loops relayed on pion/turn's channels without its per-datagram handling (--channeldata-shortcut); a part of the userspace path's packets.", nil, nil),
 		ttlExpired: prometheus.NewDesc("stunnerd_xdp_userspace_ttl_expired_total",
@@ -105,7 +127,8 @@ func newCollector(src Source) *collector {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited, c.shortcut, c.ttlExpired} {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited, c.shortcut, c.ttlExpired,
+		c.tcpConns, c.tcpRefused, c.tcpClosed, c.oversized, c.requestsRefused} {
 		ch <- d
 	}
 }
@@ -204,6 +227,17 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, c.refused, q.Refused[r], r.String())
 	}
 	counter(ch, c.permRefused, q.PermissionsRefused)
+	g := c.src.Guards()
+	gauge(ch, c.tcpConns, float64(g.Conns.Open))
+	counter(ch, c.tcpRefused, g.Conns.RefusedTotal, "total")
+	counter(ch, c.tcpRefused, g.Conns.RefusedSource, "source")
+	counter(ch, c.tcpClosed, g.Conns.HandshakeTimeouts, "handshake")
+	counter(ch, c.tcpClosed, g.Conns.FrameTimeouts, "frame")
+	counter(ch, c.tcpClosed, g.Conns.IdleTimeouts, "idle")
+	counter(ch, c.oversized, g.Conns.OversizedFrames)
+	counter(ch, c.requestsRefused, g.WrongCredentials, "wrong_credentials")
+	counter(ch, c.requestsRefused, g.StaleNonces, "stale_nonce")
+	counter(ch, c.requestsRefused, g.ChannelsRefused, "channel_limit")
 	for reason, n := range c.src.UserspaceBindings() {
 		gauge(ch, c.userspace, float64(n), reason)
 	}

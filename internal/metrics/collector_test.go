@@ -35,6 +35,7 @@ func (s *mirrorSource) NodeLabel() nodelabel.State            { return nodelabel
 func (s *mirrorSource) Steering() (*handover.Stats, error)    { return nil, nil }
 func (s *mirrorSource) Traffic() *Traffic                     { return s.traffic }
 func (s *mirrorSource) Quota() quota.Stats                    { return quota.Stats{} }
+func (s *mirrorSource) Guards() Guards                        { return Guards{} }
 func (s *mirrorSource) MirrorStats() (mirror.Stats, int) {
 	_, chans := s.m.Counts()
 	return s.m.Stats(), chans

@@ -1,0 +1,181 @@
+package turnguard
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/pion/stun/v3"
+	"github.com/pion/turn/v4"
+)
+
+const realm = "test"
+
+// server is a pion/turn server on loopback with the Guard in front, as the
+// daemon runs it.
+func server(t *testing.T) (*Guard, net.Addr) {
+	t.Helper()
+	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := turn.GenerateAuthKey("alice", realm, "a")
+	auth := func(user, _ string, _ net.Addr) ([]byte, bool) { return key, user == "alice" }
+	g := New(auth, nil)
+	srv, err := turn.NewServer(turn.ServerConfig{Realm: realm, AuthHandler: auth, EventHandler: g.Hooks(turn.EventHandler{}),
+		PacketConnConfigs: []turn.PacketConnConfig{{PacketConn: g.PacketConn(c),
+			RelayAddressGenerator: &turn.RelayAddressGeneratorStatic{RelayAddress: net.IPv4(127, 0, 0, 1), Address: "127.0.0.1"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return g, c.LocalAddr()
+}
+
+func exchange(t *testing.T, c net.PacketConn, to net.Addr, setters ...stun.Setter) *stun.Message {
+	t.Helper()
+	m := stun.MustBuild(append([]stun.Setter{stun.TransactionID}, setters...)...)
+	if _, err := c.WriteTo(m.Raw, to); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 1500)
+	for {
+		n, _, err := c.ReadFrom(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := &stun.Message{Raw: append([]byte(nil), buf[:n]...)}
+		if res.Decode() == nil && res.TransactionID == m.TransactionID {
+			return res
+		}
+	}
+}
+
+func code(m *stun.Message) stun.ErrorCode {
+	var e stun.ErrorCodeAttribute
+	if m.Type.Class != stun.ClassErrorResponse || e.GetFrom(m) != nil {
+		return 0
+	}
+	return e.Code
+}
+
+// A nonce pion hands out is refused with 438 once NonceLifetime has passed
+// (pion accepts it for an hour), and accepted before; the 438 carries a fresh
+// nonce, with which the request succeeds.
+func TestNonceExpires(t *testing.T) {
+	g, addr := server(t)
+	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	res := exchange(t, c, addr, stun.NewType(stun.MethodAllocate, stun.ClassRequest))
+	var nonce stun.Nonce
+	if code(res) != stun.CodeUnauthorized || nonce.GetFrom(res) != nil {
+		t.Fatalf("first Allocate: %v", res)
+	}
+	issued := time.Now()
+	auth := func(n stun.Nonce) []stun.Setter {
+		return []stun.Setter{stun.NewUsername("alice"), stun.NewRealm(realm), n, stun.NewLongTermIntegrity("alice", realm, "a"), stun.Fingerprint}
+	}
+	alloc := append([]stun.Setter{stun.NewType(stun.MethodAllocate, stun.ClassRequest),
+		stun.RawAttribute{Type: stun.AttrRequestedTransport, Value: []byte{17, 0, 0, 0}}}, auth(nonce)...)
+	if res := exchange(t, c, addr, alloc...); res.Type.Class != stun.ClassSuccessResponse {
+		t.Fatalf("Allocate with a fresh nonce: %v", res)
+	}
+	refresh := func(n stun.Nonce) *stun.Message {
+		return exchange(t, c, addr, append([]stun.Setter{stun.NewType(stun.MethodRefresh, stun.ClassRequest)}, auth(n)...)...)
+	}
+	g.Now = func() time.Time { return issued.Add(8 * time.Minute) }
+	if res := refresh(nonce); res.Type.Class != stun.ClassSuccessResponse {
+		t.Fatalf("Refresh with an 8-minute-old nonce: %v, want a success", res)
+	}
+	g.Now = func() time.Time { return issued.Add(NonceLifetime + time.Second) }
+	res = refresh(nonce)
+	var fresh stun.Nonce
+	if code(res) != stun.CodeStaleNonce || fresh.GetFrom(res) != nil {
+		t.Fatalf("Refresh with a nonce older than %v: %v, want 438 Stale Nonce", NonceLifetime, res)
+	}
+	g.Now = time.Now
+	if res := refresh(fresh); res.Type.Class != stun.ClassSuccessResponse {
+		t.Fatalf("Refresh with the 438's nonce: %v", res)
+	}
+	if stale := g.Counts().StaleNonces.Load(); stale != 1 {
+		t.Fatalf("%d stale nonces counted, want 1", stale)
+	}
+	if g.Allocations() != 1 {
+		t.Fatalf("the guard knows %d allocations, want 1", g.Allocations())
+	}
+}
+
+// An allocation binds at most MaxChannels channels: a ChannelBind for one
+// more gets 508 (pion would bind up to 0x7FFF-0x4000), a refresh of a bound
+// one passes, and another allocation has its own count.
+func TestChannelLimit(t *testing.T) {
+	g, addr := server(t)
+	g.MaxChannels = 2
+	allocate := func() (net.PacketConn, stun.Nonce) {
+		c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		res := exchange(t, c, addr, stun.NewType(stun.MethodAllocate, stun.ClassRequest))
+		var nonce stun.Nonce
+		if nonce.GetFrom(res) != nil {
+			t.Fatalf("first Allocate: %v", res)
+		}
+		if res := exchange(t, c, addr, stun.NewType(stun.MethodAllocate, stun.ClassRequest),
+			stun.RawAttribute{Type: stun.AttrRequestedTransport, Value: []byte{17, 0, 0, 0}},
+			stun.NewUsername("alice"), stun.NewRealm(realm), nonce, stun.NewLongTermIntegrity("alice", realm, "a"), stun.Fingerprint); res.Type.Class != stun.ClassSuccessResponse {
+			t.Fatalf("Allocate: %v", res)
+		}
+		return c, nonce
+	}
+	bind := func(c net.PacketConn, nonce stun.Nonce, ch uint16) *stun.Message {
+		peer := stun.XORMappedAddress{IP: net.IPv4(192, 0, 2, 1), Port: int(ch)}
+		return exchange(t, c, addr, stun.NewType(stun.MethodChannelBind, stun.ClassRequest),
+			stun.RawAttribute{Type: stun.AttrChannelNumber, Value: []byte{byte(ch >> 8), byte(ch), 0, 0}},
+			stun.RawAttribute{Type: stun.AttrXORPeerAddress, Value: xorPeer(t, peer)},
+			stun.NewUsername("alice"), stun.NewRealm(realm), nonce, stun.NewLongTermIntegrity("alice", realm, "a"), stun.Fingerprint)
+	}
+	c, nonce := allocate()
+	for ch := uint16(0x4000); ch < 0x4002; ch++ {
+		if res := bind(c, nonce, ch); res.Type.Class != stun.ClassSuccessResponse {
+			t.Fatalf("ChannelBind %#x: %v", ch, res)
+		}
+	}
+	res := bind(c, nonce, 0x4002)
+	if code(res) != stun.CodeInsufficientCapacity {
+		t.Fatalf("a third channel: %v, want 508", res)
+	}
+	if err := stun.NewLongTermIntegrity("alice", realm, "a").Check(res); err != nil {
+		t.Errorf("the 508 carries no integrity: %v", err)
+	}
+	if res := bind(c, nonce, 0x4001); res.Type.Class != stun.ClassSuccessResponse {
+		t.Fatalf("a refresh of a bound channel: %v", res)
+	}
+	other, nonce2 := allocate()
+	if res := bind(other, nonce2, 0x4000); res.Type.Class != stun.ClassSuccessResponse {
+		t.Fatalf("another allocation's first channel: %v", res)
+	}
+	if refused := g.Counts().ChannelsRefused.Load(); refused != 1 {
+		t.Fatalf("%d ChannelBinds refused, want 1", refused)
+	}
+}
+
+// xorPeer is the value of an XOR-PEER-ADDRESS attribute for a.
+func xorPeer(t *testing.T, a stun.XORMappedAddress) []byte {
+	t.Helper()
+	m := new(stun.Message)
+	m.TransactionID = [stun.TransactionIDSize]byte{}
+	if err := a.AddToAs(m, stun.AttrXORPeerAddress); err != nil {
+		t.Fatal(err)
+	}
+	v, err := m.Get(stun.AttrXORPeerAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
