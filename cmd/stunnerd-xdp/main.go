@@ -11,10 +11,8 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"net/url"
 	"os"
 	"path"
-	"strconv"
 	"strings"
 	"time"
 
@@ -33,13 +31,16 @@ const usageHead = `stunnerd-xdp: a TURN server (pion/turn) whose UDP ChannelData
 a drop-in dataplane for STUNner (it answers to the name stunnerd as well).
 
 Usage:
-  stunnerd-xdp [flags] turn://USER:PASS@ADDR:PORT
-  stunnerd-xdp [flags] -c ORIGIN [-w] [-i NAMESPACE/NAME]
+  stunnerd-xdp [flags] turn://USER:PASS@ADDR:PORT[?transport=udp|tcp]
+  stunnerd-xdp [flags] turns://USER:PASS@ADDR:PORT    (TLS, a self-signed certificate)
+  stunnerd-xdp [flags] [-c ORIGIN] [-w] [-i NAMESPACE/NAME]
   stunnerd-xdp probe [--health-socket PATH] live|ready|status
 
-ORIGIN (-c, or $STUNNER_CONFIG_ORIGIN) is where STUNner's dataplane config
-(version v1) comes from: the operator's config discovery service as IP:PORT,
-HOST:PORT, http(s):// or ws(s)://, which serves the gateway NAMESPACE/NAME (-i,
+ORIGIN (-c, or $STUNNER_CONFIG_ORIGIN; default :13478, as stunnerd's) is where
+STUNner's dataplane config (version v1 or v1alpha1; $VARIABLES expanded but in
+the credentials) comes from: the operator's config discovery service as
+IP:PORT, HOST:PORT, http(s):// or ws(s):// (--cds-ca and --cds-cert/--cds-key
+for TLS), which serves the gateway NAMESPACE/NAME (-i,
 or $STUNNER_NAMESPACE/$STUNNER_NAME) for the node $STUNNER_NODENAME; or a file
 as file://PATH or a plain PATH. With -w the config is watched: the daemon starts
 unready and serves from the first valid config, a change reloads it without
@@ -94,6 +95,12 @@ type options struct {
 	labelNode bool
 	watch     bool
 	set       map[string]bool // flags given on the command line
+	// cds is how the config discovery service is found and trusted;
+	// ignoredK8s names the Kubernetes client flags given (not used here).
+	cds        cdsOptions
+	ignoredK8s []string
+	// defaultOrigin says the origin is stunnerd's default, none being given.
+	defaultOrigin bool
 }
 
 // prefixList is a repeatable flag of CIDR prefixes or addresses.
@@ -202,11 +209,13 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig `FILE` for --node-name outside a cluster (default: in-cluster config)")
 	fs.BoolVar(&o.version, "version", false, "print the version (set by the build: release tag or VCS revision) and exit")
 	fs.DurationVar(&o.gracePeriod, "grace-period", time.Hour, "on SIGTERM or SIGINT, how long to drain: new allocations are refused,\nlive ones keep relaying until they end or this runs out; a second signal exits at once")
+	addStunnerdFlags(fs, &o)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usageHead)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	err := fs.Parse(args)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, fs, err
 		}
@@ -244,13 +253,23 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 			o.nodeName, o.labelNode = o.cdsNode, true
 		}
 	}
+	o.ignoredK8s = ignoredK8sFlags(fs)
 	switch {
-	case o.watch && o.configOrigin == "":
-		return o, fs, fmt.Errorf("%w: -w needs a config origin (-c or $STUNNER_CONFIG_ORIGIN)", errUsage)
-	case o.configOrigin == "" && fs.NArg() != 1:
-		return o, fs, fmt.Errorf("%w: need a TURN URI, like turn://user:pass@10.0.0.1:3478, or a config origin (-c or $STUNNER_CONFIG_ORIGIN; see --help)", errUsage)
+	case fs.NArg() > 1:
+		return o, fs, fmt.Errorf("%w: one TURN URI at most, like turn://user:pass@10.0.0.1:3478 (see --help)", errUsage)
 	case o.configOrigin != "" && fs.NArg() != 0:
 		return o, fs, fmt.Errorf("%w: a TURN URI and a config origin (-c or $STUNNER_CONFIG_ORIGIN) exclude each other", errUsage)
+	case o.configOrigin == "" && fs.NArg() == 0:
+		// As stunnerd: the config discovery service on this host.
+		o.configOrigin, o.defaultOrigin = stunnerdDefaultOrigin, true
+	}
+	if o.configOrigin == "k8s" {
+		if o.configOrigin, err = k8sOrigin(o.cds); err != nil {
+			return o, fs, err
+		}
+	}
+	if (o.cds.cert == "") != (o.cds.key == "") {
+		return o, fs, fmt.Errorf("%w: --cds-cert and --cds-key go together", errUsage)
 	}
 	return o, fs, nil
 }
@@ -285,14 +304,28 @@ func run(args []string, stderr io.Writer) int {
 
 // buildConfig turns the flags and the URI into a daemon configuration.
 func buildConfig(o options, uri string) (daemon.Config, error) {
-	listen, user, pass, err := parseURI(uri)
+	u, err := parseURI(uri)
 	if err != nil {
 		return daemon.Config{}, err
 	}
 	cfg, err := flagsConfig(o)
-	cfg.Listen = listen
-	cfg.Users = map[string]string{user: pass}
-	return cfg, err
+	if err != nil {
+		return cfg, err
+	}
+	if u.proto == config.UDP {
+		cfg.Listen = u.addr
+	} else {
+		l := config.ResolvedListener{Name: "default", Protocol: u.proto, Addr: u.addr}
+		if u.proto == config.TLS {
+			// As stunnerd: a self-signed certificate for a TLS URI.
+			if l.Cert, err = selfSigned(); err != nil {
+				return cfg, err
+			}
+		}
+		cfg.Listeners = []config.ResolvedListener{l}
+	}
+	cfg.Users = map[string]string{u.user: u.pass}
+	return cfg, nil
 }
 
 // flagsConfig turns the flags into a daemon configuration without listeners
@@ -384,39 +417,4 @@ func podAddr() netip.Addr {
 		}
 	}
 	return netip.Addr{}
-}
-
-// parseURI reads turn://USER:PASS@ADDR:PORT[?transport=udp].
-func parseURI(s string) (netip.AddrPort, string, string, error) {
-	var zero netip.AddrPort
-	u, err := url.Parse(s)
-	if err != nil {
-		return zero, "", "", fmt.Errorf("TURN URI %q: %w", s, err)
-	}
-	if u.Scheme != "turn" {
-		return zero, "", "", fmt.Errorf("TURN URI %q: scheme must be turn (turns/TLS is not served)", s)
-	}
-	if t := u.Query().Get("transport"); t != "" && !strings.EqualFold(t, "udp") {
-		return zero, "", "", fmt.Errorf("TURN URI %q: transport %q is not supported, only udp", s, t)
-	}
-	if u.User == nil || u.User.Username() == "" {
-		return zero, "", "", fmt.Errorf("TURN URI %q: no user, want turn://USER:PASS@ADDR:PORT", s)
-	}
-	pass, ok := u.User.Password()
-	if !ok || pass == "" {
-		return zero, "", "", fmt.Errorf("TURN URI %q: no password, want turn://USER:PASS@ADDR:PORT", s)
-	}
-	host, portStr := u.Hostname(), u.Port()
-	if portStr == "" {
-		portStr = "3478"
-	}
-	port, err := strconv.ParseUint(portStr, 10, 16)
-	if err != nil || port == 0 {
-		return zero, "", "", fmt.Errorf("TURN URI %q: invalid port %q", s, portStr)
-	}
-	addr, err := netip.ParseAddr(host)
-	if err != nil {
-		return zero, "", "", fmt.Errorf("TURN URI %q: address %q must be an IP address: %w", s, host, err)
-	}
-	return netip.AddrPortFrom(addr, uint16(port)), u.User.Username(), pass, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"crypto/x509"
 	"io"
 	"net/netip"
 	"runtime"
@@ -9,20 +10,30 @@ import (
 	"testing"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 )
 
 func TestParseURI(t *testing.T) {
 	for _, c := range []struct {
 		uri, listen, user, pass, err string
+		proto                        config.Protocol
 	}{
 		{uri: "turn://user1:passwd1@10.0.0.1:3478", listen: "10.0.0.1:3478", user: "user1", pass: "passwd1"},
 		{uri: "turn://u:p@0.0.0.0:3479?transport=udp", listen: "0.0.0.0:3479", user: "u", pass: "p"},
 		{uri: "turn://u:p@10.0.0.1", listen: "10.0.0.1:3478", user: "u", pass: "p"},
 		{uri: "turn://u:p@[fd00::1]:3478", listen: "[fd00::1]:3478", user: "u", pass: "p"},
 		{uri: "turn://u:p%40x@10.0.0.1:3478", listen: "10.0.0.1:3478", user: "u", pass: "p@x"},
-		{uri: "turns://u:p@10.0.0.1:5349", err: "scheme must be turn"},
-		{uri: "turn://u:p@10.0.0.1:3478?transport=tcp", err: "transport"},
+		// Every protocol stunnerd's URIs name (its uri.go).
+		{uri: "turn://u:p@10.0.0.1:3478?transport=tcp", listen: "10.0.0.1:3478", user: "u", pass: "p", proto: config.TCP},
+		{uri: "turns://u:p@10.0.0.1:5349", listen: "10.0.0.1:5349", user: "u", pass: "p", proto: config.TLS},
+		{uri: "turns://u:p@10.0.0.1", listen: "10.0.0.1:443", user: "u", pass: "p", proto: config.TLS},
+		{uri: "turn://u:p@10.0.0.1:5349?transport=tls", listen: "10.0.0.1:5349", user: "u", pass: "p", proto: config.TLS},
+		{uri: "turns://u:p@10.0.0.1:5349?transport=tcp", listen: "10.0.0.1:5349", user: "u", pass: "p", proto: config.TLS},
+		{uri: "turns://u:p@10.0.0.1:5349?transport=udp", err: "DTLS is not served"},
+		{uri: "turn://u:p@10.0.0.1:5349?transport=dtls", err: "DTLS is not served"},
+		{uri: "turn://u:p@10.0.0.1:3478?transport=sctp", err: "transport"},
+		{uri: "stun://u:p@10.0.0.1:3478", err: "scheme"},
 		{uri: "turn://10.0.0.1:3478", err: "no user"},
 		{uri: "turn://u@10.0.0.1:3478", err: "no password"},
 		{uri: "turn://u:p@example.com:3478", err: "must be an IP address"},
@@ -30,7 +41,7 @@ func TestParseURI(t *testing.T) {
 		{uri: "turn://u:p@10.0.0.1:70000", err: "invalid port"},
 	} {
 		t.Run(c.uri, func(t *testing.T) {
-			listen, user, pass, err := parseURI(c.uri)
+			u, err := parseURI(c.uri)
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("error %v, want one containing %q", err, c.err)
@@ -40,10 +51,29 @@ func TestParseURI(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if listen != netip.MustParseAddrPort(c.listen) || user != c.user || pass != c.pass {
-				t.Fatalf("got %v %q %q", listen, user, pass)
+			if c.proto == "" {
+				c.proto = config.UDP
+			}
+			if u.addr != netip.MustParseAddrPort(c.listen) || u.user != c.user || u.pass != c.pass || u.proto != c.proto {
+				t.Fatalf("got %+v", u)
 			}
 		})
+	}
+}
+
+// A TLS URI serves a self-signed certificate, as stunnerd's does.
+func TestTLSURIConfig(t *testing.T) {
+	o := options{log: "all:INFO", logFormat: "text", realm: "r", xdpMode: "auto", minPort: 49152, maxPort: 65535, maxBindings: 1024}
+	cfg, err := buildConfig(o, "turns://u:p@127.0.0.1:5349")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Listeners) != 1 || cfg.Listeners[0].Protocol != config.TLS || cfg.Listeners[0].Cert == nil || cfg.Users["u"] != "p" {
+		t.Fatalf("%+v", cfg.Listeners)
+	}
+	leaf, err := x509.ParseCertificate(cfg.Listeners[0].Cert.Certificate[0])
+	if err != nil || leaf.Subject.CommonName != "localhost" {
+		t.Fatalf("certificate: %v %v", leaf, err)
 	}
 }
 
@@ -108,7 +138,6 @@ func TestUsageAndBadInvocations(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{
-		{},
 		{"turn://u:p@10.0.0.1:3478", "extra"},
 		{"--log=all:LOUD", "turn://u:p@10.0.0.1:3478"},
 		{"--log-format=xml", "turn://u:p@10.0.0.1:3478"},

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -43,11 +46,49 @@ type origin struct {
 	cds  *url.URL // the CDS server's base URL (http or https)
 }
 
+// String is the origin for logs and errors: credentials in the URL redacted.
 func (o origin) String() string {
 	if o.cds != nil {
-		return o.cds.String()
+		return redactURL(o.cds)
 	}
 	return "file://" + o.file
+}
+
+// redacted stands for credentials in what is logged.
+const redacted = "REDACTED"
+
+// redactURL is u without its credentials (user and password, which the
+// client sends as basic auth) and query (a token may be there).
+func redactURL(u *url.URL) string {
+	c := *u
+	if c.User != nil {
+		c.User = url.User(redacted)
+	}
+	if c.RawQuery != "" {
+		c.RawQuery = redacted
+	}
+	return c.String()
+}
+
+// userinfo is the user[:password]@ of a URL written as a string.
+var userinfo = regexp.MustCompile(`(?i)^([a-z][a-z0-9+.-]*://)[^/?#]*@`)
+
+// redactURI is s, a URL or URI as given, without its credentials: for
+// errors about a string that may not even parse.
+func redactURI(s string) string {
+	if u, err := url.Parse(s); err == nil && u.Host != "" {
+		return redactURL(u)
+	}
+	return userinfo.ReplaceAllString(s, "${1}"+redacted+"@")
+}
+
+// urlError is err without the URL url.Parse puts in it (it may hold a
+// password).
+func urlError(err error) error {
+	if ue, ok := err.(*url.Error); ok {
+		return ue.Err
+	}
+	return err
 }
 
 // parseOrigin reads -c/--config or STUNNER_CONFIG_ORIGIN as stunnerd does:
@@ -65,7 +106,7 @@ func parseOrigin(s string) (origin, error) {
 	if scheme, _, ok := strings.Cut(s, "://"); ok {
 		u, err := url.Parse(s)
 		if err != nil {
-			return origin{}, fmt.Errorf("config origin %q: %w", s, err)
+			return origin{}, fmt.Errorf("config origin %q: %w", redactURI(s), urlError(err))
 		}
 		switch strings.ToLower(scheme) {
 		case "http", "ws":
@@ -73,10 +114,10 @@ func parseOrigin(s string) (origin, error) {
 		case "https", "wss":
 			u.Scheme = "https"
 		default:
-			return origin{}, fmt.Errorf("config origin %q: scheme %q, want http(s), ws(s) or file", s, scheme)
+			return origin{}, fmt.Errorf("config origin %q: scheme %q, want http(s), ws(s) or file", redactURI(s), scheme)
 		}
 		if u.Host == "" {
-			return origin{}, fmt.Errorf("config origin %q: no host", s)
+			return origin{}, fmt.Errorf("config origin %q: no host", redactURI(s))
 		}
 		u.Path, u.RawQuery = "", ""
 		return origin{cds: u}, nil
@@ -104,7 +145,46 @@ type cdsClient struct {
 	namespace, name string
 	node            string
 	http            *http.Client
-	log             *slog.Logger
+	// tls is the https/wss client's configuration (nil: Go's default).
+	tls *tls.Config
+	log *slog.Logger
+}
+
+// cdsMaxConfig bounds a config read from the discovery service, over HTTP
+// and as a websocket message: a STUNner config is kilobytes (tens with TLS
+// certificates); a server that sends more is not one to take configs from,
+// and must not be able to make the daemon buffer without end.
+const cdsMaxConfig = 4 << 20
+
+// errConfigTooLarge is a config over cdsMaxConfig.
+var errConfigTooLarge = fmt.Errorf("config larger than %d bytes", cdsMaxConfig)
+
+// cdsTLS builds the config discovery client's TLS configuration from
+// --cds-ca, --cds-cert and --cds-key; nil when none is given.
+func cdsTLS(c cdsOptions) (*tls.Config, error) {
+	if c.ca == "" && c.cert == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.ca != "" {
+		pemBytes, err := os.ReadFile(c.ca)
+		if err != nil {
+			return nil, fmt.Errorf("--cds-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pemBytes) {
+			return nil, fmt.Errorf("--cds-ca %s: no PEM certificate in it", c.ca)
+		}
+		cfg.RootCAs = pool
+	}
+	if c.cert != "" {
+		cert, err := tls.LoadX509KeyPair(c.cert, c.key)
+		if err != nil {
+			return nil, fmt.Errorf("--cds-cert/--cds-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
 }
 
 func (c *cdsClient) url(watch bool) *url.URL {
@@ -128,17 +208,23 @@ func (c *cdsClient) get(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	server := redactURL(c.base)
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("CDS %s: %w", c.base, err)
+		// net/http's error names the URL with the password masked, but the
+		// user and the query in clear: only the cause.
+		return nil, fmt.Errorf("CDS %s: %w", server, urlError(err))
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, cdsMaxConfig+1))
 	if err != nil {
-		return nil, fmt.Errorf("CDS %s: %w", c.base, err)
+		return nil, fmt.Errorf("CDS %s: %w", server, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("CDS %s: %s: %s", c.base, resp.Status, bytes.TrimSpace(b))
+		return nil, fmt.Errorf("CDS %s: %s: %.200s", server, resp.Status, bytes.TrimSpace(b))
+	}
+	if len(b) > cdsMaxConfig {
+		return nil, fmt.Errorf("CDS %s: %w", server, errConfigTooLarge)
 	}
 	return b, nil
 }
@@ -155,7 +241,7 @@ func (c *cdsClient) watch(ctx context.Context, out chan []byte) {
 		if served {
 			backoff = cdsMinBackoff
 		}
-		c.log.Warn("config discovery connection lost, reconnecting", "server", c.base.String(), "error", fmt.Sprint(err), "in", backoff.String())
+		c.log.Warn("config discovery connection lost, reconnecting", "server", redactURL(c.base), "error", fmt.Sprint(urlError(err)), "in", backoff.String())
 		select {
 		case <-ctx.Done():
 			return
@@ -173,7 +259,7 @@ func (c *cdsClient) stream(ctx context.Context, out chan []byte) (served bool, e
 	u := c.url(true)
 	// The server's origin check wants an http:// origin of its own host.
 	hdr := http.Header{"Origin": {(&url.URL{Scheme: c.base.Scheme, Host: c.base.Host}).String()}}
-	d := websocket.Dialer{HandshakeTimeout: 10 * time.Second, Proxy: http.ProxyFromEnvironment}
+	d := websocket.Dialer{HandshakeTimeout: 10 * time.Second, Proxy: http.ProxyFromEnvironment, TLSClientConfig: c.tls}
 	conn, resp, err := d.DialContext(ctx, u.String(), hdr)
 	if resp != nil && resp.Body != nil {
 		resp.Body.Close()
@@ -182,7 +268,10 @@ func (c *cdsClient) stream(ctx context.Context, out chan []byte) (served bool, e
 		return false, err
 	}
 	defer conn.Close()
-	c.log.Info("connected to the config discovery server", "url", u.String())
+	// A message over the limit fails the read (websocket.ErrReadLimit) and
+	// the connection, which is retried with backoff.
+	conn.SetReadLimit(cdsMaxConfig)
+	c.log.Info("connected to the config discovery server", "url", redactURL(u))
 
 	done := make(chan struct{})
 	defer close(done)

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +20,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
+	"github.com/l7mp/stunnerd-xdp/internal/status"
 )
 
 // runURI serves the one listener of a TURN URI.
@@ -29,8 +32,13 @@ func runURI(o options, cfg daemon.Config, stderr io.Writer) int {
 	}
 	cfg.Logger = logger
 	log := logger.Slog("stunnerd-xdp")
+	warnStunnerdFlags(o, log)
 	if o.dryRun {
-		log.Info("dry run: the command line is valid", "listener", cfg.Listen.String())
+		listener := cfg.Listen.String()
+		if len(cfg.Listeners) == 1 {
+			listener = fmt.Sprintf("%s %v", cfg.Listeners[0].Protocol, cfg.Listeners[0].Addr)
+		}
+		log.Info("dry run: the command line is valid", "listener", listener)
 		return 0
 	}
 	d, err := daemon.Start(cfg)
@@ -115,8 +123,13 @@ func runOrigin(o options, stderr io.Writer, sigs chan os.Signal) int {
 		return 2
 	}
 	log := logger.Slog("stunnerd-xdp")
+	warnStunnerdFlags(o, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	if o.id == "" {
+		host, _ := os.Hostname()
+		o.id = "default/stunnerd-" + host // stunnerd's default
+	}
 	configs := make(chan []byte, 1)
 	if org.file != "" {
 		b, err := os.ReadFile(org.file)
@@ -133,18 +146,26 @@ func runOrigin(o options, stderr io.Writer, sigs chan os.Signal) int {
 			go watchFile(ctx, org.file, b, configs)
 		}
 	} else {
-		if o.id == "" {
-			host, _ := os.Hostname()
-			o.id = "default/stunnerd-" + host // stunnerd's default
-		}
 		ns, name, err := parseID(o.id)
 		if err != nil {
 			fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
 			return 2
 		}
-		c := &cdsClient{base: org.cds, namespace: ns, name: name, node: o.cdsNode,
-			http: &http.Client{Timeout: 10 * time.Second}, log: logger.Slog("cds")}
-		log.Info("config discovery", "server", org.cds.String(), "id", o.id, "node", o.cdsNode, "watch", o.watch)
+		tlsCfg, err := cdsTLS(o.cds)
+		if err != nil {
+			fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
+			return 2
+		}
+		if tlsCfg != nil && org.cds.Scheme != "https" {
+			fmt.Fprintf(stderr, "stunnerd-xdp: --cds-ca/--cds-cert are for an https:// or wss:// config origin, not %s\n", org)
+			return 2
+		}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = tlsCfg
+		c := &cdsClient{base: org.cds, namespace: ns, name: name, node: o.cdsNode, tls: tlsCfg,
+			http: &http.Client{Timeout: 10 * time.Second, Transport: tr}, log: logger.Slog("cds")}
+		log.Info("config discovery", "server", org.String(), "id", o.id, "node", o.cdsNode, "watch", o.watch,
+			"ca", cmp.Or(o.cds.ca, "system"), "client-cert", o.cds.cert != "")
 		if o.watch {
 			go c.watch(ctx, configs)
 		} else {
@@ -156,8 +177,8 @@ func runOrigin(o options, stderr io.Writer, sigs chan os.Signal) int {
 			configs <- b
 		}
 	}
-	a := &applier{o: o, logger: logger, log: log, warned: map[string]bool{},
-		dns: config.NewDNSCache(net.DefaultResolver)}
+	a := &applier{o: o, logger: logger, log: log, warned: map[string]bool{}, from: org.String(),
+		dns: config.NewDNSCache(net.DefaultResolver), boot: bootstrapHealth{name: o.id}}
 	if o.dryRun {
 		return a.dryRun(<-configs)
 	}
@@ -207,6 +228,7 @@ type applier struct {
 	log    *slog.Logger
 	d      *daemon.Daemon
 	boot   bootstrapHealth
+	from   string // the origin, credentials redacted
 	dns    *config.DNSCache
 	// last is the last config applied, before DNS resolution; lastCfg after.
 	last    *config.Resolved
@@ -251,6 +273,7 @@ func (a *applier) apply(b []byte) error {
 			a.log.Warn("config: " + w)
 		}
 	}
+	a.log.Info("config received", "from", a.from, "gateway", r.Name, "listeners", len(r.Listeners), "version", r.Source.APIVersion)
 	a.cancelRetry() // a new config replaces the one that could not start
 	a.last = r
 	return a.run(r, true)
@@ -272,6 +295,20 @@ func (a *applier) run(r *config.Resolved, fresh bool) error {
 	}
 	if !fresh && slices.EqualFunc(cfg.Listeners, a.lastCfg.Listeners, equalPolicy) {
 		return nil // a DNS refresh that changed nothing
+	}
+	if len(cfg.Listeners) == 0 {
+		// stunnerd runs such a config serving nothing (and closes what it
+		// served); the daemon needs a listener: before the first config it
+		// waits unready, after it the running listeners stay.
+		if a.d == nil {
+			a.log.Warn("config: no listeners to serve: waiting for a config with one, unready")
+			if !a.o.watch {
+				return fmt.Errorf("%w: no listeners to serve, and without -w no other config follows", errUsage)
+			}
+			return nil
+		}
+		a.log.Error("config reload", "result", "rejected: no listeners; the running listeners stay (stunnerd would close them)")
+		return fmt.Errorf("%w: no listeners", errUsage)
 	}
 	if fresh && !a.o.set["log"] && !a.o.verbose {
 		if err := a.logger.SetLevels(r.LogLevel); err != nil {
@@ -413,7 +450,8 @@ func equalPolicy(x, y config.ResolvedListener) bool {
 // ready (stunnerd's zero config). Its TCP port is the daemon's, so a busy one
 // is retried as the daemon does.
 type bootstrapHealth struct {
-	e *daemon.Endpoints
+	e    *daemon.Endpoints
+	name string // the gateway's NAMESPACE/NAME, as /status names it
 }
 
 func (b *bootstrapHealth) start(addr, sock string, log *slog.Logger) error {
@@ -422,13 +460,16 @@ func (b *bootstrapHealth) start(addr, sock string, log *slog.Logger) error {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"status":"live"}` + "\n"))
 	})
-	waiting := func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = w.Write([]byte(`{"status":"waiting for a config"}` + "\n"))
-	}
-	mux.HandleFunc("/ready", waiting)
-	mux.HandleFunc("/status", waiting)
+	})
+	// stunnerd answers /status from its zero config: 200, NOT-READY.
+	mux.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(status.Waiting(b.name))
+	})
 	b.e = daemon.NewEndpoints(log)
 	if err := b.e.ServeTCP(addr, podAddr(), mux, "health"); err != nil {
 		b.stop()
@@ -445,5 +486,17 @@ func (b *bootstrapHealth) stop() {
 	if b.e != nil {
 		b.e.Close()
 		b.e = nil
+	}
+}
+
+// warnStunnerdFlags says what became of stunnerd's flags this daemon does not
+// use, and where the config comes from when nothing said.
+func warnStunnerdFlags(o options, log *slog.Logger) {
+	if len(o.ignoredK8s) > 0 {
+		log.Warn("ignoring stunnerd's Kubernetes client flags: they find the config discovery pod for -c k8s, "+
+			"which this daemon does not do (give -c the service's address, or --cds-server-address)", "flags", strings.Join(o.ignoredK8s, ","))
+	}
+	if o.defaultOrigin {
+		log.Info("no TURN URI and no config origin (-c, $STUNNER_CONFIG_ORIGIN): loading from stunnerd's default", "origin", stunnerdDefaultOrigin)
 	}
 }

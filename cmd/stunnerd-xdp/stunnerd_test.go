@@ -98,7 +98,6 @@ func TestStunnerdBadInput(t *testing.T) {
 		env  map[string]string
 		want string
 	}{
-		{[]string{"-w"}, nil, "needs a config origin"},
 		{[]string{"--udp-thread-num=-1", "turn://u:p@10.0.0.1:3478"}, nil, "udp-thread-num"},
 		{[]string{"--udp-thread-num=many", "turn://u:p@10.0.0.1:3478"}, nil, "udp-thread-num"},
 		{[]string{"-c", "k8s"}, nil, "STUNNER_CONFIG_ORIGIN"},

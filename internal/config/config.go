@@ -11,6 +11,7 @@
 package config
 
 import (
+	"cmp"
 	"crypto/tls"
 	"encoding/base64"
 	"errors"
@@ -71,6 +72,8 @@ type Listener struct {
 	Cert       string   `json:"cert,omitempty"`
 	Key        string   `json:"key,omitempty"`
 	Routes     []string `json:"routes,omitempty"`
+	// rawAddr is Addr as the document wrote it, before $VARIABLE expansion.
+	rawAddr string
 }
 
 // Cluster is a set of peers clients may reach through the listeners routing to it.
@@ -104,6 +107,10 @@ const (
 	DefaultPort        = 3478
 	DefaultMetricsAddr = ":8080"
 	DefaultHealthAddr  = ":8086"
+	// DefaultHealthEndpoint is STUNner's healthcheck_endpoint default.
+	DefaultHealthEndpoint = "http://:8086"
+	DefaultMetricsPort    = "8080"
+	DefaultHealthPort     = "8086"
 )
 
 // Resolved is a validated configuration in the daemon's terms.
@@ -161,6 +168,9 @@ type ResolvedListener struct {
 	PeerPorts []Endpoint
 	// DNSNames are the STRICT_DNS endpoints the listener routes to.
 	DNSNames []string
+	// SkippedRoutes name the clusters the listener routes to that the config
+	// does not define: skipped, as stunnerd skips them.
+	SkippedRoutes []string
 	// Clusters are the clusters the listener routes to, in route order: the
 	// metrics count a peer's traffic under the first that has it.
 	Clusters []ResolvedCluster
@@ -198,17 +208,55 @@ func (l ResolvedListener) SameSocket(o ResolvedListener) bool {
 var ErrZeroConfig = errors.New("zero config (the gateway is deleted, or not rendered yet)")
 
 // Parse decodes a YAML or JSON configuration and resolves it. Unknown fields
-// are warnings (Resolved.Warnings), not errors. $VARIABLES in listener
-// addresses are expanded from the environment, as STUNner's $STUNNER_ADDR. A
-// zero config is ErrZeroConfig.
+// are warnings (Resolved.Warnings), not errors. $VARIABLES anywhere in the
+// document but the credentials are expanded from the environment before it is
+// decoded, as stunnerd's ParseConfig does ($STUNNER_PORT defaults to
+// $STUNNER_PUBLIC_PORT, else 3478). A zero config is ErrZeroConfig.
 func Parse(b []byte) (*Resolved, error) {
+	return ParseEnv(b, os.LookupEnv)
+}
+
+// ParseEnv is Parse with the environment given as a lookup function.
+func ParseEnv(b []byte, lookup func(string) (string, bool)) (*Resolved, error) {
+	// What the expansion must not touch, read from the document as written:
+	// the credentials (a password may hold a '$'), and the listener addresses,
+	// to tell an unset $STUNNER_ADDR from an address left out. A lenient
+	// shape: the document as written may have $VARIABLES in typed fields
+	// (`port: $STUNNER_PORT`, as STUNner's own sample has).
+	var raw struct {
+		Auth struct {
+			Credentials map[string]any `json:"credentials"`
+		} `json:"auth"`
+		Listeners []struct {
+			Addr any `json:"address"`
+		} `json:"listeners"`
+	}
+	if err := yaml.Unmarshal(b, &raw); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	b = []byte(Expand(string(b), lookup))
 	var s Stunner
 	if err := yaml.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("decode: %w", err)
+		return nil, fmt.Errorf("decode (after $VARIABLE expansion): %w", err)
 	}
 	var generic any
 	if err := yaml.Unmarshal(b, &generic); err != nil {
 		return nil, fmt.Errorf("decode: %w", err)
+	}
+	for k, v := range raw.Auth.Credentials {
+		if str, ok := v.(string); ok {
+			if s.Auth.Credentials == nil {
+				s.Auth.Credentials = map[string]string{}
+			}
+			s.Auth.Credentials[k] = str
+		}
+	}
+	if len(raw.Listeners) == len(s.Listeners) {
+		for i, l := range raw.Listeners {
+			if a, ok := l.Addr.(string); ok {
+				s.Listeners[i].rawAddr = a
+			}
+		}
 	}
 	unknown := unknownFields(generic, reflect.TypeOf(s), "")
 	if s.isZero() {
@@ -222,6 +270,29 @@ func Parse(b []byte) (*Resolved, error) {
 		r.Warnings = append(r.Warnings, fmt.Sprintf("unknown field %s: ignored (a newer STUNner's?)", f))
 	}
 	return r, nil
+}
+
+// Expand replaces $VAR and ${VAR} in s from lookup as stunnerd does (an unset
+// variable is empty), with $STUNNER_PORT defaulted as stunnerd defaults it:
+// when unset or not a number, $STUNNER_PUBLIC_PORT if that is a number, else
+// 3478.
+func Expand(s string, lookup func(string) (string, bool)) string {
+	return os.Expand(s, func(k string) string {
+		v, _ := lookup(k)
+		if k != "STUNNER_PORT" || isDigits(v) {
+			return v
+		}
+		if p, ok := lookup("STUNNER_PUBLIC_PORT"); ok {
+			if _, err := strconv.Atoi(p); err == nil {
+				return p
+			}
+		}
+		return strconv.Itoa(DefaultPort)
+	})
+}
+
+func isDigits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
 }
 
 // isZero tells the zero config (client.ZeroConfig in STUNner) from a real one.
@@ -290,8 +361,14 @@ const (
 
 // Resolve validates the configuration and turns it into daemon terms.
 func (s *Stunner) Resolve() (*Resolved, error) {
-	if s.APIVersion != "v1" {
-		return nil, fmt.Errorf("version %q is not supported, want v1", s.APIVersion)
+	switch s.APIVersion {
+	case "v1":
+	case "v1alpha1":
+		// stunnerd converts v1alpha1 (its own sample config's version) to
+		// v1: the same fields; the auth types plaintext and longterm, which
+		// Auth.resolve reads as static and ephemeral.
+	default:
+		return nil, fmt.Errorf("version %q is not supported, want v1 or v1alpha1", s.APIVersion)
 	}
 	r := &Resolved{Name: s.Admin.Name, LogLevel: s.Admin.LogLevel, OffloadEngine: s.Admin.OffloadEngine, Source: s}
 	if r.LogLevel == "" {
@@ -299,12 +376,16 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 	}
 	warn := func(format string, args ...any) { r.Warnings = append(r.Warnings, fmt.Sprintf(format, args...)) }
 	var err error
-	if r.MetricsAddr, err = endpointAddr(s.Admin.MetricsEndpoint, DefaultMetricsAddr, "admin.metrics_endpoint"); err != nil {
+	// As stunnerd: no metrics_endpoint is no metrics (the operator renders
+	// one only for a Dataplane with enableMetricsEndpoint); no
+	// healthcheck_endpoint is http://:8086, an empty one is none; a URL
+	// without a port has the default one.
+	if r.MetricsAddr, err = endpointAddr(s.Admin.MetricsEndpoint, DefaultMetricsPort, "admin.metrics_endpoint"); err != nil {
 		return nil, err
 	}
 	health := DefaultHealthAddr
 	if s.Admin.HealthCheckEndpoint != nil {
-		if health, err = endpointAddr(*s.Admin.HealthCheckEndpoint, "", "admin.healthcheck_endpoint"); err != nil {
+		if health, err = endpointAddr(*s.Admin.HealthCheckEndpoint, DefaultHealthPort, "admin.healthcheck_endpoint"); err != nil {
 			return nil, err
 		}
 	}
@@ -386,14 +467,39 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 		if seen[rl.Name] {
 			return nil, fmt.Errorf("listener %q: defined twice", rl.Name)
 		}
+		for _, route := range rl.SkippedRoutes {
+			warn("listener %q: route to cluster %q, which the config does not define: skipped, as stunnerd does", rl.Name, route)
+		}
 		seen[rl.Name] = true
 		r.Listeners = append(r.Listeners, rl)
 	}
 	if len(r.Listeners) == 0 {
-		return nil, errors.New("no listeners")
+		// stunnerd runs such a config, serving nothing; it is a warning here
+		// too, and the daemon waits for one with a listener (see ErrNoListeners).
+		warn("no listeners this dataplane can serve: nothing to serve")
+	}
+	if n := udpPorts(r.Listeners); n > MaxUDPPorts {
+		return nil, fmt.Errorf("%d TURN-UDP listener ports: at most %d (the XDP program's listener-port table, "+
+			"MAX_LISTENER_PORTS in bpf/consts.h, has %d slots, and a port outside it would be relayed "+
+			"as no listener's); split the listeners over Gateways", n, MaxUDPPorts, MaxUDPPorts)
 	}
 	sort.Slice(r.Listeners, func(i, j int) bool { return r.Listeners[i].Name < r.Listeners[j].Name })
 	return r, nil
+}
+
+// MaxUDPPorts is how many distinct TURN-UDP listener ports one daemon serves:
+// the slots of the XDP program's listener-port table (bpf/consts.h).
+const MaxUDPPorts = 8
+
+// udpPorts counts the distinct ports of the UDP listeners.
+func udpPorts(ls []ResolvedListener) int {
+	ports := map[uint16]bool{}
+	for _, l := range ls {
+		if l.Protocol == UDP {
+			ports[l.Addr.Port()] = true
+		}
+	}
+	return len(ports)
 }
 
 // cluster is a resolved cluster: STATIC endpoints or STRICT_DNS names.
@@ -449,17 +555,18 @@ func (l Listener) resolve(clusters map[string]cluster) (ResolvedListener, error)
 	default:
 		return r, fmt.Errorf("unknown protocol %q", l.Protocol)
 	}
-	addrStr := os.ExpandEnv(l.Addr)
-	if addrStr == "" && l.Addr != "" {
-		// An unset $STUNNER_ADDR must not quietly become a wildcard.
-		return r, fmt.Errorf("address %q expands to nothing: is the variable set?", l.Addr)
+	addrStr := strings.TrimSpace(l.Addr)
+	if addrStr == "" && strings.TrimSpace(l.rawAddr) != "" {
+		// An unset $STUNNER_ADDR must not quietly become a wildcard
+		// (stunnerd would listen on 0.0.0.0 here).
+		return r, fmt.Errorf("address %q expands to nothing: is the variable set?", l.rawAddr)
 	}
 	if addrStr == "" {
 		addrStr = "0.0.0.0"
 	}
 	addr, err := netip.ParseAddr(addrStr)
 	if err != nil {
-		return r, fmt.Errorf("address %q (from %q) is not an IP address", addrStr, l.Addr)
+		return r, fmt.Errorf("address %q (from %q) is not an IP address", addrStr, cmp.Or(l.rawAddr, l.Addr))
 	}
 	port := l.Port
 	if port == 0 {
@@ -481,7 +588,11 @@ func (l Listener) resolve(clusters map[string]cluster) (ResolvedListener, error)
 	for _, route := range l.Routes {
 		c, ok := clusters[route]
 		if !ok {
-			return r, fmt.Errorf("route to unknown cluster %q", route)
+			// stunnerd's permission handler skips a route whose cluster is
+			// not there (the operator renders routes before their clusters
+			// exist): the listener admits the peers of the others.
+			r.SkippedRoutes = append(r.SkippedRoutes, route)
+			continue
 		}
 		for _, e := range c.static {
 			r.AllowPeers = append(r.AllowPeers, e.Prefix)
@@ -541,10 +652,11 @@ func ParseEndpoint(s string) (Endpoint, error) {
 // portRange is STUNner's endpoint port-range suffix (internal/util.ParseEndpoint).
 var portRange = regexp.MustCompile(`^(.*):<([0-9]+)-([0-9]+)>$`)
 
-// endpointAddr turns "http://:8080/metrics" into ":8080"; empty means off.
-func endpointAddr(ep, def, field string) (string, error) {
+// endpointAddr turns "http://:8080/metrics" into ":8080", and a URL without a
+// port into the one with defPort; empty means off.
+func endpointAddr(ep, defPort, field string) (string, error) {
 	if ep == "" {
-		return def, nil
+		return "", nil
 	}
 	u, err := url.Parse(ep)
 	if err != nil || u.Scheme != "http" || u.Host == "" {
@@ -555,7 +667,7 @@ func endpointAddr(ep, def, field string) (string, error) {
 	}
 	host, port := u.Hostname(), u.Port()
 	if port == "" {
-		return "", fmt.Errorf("%s %q: missing port", field, ep)
+		port = defPort
 	}
 	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
 		return "", fmt.Errorf("%s %q: bad port", field, ep)

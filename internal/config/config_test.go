@@ -84,7 +84,7 @@ func TestParseJSONAndDefaults(t *testing.T) {
 	l := r.Listeners[0]
 	if r.Auth.Type != AuthStatic || r.Auth.Realm != DefaultRealm || l.Protocol != UDP ||
 		l.Addr != netip.MustParseAddrPort("0.0.0.0:3478") || len(l.AllowPeers) != 0 ||
-		r.MetricsAddr != DefaultMetricsAddr || r.HealthAddr != DefaultHealthAddr || r.LogLevel != "all:INFO" {
+		r.MetricsAddr != "" || r.HealthAddr != DefaultHealthAddr || r.LogLevel != "all:INFO" {
 		t.Errorf("defaults: %+v %+v", r, l)
 	}
 	// An empty healthcheck_endpoint turns health off, as in STUNner.
@@ -128,8 +128,7 @@ func TestErrors(t *testing.T) {
 	l := `"listeners":[{"name":"l"}]`
 	for _, c := range []struct{ name, doc, want string }{
 		{"not yaml", `version: [`, "decode"},
-		{"version", `{"version":"v1alpha1",` + auth + `,` + l + `}`, "version"},
-		{"no listeners", `{"version":"v1",` + auth + `}`, "no listeners"},
+		{"version", `{"version":"v2",` + auth + `,` + l + `}`, "version"},
 		{"no credentials", `{"version":"v1","auth":{"credentials":{"username":"u"}},` + l + `}`, "password"},
 		{"no secret", `{"version":"v1","auth":{"type":"ephemeral","credentials":{}},` + l + `}`, "secret"},
 		{"auth none", `{"version":"v1","auth":{"type":"none","credentials":{}},` + l + `}`, "open relay"},
@@ -142,14 +141,16 @@ func TestErrors(t *testing.T) {
 		{"port", `{"version":"v1",` + auth + `,"listeners":[{"name":"a","port":70000}]}`, "port"},
 		{"tls without cert", `{"version":"v1",` + auth + `,"listeners":[{"name":"a","protocol":"TLS"}]}`, "cert and key"},
 		{"cert on udp", `{"version":"v1",` + auth + `,"listeners":[{"name":"a","cert":"eA=="}]}`, "TURN-TLS"},
-		{"unknown route", `{"version":"v1",` + auth + `,"listeners":[{"name":"a","routes":["nope"]}]}`, "unknown cluster"},
 		{"strict dns address", `{"version":"v1",` + auth + `,` + l + `,"clusters":[{"name":"c","type":"STRICT_DNS","endpoints":["10.0.0.1"]}]}`, "want a DNS name"},
 		{"cluster type", `{"version":"v1",` + auth + `,` + l + `,"clusters":[{"name":"c","type":"EDS"}]}`, "unknown type"},
 		{"cluster protocol", `{"version":"v1",` + auth + `,` + l + `,"clusters":[{"name":"c","protocol":"SCTP"}]}`, "unknown protocol"},
 		{"port range order", `{"version":"v1",` + auth + `,` + l + `,"clusters":[{"name":"c","endpoints":["10.0.0.1:<6000-5000>"]}]}`, "port range"},
 		{"port range zero", `{"version":"v1",` + auth + `,` + l + `,"clusters":[{"name":"c","endpoints":["10.0.0.1:<0-5000>"]}]}`, "port range"},
 		{"port range big", `{"version":"v1",` + auth + `,` + l + `,"clusters":[{"name":"c","endpoints":["10.0.0.1:<1-70000>"]}]}`, "port range"},
-		{"only dtls", `{"version":"v1",` + auth + `,"listeners":[{"name":"d","protocol":"TURN-DTLS"}]}`, "no listeners"},
+		{"nine udp ports", `{"version":"v1",` + auth + `,"listeners":[{"name":"a1","port":4001},{"name":"a2","port":4002},{"name":"a3","port":4003},` +
+			`{"name":"a4","port":4004},{"name":"a5","port":4005},{"name":"a6","port":4006},{"name":"a7","port":4007},{"name":"a8","port":4008},` +
+			`{"name":"a9","port":4009}]}`, "MAX_LISTENER_PORTS"},
+		{"metrics port", `{"version":"v1","admin":{"metrics_endpoint":"http://:x/metrics"},` + auth + `,` + l + `}`, "http://"},
 		{"endpoint", `{"version":"v1",` + auth + `,` + l + `,"clusters":[{"name":"c","endpoints":["peer.svc"]}]}`, "neither an address"},
 		{"host bits", `{"version":"v1",` + auth + `,` + l + `,"clusters":[{"name":"c","endpoints":["10.0.0.1/8"]}]}`, "host bits"},
 		{"metrics path", `{"version":"v1","admin":{"metrics_endpoint":"http://:8080/stats"},` + auth + `,` + l + `}`, "path"},

@@ -157,3 +157,17 @@ func OffloadString(engine string, ifaces []string) string {
 	}
 	return fmt.Sprintf("%s[%s]", engine, list)
 }
+
+// Waiting is /status before the first config: what stunnerd reports while it
+// runs its zero config (client.ZeroConfig: the gateway's name, static dummy
+// credentials, no listeners or clusters), NOT-READY.
+func Waiting(name string) Status {
+	health := config.DefaultHealthEndpoint
+	st := New(Input{Version: "v1", Source: &config.Stunner{
+		APIVersion: "v1",
+		Admin:      config.Admin{Name: name, LogLevel: "all:INFO", HealthCheckEndpoint: &health},
+		Auth:       config.Auth{Type: "static", Realm: config.DefaultRealm, Credentials: map[string]string{}},
+	}, Offload: OffloadString("None", nil)})
+	st.Status = NotReady
+	return st
+}

@@ -60,3 +60,17 @@ func TestNewReportsKernelStats(t *testing.T) {
 		t.Errorf("draining: status %q", st.Status)
 	}
 }
+
+// TestWaiting: before the first config, /status is STUNner's zero-config
+// status, NOT-READY, with no credentials.
+func TestWaiting(t *testing.T) {
+	st := Waiting("ns/gw")
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status != NotReady || st.Admin.Name != "ns/gw" || st.Version != "v1" || st.Auth.Type != "static" ||
+		len(st.Listeners) != 0 || len(st.Clusters) != 0 || strings.Contains(string(b), "dummy") {
+		t.Errorf("%s", b)
+	}
+}
