@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/pion/turn/v4"
 
@@ -36,8 +37,9 @@ func newAuthState(cfg Config, lf *logging.Factory) *authState {
 		a.keys[u] = turn.GenerateAuthKey(u, cfg.Realm, p)
 	}
 	if cfg.Secret != "" {
-		// It logs every malformed or expired username: rate-limited.
-		a.rest = turn.LongTermTURNRESTAuthHandler(cfg.Secret, lf.LimitedFactory().NewLogger("auth"))
+		// stunnerd's username forms (USER:EXPIRY too); it logs every
+		// malformed or expired username: rate-limited.
+		a.rest = restAuthHandler(cfg.Secret, time.Now, lf.Limited("auth"))
 	}
 	return a
 }

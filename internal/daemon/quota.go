@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"net"
-	"strings"
 	"time"
 
 	"github.com/pion/turn/v4"
@@ -31,12 +30,12 @@ func (c *Config) quotaLimits() quota.Limits {
 }
 
 // userID is the identity a user quota counts: the username, or for ephemeral
-// (TURN REST API) credentials, "EXPIRY:USERID", the user-id after the expiry,
-// so that fresh credentials for one user-id share its quota (as STUNner's
-// UserQuota does).
+// (TURN REST API) credentials, EXPIRY:USERID or USERID:EXPIRY, the user-id
+// beside the expiry (ephemeralUsername), so that fresh credentials for one
+// user-id share its quota (as STUNner's UserQuota does for EXPIRY:USERID).
 func (a *authState) userID(username string) string {
 	if a.rest != nil {
-		if _, id, ok := strings.Cut(username, ":"); ok {
+		if _, id, ok := ephemeralUsername(username); ok {
 			return id
 		}
 	}
