@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -187,5 +188,20 @@ func TestFromConfig(t *testing.T) {
 	r.XDPMode = "auto" // as Auto, XDP or TC in the config
 	if cfg, _ := fromConfig(o, r); requestedMode(cfg) != "off" {
 		t.Errorf("--xdp-mode=off lost to the config: %s", cfg.XDPMode)
+	}
+	// offload_interfaces: given, the interfaces XDP attaches to; empty
+	// (STUNner's "all"), the daemon's default; --xdp-iface wins.
+	for _, c := range []struct {
+		config, flag, want []string
+	}{
+		{[]string{"eth1", "eth2"}, nil, []string{"eth1", "eth2"}},
+		{nil, nil, nil},
+		{[]string{"eth1"}, []string{"--xdp-iface=eth9"}, []string{"eth9"}},
+	} {
+		o, _, _ := parseFlags(append([]string{"-c", "x.conf"}, c.flag...), &out)
+		r.Interfaces = c.config
+		if cfg, err := fromConfig(o, r); err != nil || !slices.Equal(cfg.Interfaces, c.want) {
+			t.Errorf("offload_interfaces %v, flags %v: interfaces %v, want %v (%v)", c.config, c.flag, cfg.Interfaces, c.want, err)
+		}
 	}
 }
