@@ -95,7 +95,7 @@ bench: tools $(BIN)/stunnerd $(BIN)/stunnerd-v1.2.1 ## (root) stunnerd-xdp vs it
 	BENCH=full $(GO) test ./bench -run '^TestBench$$' -v -count=1 -timeout 40m
 
 bench-smoke: tools $(BIN)/stunnerd $(BIN)/stunnerd-v1.2.1 ## (root) a tiny run of every benchmark stage (~1 min); fails if a report row is missing
-	BENCH=smoke $(GO) test ./bench -run '^TestBench$$' -v -count=1 -timeout 5m
+	BENCH=smoke $(GO) test ./bench -run '^TestBench$$' -v -count=1 -timeout 10m
 
 demo: build tools ## (root) relay iperf through turncat and stunnerd-xdp with XDP in network namespaces
 	$(GO) run ./test/demo --daemon $(BIN)/stunnerd-xdp --turncat $(BIN)/turncat

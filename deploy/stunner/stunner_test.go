@@ -107,11 +107,12 @@ func TestHelmValues(t *testing.T) {
 					Image struct {
 						Name, Tag, PullPolicy string
 					} `json:"image"`
-					Command                       []string `json:"command"`
-					Args                          []string `json:"args"`
-					HostNetwork                   bool     `json:"hostNetwork"`
-					TerminationGracePeriodSeconds int      `json:"terminationGracePeriodSeconds"`
-					EnableMetricsEndpoint         bool     `json:"enableMetricsEndpoint"`
+					Command                       []string                `json:"command"`
+					Args                          []string                `json:"args"`
+					HostNetwork                   bool                    `json:"hostNetwork"`
+					TerminationGracePeriodSeconds int                     `json:"terminationGracePeriodSeconds"`
+					EnableMetricsEndpoint         bool                    `json:"enableMetricsEndpoint"`
+					ContainerSecurityContext      *corev1.SecurityContext `json:"containerSecurityContext"`
 				} `json:"spec"`
 			} `json:"dataplane"`
 		} `json:"stunnerGatewayOperator"`
@@ -123,6 +124,16 @@ func TestHelmValues(t *testing.T) {
 	if !slices.Equal(s.Command, operatorCommand) || !slices.Equal(s.Args, operatorArgs) || !s.HostNetwork ||
 		s.Image.Name != "ghcr.io/l7mp/stunnerd-xdp" || v.StunnerGatewayOperator.Dataplane.Mode != "managed" {
 		t.Errorf("values %+v", v)
+	}
+	// Without the capabilities the daemon serves from userspace only.
+	sc := s.ContainerSecurityContext
+	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.Capabilities == nil {
+		t.Fatalf("values: containerSecurityContext %+v, want root with BPF, NET_ADMIN, PERFMON", sc)
+	}
+	for _, c := range []corev1.Capability{"BPF", "NET_ADMIN", "PERFMON"} {
+		if !slices.Contains(sc.Capabilities.Add, c) {
+			t.Errorf("values: containerSecurityContext lacks capability %s", c)
+		}
 	}
 }
 
