@@ -68,7 +68,7 @@
 //     datagram): it passes untouched, for the stack to segment. Only packets
 //     (from the IP header on) longer than MTUCheckAbove are measured, against
 //     Interface.Caps.MTU; with no Caps every such packet passes.
-// 10. The TC engine (ProcessTC) relays the same bindings by the same rules on the
+//  10. The TC engine (ProcessTC) relays the same bindings by the same rules on the
 //     skb path, with what the skb path changes: every egress the FIB gives is
 //     reachable (the devmap is not consulted); an skb holding several datagrams
 //     (GSO) passes, and so does one whose VLAN tag the device took off (the
