@@ -83,6 +83,10 @@ type Program struct {
 	// keeps the program's next-hop cache valid.
 	fibStop  chan struct{}
 	watching bool
+	// fibMu orders the watcher's calls against Close: a call in flight
+	// finishes before the maps close, and none runs after (fibClosed).
+	fibMu     sync.Mutex
+	fibClosed bool
 	// caps keeps dev_caps true for the attachments' namespace (started
 	// with the first attachment).
 	caps *devCaps
@@ -449,6 +453,11 @@ func (p *Program) fibChangedLocked() {
 	}
 	fibGen := p.objs.FibGen
 	err := WatchFIB(p.fibStop, func() {
+		p.fibMu.Lock()
+		defer p.fibMu.Unlock()
+		if p.fibClosed {
+			return // its goroutines may outlive the stop by one call
+		}
 		if err := bpf.EnableFibGen(fibGen); err != nil {
 			p.log.Warn("cannot invalidate the next-hop cache; turning it off", "error", err)
 			_ = bpf.DisableFibGen(fibGen)
@@ -486,6 +495,9 @@ func (p *Program) Close() error {
 		close(p.fibStop)
 		p.watching = false
 	}
+	p.fibMu.Lock()
+	p.fibClosed = true
+	p.fibMu.Unlock()
 	if p.caps != nil {
 		p.caps.close()
 		p.caps = nil

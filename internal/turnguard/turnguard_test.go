@@ -2,6 +2,7 @@ package turnguard
 
 import (
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,9 @@ const realm = "test"
 
 // server is a pion/turn server on loopback with the Guard in front, as the
 // daemon runs it.
+// clockOffset moves the Guards' clock in tests.
+var clockOffset atomic.Int64
+
 func server(t *testing.T) (*Guard, net.Addr) {
 	t.Helper()
 	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
@@ -22,6 +26,9 @@ func server(t *testing.T) (*Guard, net.Addr) {
 	key := turn.GenerateAuthKey("alice", realm, "a")
 	auth := func(user, _ string, _ net.Addr) ([]byte, bool) { return key, user == "alice" }
 	g := New(auth, nil)
+	// The clock tests move: an offset read atomically, since the server's
+	// goroutines read it and UDP gives the race detector no order.
+	g.Now = func() time.Time { return time.Now().Add(time.Duration(clockOffset.Load())) }
 	srv, err := turn.NewServer(turn.ServerConfig{Realm: realm, AuthHandler: auth, EventHandler: g.Hooks(turn.EventHandler{}),
 		PacketConnConfigs: []turn.PacketConnConfig{{PacketConn: g.PacketConn(c),
 			RelayAddressGenerator: &turn.RelayAddressGeneratorStatic{RelayAddress: net.IPv4(127, 0, 0, 1), Address: "127.0.0.1"}}}})
@@ -76,6 +83,8 @@ func TestNonceExpires(t *testing.T) {
 		t.Fatalf("first Allocate: %v", res)
 	}
 	issued := time.Now()
+	defer clockOffset.Store(0)
+	at := func(d time.Duration) { clockOffset.Store(int64(time.Until(issued.Add(d)))) }
 	auth := func(n stun.Nonce) []stun.Setter {
 		return []stun.Setter{stun.NewUsername("alice"), stun.NewRealm(realm), n, stun.NewLongTermIntegrity("alice", realm, "a"), stun.Fingerprint}
 	}
@@ -87,17 +96,17 @@ func TestNonceExpires(t *testing.T) {
 	refresh := func(n stun.Nonce) *stun.Message {
 		return exchange(t, c, addr, append([]stun.Setter{stun.NewType(stun.MethodRefresh, stun.ClassRequest)}, auth(n)...)...)
 	}
-	g.Now = func() time.Time { return issued.Add(8 * time.Minute) }
+	at(8 * time.Minute)
 	if res := refresh(nonce); res.Type.Class != stun.ClassSuccessResponse {
 		t.Fatalf("Refresh with an 8-minute-old nonce: %v, want a success", res)
 	}
-	g.Now = func() time.Time { return issued.Add(NonceLifetime + time.Second) }
+	at(NonceLifetime + time.Second)
 	res = refresh(nonce)
 	var fresh stun.Nonce
 	if code(res) != stun.CodeStaleNonce || fresh.GetFrom(res) != nil {
 		t.Fatalf("Refresh with a nonce older than %v: %v, want 438 Stale Nonce", NonceLifetime, res)
 	}
-	g.Now = time.Now
+	clockOffset.Store(0)
 	if res := refresh(fresh); res.Type.Class != stun.ClassSuccessResponse {
 		t.Fatalf("Refresh with the 438's nonce: %v", res)
 	}
