@@ -45,3 +45,25 @@ var ReasonNames = map[bpf.RelayReason]string{
 
 // ReasonName is the metric label of Verdicts()[i].
 func ReasonName(i int) string { return ReasonNames[bpf.RelayReason(i)] }
+
+// TCReasonNames are the metric labels of the TC engine's own verdict reasons
+// (bpf/tc.h enum tc_reason); for the reasons both engines share it counts
+// under the enum reason values, named by ReasonNames.
+var TCReasonNames = map[bpf.RelayTcTcReason]string{
+	// Several datagrams in one skb (UDP GSO, GRO): the stack segments them.
+	bpf.RelayTcTcReasonTC_REASON_GSO: "pass_gso",
+	// CHECKSUM_PARTIAL for another header than the UDP one (a tunnel's).
+	bpf.RelayTcTcReasonTC_REASON_PARTIAL_ELSEWHERE: "pass_checksum_partial_elsewhere",
+	// A helper failed after the data moved: the half-rewritten skb is shot.
+	bpf.RelayTcTcReasonTC_REASON_REWRITE_FAILED: "drop_rewrite_failed",
+}
+
+// TCReasonName is the metric label of the TC engine's Verdicts()[i] (loader
+// TC.Verdicts): a shared reason's name below the TC engine's own reasons, and
+// "" for the indices between the two ranges, which the engine never counts.
+func TCReasonName(i int) string {
+	if i < int(bpf.RelayTcTcReasonTC_REASON_GSO) {
+		return ReasonName(i)
+	}
+	return TCReasonNames[bpf.RelayTcTcReason(i)]
+}

@@ -505,6 +505,10 @@ func (d *Daemon) Interfaces() []string { return d.xdp.Interfaces() }
 // Maps returns the binding maps (nil until XDP was first enabled).
 func (d *Daemon) Maps() *channelmap.Maps { return d.xdp.Maps() }
 
+// TCVerdicts returns the TC engine's verdict counters (nil while it is not
+// loaded).
+func (d *Daemon) TCVerdicts() ([]uint64, error) { return d.xdp.TCVerdicts() }
+
 // Mirror returns the mirror of pion's bindings.
 func (d *Daemon) Mirror() *mirror.Mirror { return d.mirror }
 

@@ -29,25 +29,7 @@ func TestFollowsInterfaces(t *testing.T) {
 		return
 	}
 	addr := netip.MustParseAddr("10.99.0.1")
-	addLink(t, "xv0", addr)
-	lf, err := logging.New("all:INFO", "text", t.Output())
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := Start(Config{
-		Listen:       netip.AddrPortFrom(addr, 3478),
-		Users:        map[string]string{"u": "p"},
-		RelayAddress: addr,
-		MinRelayPort: 40000, MaxRelayPort: 40999,
-		XDPMode:          loader.ModeGeneric,
-		Interfaces:       []string{"xv0"},
-		XDPRetryInterval: time.Hour,
-		Logger:           lf,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
+	d := startOnLink(t, "xv0", addr, false)
 	generic := func(iface string) map[string]string { return map[string]string{iface: string(loader.ModeGeneric)} }
 	reports(t, d, generic("xv0"))
 
@@ -76,6 +58,34 @@ func TestFollowsInterfaces(t *testing.T) {
 
 	delLink(t, "xr0")
 	reports(t, d, map[string]string{})
+}
+
+// startOnLink starts a daemon listening on addr, put on a new veth iface (see
+// addLink), with XDP in generic mode on iface and the TC engine beside it when
+// tc; the daemon closes at cleanup.
+func startOnLink(t *testing.T, iface string, addr netip.Addr, tc bool) *Daemon {
+	t.Helper()
+	addLink(t, iface, addr)
+	lf, err := logging.New("all:INFO", "text", t.Output())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Start(Config{
+		Listen:       netip.AddrPortFrom(addr, 3478),
+		Users:        map[string]string{"u": "p"},
+		RelayAddress: addr,
+		MinRelayPort: 40000, MaxRelayPort: 40999,
+		XDPMode:          loader.ModeGeneric,
+		Interfaces:       []string{iface},
+		XDPRetryInterval: time.Hour,
+		TCEngine:         tc,
+		Logger:           lf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
 }
 
 // reports checks that /status, the stunnerd_xdp_attached metric and the kernel

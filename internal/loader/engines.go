@@ -91,6 +91,11 @@ func (e *Engines) Reconfigure(cfg Config) error {
 	return e.TC.Reconfigure(e.Program)
 }
 
+// TCVerdicts returns the TC engine's verdict counters (TC.Verdicts): the
+// second engine's relays and passes, which the XDP program's counters do not
+// see.
+func (e *Engines) TCVerdicts() ([]uint64, error) { return e.TC.Verdicts() }
+
 // Close detaches both engines everywhere and frees them.
 func (e *Engines) Close() error {
 	err := e.stopTC()

@@ -22,6 +22,9 @@ type Source interface {
 	AllocationCount() int
 	// Maps are the binding maps, nil until XDP was first loaded.
 	Maps() *channelmap.Maps
+	// TCVerdicts are the TC engine's verdict counters, indexed as
+	// channelmap.TCReasonName names them; nil while the engine is not loaded.
+	TCVerdicts() ([]uint64, error)
 	// Attached is the XDP mode of every interface the program runs on.
 	Attached() map[string]loader.Mode
 	// Interfaces are the interfaces the daemon manages.
@@ -80,6 +83,7 @@ type collector struct {
 	refused, permRefused, userRateLimited          *prometheus.Desc
 	shortcut, ttlExpired, tcpConns, tcpRefused     *prometheus.Desc
 	tcpClosed, oversized, requestsRefused          *prometheus.Desc
+	tcVerdicts                                     *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -123,11 +127,14 @@ func newCollector(src Source) *collector {
 			"Client-to-peer ChannelData datagrams the read loops relayed on pion/turn's channels without its per-datagram handling (--channeldata-shortcut); a part of the userspace path's packets.", nil, nil),
 		ttlExpired: prometheus.NewDesc("stunnerd_xdp_userspace_ttl_expired_total",
 			"Datagrams the userspace path dropped, in either direction, because they arrived with a TTL (hop limit) of 1 or 0 (RFC 8656 section 14; the XDP program passes them to userspace as verdict pass_ttl_expired).", nil, nil),
+		tcVerdicts: prometheus.NewDesc("stunnerd_xdp_tc_verdicts_total",
+			"Packets seen by the TC engine, by the reason for its verdict (the XDP program's reasons, and its own: pass_gso, pass_checksum_partial_elsewhere, drop_rewrite_failed); absent while the engine is not loaded.",
+			[]string{"reason"}, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited, c.shortcut, c.ttlExpired,
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.tcVerdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited, c.shortcut, c.ttlExpired,
 		c.tcpConns, c.tcpRefused, c.tcpClosed, c.oversized, c.requestsRefused} {
 		ch <- d
 	}
@@ -167,6 +174,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(ch, c.packets, 0, "xdp", dir)
 			counter(ch, c.bytes, 0, "xdp", dir)
 		}
+	}
+
+	if v, err := c.src.TCVerdicts(); err == nil {
+		for r, n := range v {
+			// The indices between the shared reasons and the engine's own
+			// have no name: the engine never counts there.
+			if name := channelmap.TCReasonName(r); name != "" {
+				counter(ch, c.tcVerdicts, n, name)
+			}
+		}
+	} else {
+		ch <- prometheus.NewInvalidMetric(c.tcVerdicts, err)
 	}
 
 	gauge(ch, c.allocs, float64(c.src.AllocationCount()))

@@ -9,7 +9,17 @@ import (
 )
 
 // loader.Engines is a Program too: the XDP program with the TC engine beside it.
-var _ Program = (*loader.Engines)(nil)
+var _ TCProgram = (*loader.Engines)(nil)
+
+// TCProgram is a Program with the TC engine loaded beside the XDP program
+// (LoadEngines); a Program without it (LoadXDP, or a TC engine that did not
+// load) has no TC counters to report.
+type TCProgram interface {
+	Program
+	// TCVerdicts are the TC engine's verdict counters, summed over CPUs,
+	// indexed as loader.TC.Verdicts.
+	TCVerdicts() ([]uint64, error)
+}
 
 // LoadEngines is LoadXDP with the TC engine (bpf/relay_tc.c) loaded over the
 // same maps: attached wherever XDP is, and, while XDP is attached anywhere,

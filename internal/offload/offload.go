@@ -415,6 +415,17 @@ func (m *Manager) Maps() *channelmap.Maps {
 	return cm
 }
 
+// TCVerdicts returns the TC engine's verdict counters (TCProgram), nil while
+// no TC engine is loaded: never loaded, loaded without it, or closed.
+func (m *Manager) TCVerdicts() ([]uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.prog.(TCProgram); ok {
+		return p.TCVerdicts()
+	}
+	return nil, nil
+}
+
 // Interfaces returns the interfaces the manager attaches to.
 func (m *Manager) Interfaces() []string { return append([]string(nil), m.ifaces...) }
 

@@ -424,3 +424,48 @@ func TestNoInputAfterClose(t *testing.T) {
 		t.Errorf("after Close: %d loads, attached %v; want 1 load and nothing attached", f.loads, f.m.Attached())
 	}
 }
+
+// fakeEngines stands in for loader.Engines: the program with the TC engine's
+// counters.
+type fakeEngines struct {
+	*fakeProgram
+	verdicts []uint64
+}
+
+func (p *fakeEngines) TCVerdicts() ([]uint64, error) { return p.verdicts, nil }
+
+// TestTCVerdicts: the manager reports the TC engine's counters only while a
+// program with the engine is loaded: none before the load, none from a
+// program without it (LoadXDP, or the engine failed to load), none after
+// Close.
+func TestTCVerdicts(t *testing.T) {
+	f := newFixture(t, loader.ModeOff, "")
+	if v, err := f.m.TCVerdicts(); v != nil || err != nil {
+		t.Errorf("before the load: %v, %v; want nothing", v, err)
+	}
+	if err := f.m.SetLabel(nodelabel.Attach); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := f.m.TCVerdicts(); v != nil || err != nil {
+		t.Errorf("XDP alone: %v, %v; want nothing", v, err)
+	}
+
+	e := &fakeEngines{fakeProgram: &fakeProgram{attached: map[string]loader.Mode{}, busy: map[string]bool{}}, verdicts: []uint64{4, 2}}
+	m := New(Options{
+		Log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Load: func(loader.Config) (Program, mirror.Offload, error) { return e, &fakeMaps{}, nil },
+		Sink: &sink{}, Interfaces: []string{"eth0"}, Flag: loader.ModeAuto,
+	})
+	if err := m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := m.TCVerdicts(); err != nil || len(v) != 2 || v[0] != 4 || v[1] != 2 {
+		t.Errorf("with the TC engine: %v, %v; want [4 2]", v, err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := m.TCVerdicts(); v != nil || err != nil {
+		t.Errorf("after Close: %v, %v; want nothing", v, err)
+	}
+}
