@@ -8,7 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/xdpfeatures"
@@ -28,7 +28,6 @@ import (
 type devCaps struct {
 	caps, fibGen *ebpf.Map
 	log          *slog.Logger
-	ns           netns.NsHandle
 	rtnl         *netlink.Handle
 	feat         *xdpfeatures.Client // nil: the kernel reports no XDP features
 	watch        *xdpfeatures.Watcher
@@ -45,16 +44,14 @@ type devCaps struct {
 // network namespace, with modes the attachments so far. It returns once the
 // map is written and every subscription is up.
 func startDevCaps(caps, fibGen *ebpf.Map, modes map[int]Mode, log *slog.Logger) (*devCaps, error) {
-	ns, err := netns.Get()
+	// Sockets belong to the namespace of the thread that opens them: the
+	// caller's. Opening them "at" a namespace handle would setns, which
+	// needs CAP_SYS_ADMIN, beyond the DaemonSet's BPF, NET_ADMIN, PERFMON.
+	rtnl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
-		return nil, fmt.Errorf("device capabilities: network namespace: %w", err)
-	}
-	rtnl, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		ns.Close()
 		return nil, fmt.Errorf("device capabilities: netlink: %w", err)
 	}
-	d := &devCaps{caps: caps, fibGen: fibGen, log: log, ns: ns, rtnl: rtnl, stop: make(chan struct{}),
+	d := &devCaps{caps: caps, fibGen: fibGen, log: log, rtnl: rtnl, stop: make(chan struct{}),
 		kick: make(chan struct{}, 1), modes: modes, written: map[uint32]bpf.RelayDevCap{}}
 	feat, err := xdpfeatures.Dial()
 	switch {
@@ -62,7 +59,6 @@ func startDevCaps(caps, fibGen *ebpf.Map, modes map[int]Mode, log *slog.Logger) 
 		log.Warn("the kernel does not report which devices transmit XDP frames (Linux 6.3+): from natively attached interfaces nothing is redirected or sent back (XDP_TX); use --xdp-mode=generic", "error", err)
 	case err != nil:
 		rtnl.Close()
-		ns.Close()
 		return nil, fmt.Errorf("device capabilities: %w", err)
 	default:
 		d.feat = feat
@@ -73,7 +69,7 @@ func startDevCaps(caps, fibGen *ebpf.Map, modes map[int]Mode, log *slog.Logger) 
 	}
 	updates := make(chan netlink.LinkUpdate, 64)
 	done := make(chan struct{})
-	err = netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{Namespace: &d.ns,
+	err = netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
 		ErrorCallback: func(err error) { log.Debug("netlink link events for device capabilities", "error", err) }})
 	if err != nil {
 		d.close()
@@ -231,5 +227,4 @@ func (d *devCaps) close() {
 		_ = d.feat.Close()
 	}
 	d.rtnl.Close()
-	d.ns.Close()
 }

@@ -41,8 +41,9 @@ func (t *TC) discover(stop <-chan struct{}, done chan<- struct{}, patterns []str
 	}
 	updates := make(chan netlink.LinkUpdate, 256)
 	unsubscribe := make(chan struct{})
+	// The socket is made on this thread, in the caller's namespace (a
+	// Namespace option would setns, which needs CAP_SYS_ADMIN).
 	err = netlink.LinkSubscribeWithOptions(updates, unsubscribe, netlink.LinkSubscribeOptions{
-		Namespace:     &ns,
 		ErrorCallback: func(err error) { log.Debug("TC discovery: netlink link events", "error", err) },
 	})
 	if err != nil {
@@ -61,7 +62,7 @@ func (t *TC) discover(stop <-chan struct{}, done chan<- struct{}, patterns []str
 		if done != nil {
 			defer close(done)
 		}
-		if err := netns.Set(ns); err != nil {
+		if err := enterNS(ns); err != nil {
 			ready <- err
 			close(unsubscribe)
 			return
@@ -131,4 +132,20 @@ func (t *TC) forget(ifindex int) {
 		delete(t.links, ifindex)
 		_ = a.link.Close()
 	}
+}
+
+// enterNS moves the calling (locked) thread into ns unless it is there
+// already: setns needs CAP_SYS_ADMIN, which the DaemonSet does not grant, and
+// a daemon's threads all share its namespace (tests that run the engine in a
+// namespace of their own do so as root).
+func enterNS(ns netns.NsHandle) error {
+	cur, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer cur.Close()
+	if cur.Equal(ns) {
+		return nil
+	}
+	return netns.Set(ns)
 }
