@@ -15,9 +15,11 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 
+	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/internal/xdpfeatures"
 )
 
 // XDP verdicts.
@@ -126,6 +128,25 @@ func (h *harness) stageProgRun(t *testing.T) {
 			*i.idx = ifc.Index
 			// The devmap resolves the ifindex in the writer's namespace.
 			if err := prog.Maps().TxPorts.Put(uint32(ifc.Index), uint32(ifc.Index)); err != nil {
+				return err
+			}
+			// What the loader writes for a native attachment: the
+			// kernel's word on whether the veth transmits XDP frames
+			// (its far end runs XDP_PASS, so it does), and the MTU.
+			feat, err := xdpfeatures.Dial()
+			if err != nil {
+				return err
+			}
+			act, err := feat.Get(ifc.Index)
+			_ = feat.Close()
+			if err != nil {
+				return err
+			}
+			flags := bpf.RelayDevFlagDEV_ATTACHED_NATIVE
+			if act&xdpfeatures.NDOXmit != 0 {
+				flags |= bpf.RelayDevFlagDEV_XDP_XMIT | bpf.RelayDevFlagDEV_XDP_TX
+			}
+			if err := prog.Maps().DevCaps.Put(uint32(ifc.Index), bpf.RelayDevCap{Flags: flags, Mtu: uint32(ifc.MTU)}); err != nil {
 				return err
 			}
 		}
