@@ -12,12 +12,13 @@ import (
 
 const realm = "test"
 
-// server is a pion/turn server on loopback with the Guard in front, as the
-// daemon runs it.
 // clockOffset moves the Guards' clock in tests.
 var clockOffset atomic.Int64
 
-func server(t *testing.T) (*Guard, net.Addr) {
+// server is a pion/turn server on loopback with the Guard in front, as the
+// daemon runs it; configure sets the Guard's
+// limits before the server starts (its goroutines read them unsynchronised).
+func server(t *testing.T, configure ...func(*Guard)) (*Guard, net.Addr) {
 	t.Helper()
 	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
 	if err != nil {
@@ -29,6 +30,9 @@ func server(t *testing.T) (*Guard, net.Addr) {
 	// The clock tests move: an offset read atomically, since the server's
 	// goroutines read it and UDP gives the race detector no order.
 	g.Now = func() time.Time { return time.Now().Add(time.Duration(clockOffset.Load())) }
+	for _, f := range configure {
+		f(g)
+	}
 	srv, err := turn.NewServer(turn.ServerConfig{Realm: realm, AuthHandler: auth, EventHandler: g.Hooks(turn.EventHandler{}),
 		PacketConnConfigs: []turn.PacketConnConfig{{PacketConn: g.PacketConn(c),
 			RelayAddressGenerator: &turn.RelayAddressGeneratorStatic{RelayAddress: net.IPv4(127, 0, 0, 1), Address: "127.0.0.1"}}}})
@@ -122,8 +126,7 @@ func TestNonceExpires(t *testing.T) {
 // more gets 508 (pion would bind up to 0x7FFF-0x4000), a refresh of a bound
 // one passes, and another allocation has its own count.
 func TestChannelLimit(t *testing.T) {
-	g, addr := server(t)
-	g.MaxChannels = 2
+	g, addr := server(t, func(g *Guard) { g.MaxChannels = 2 })
 	allocate := func() (net.PacketConn, stun.Nonce) {
 		c, err := net.ListenPacket("udp4", "127.0.0.1:0")
 		if err != nil {
