@@ -458,6 +458,43 @@ struct input {
 	__u32 ifindex;
 };
 
+/* parse_input_v4 parses an IPv4 frame's IP and UDP headers (the cursor past
+ * Ethernet) into *in and *udp: -1, or the reason to pass. Both engines call
+ * it and parse_input_v6 on separate branches, so that each path after them is
+ * inlined once per family, specialised for it. */
+static __always_inline int parse_input_v4(struct cursor *c, struct input *in, struct udphdr **udp)
+{
+	struct iphdr *ip;
+	int r;
+	if ((r = parse_ipv4(c, &ip)) >= 0 || (r = parse_udp(c, bpf_ntohs(ip->tot_len) - sizeof(*ip), udp)) >= 0)
+		return r;
+	in->family = AF_INET;
+	in->tos = ip->tos;
+	in->ttl = ip->ttl;
+	in->l3_len = sizeof(*ip);
+	in->l3_total = bpf_ntohs(ip->tot_len);
+	addr_set_v4(&in->saddr, ip->saddr);
+	addr_set_v4(&in->daddr, ip->daddr);
+	return -1;
+}
+
+/* parse_input_v6 is parse_input_v4 for an IPv6 frame. */
+static __always_inline int parse_input_v6(struct cursor *c, struct input *in, struct udphdr **udp)
+{
+	struct ipv6hdr *ip6;
+	int r;
+	if ((r = parse_ipv6(c, &ip6)) >= 0 || (r = parse_udp(c, bpf_ntohs(ip6->payload_len), udp)) >= 0)
+		return r;
+	in->family = AF_INET6;
+	in->tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
+	in->ttl = ip6->hop_limit;
+	in->l3_len = sizeof(*ip6);
+	in->l3_total = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+	__builtin_memcpy(in->saddr.b, &ip6->saddr, 16);
+	__builtin_memcpy(in->daddr.b, &ip6->daddr, 16);
+	return -1;
+}
+
 /* pseudo_words adds an address pair of the input or output to a checksum word
  * array: 2 words for IPv4, 8 for IPv6. Returns the words written. */
 static __always_inline int pseudo_words(__be32 *w, const struct addr *s, const struct addr *d, int v4)
@@ -515,6 +552,372 @@ static __always_inline int ingress_over_mtu(const struct input *in)
 	return !d || in->l3_total > d->mtu;
 }
 
+/* The shared halves of the two engines (this file's XDP program and
+ * relay_tc.c's TC program): the binding lookups, the checks before a rewrite
+ * and the checksum word arrays. Each returns -1 to go on, else the reason to
+ * pass the packet with; each engine turns that into its own verdict. All are
+ * inlined: their out-structs live in the caller's frame and fold away. */
+
+/* c2p_mapped: IPv4-mapped addresses are not on an IPv6 wire (RFC 4291
+ * 2.5.5.2): such a source would find an IPv4 client's binding (the maps store
+ * IPv4 that way), such a destination an IPv4 listener's; the kernel gives
+ * neither to them. */
+static __always_inline int c2p_mapped(const struct input *in)
+{
+	if (in->family == AF_INET6) {
+		if (addr_is_v4(&in->saddr))
+			return REASON_NO_CHANNEL;
+		if (addr_is_v4(&in->daddr))
+			return REASON_NOT_LISTENER_ADDR;
+	}
+	return -1;
+}
+
+/* c2p_found is a client->peer binding as found. alloc_id is set on a miss
+ * only: on a hit it stays in the flow entry's second cache line, read only
+ * when a rate limit needs it (c2p_alloc_id). */
+struct c2p_found {
+	struct binding_state *st;
+	struct c2p_flow *f;
+	__u32 alloc_id;
+	__be32 peer_addr, relay_addr;
+	__be16 peer_port, relay_port;
+	int hit;
+};
+
+/* c2p_lookup finds the binding of a ChannelData message: from this CPU's flow
+ * cache while the entry stands for it, else through the destination and
+ * binding maps (and cached). The flow caches are shared by both engines:
+ * their entries describe themselves. */
+static __always_inline int c2p_lookup(const struct input *in, const struct udphdr *udp, __be16 channel, __u32 gen,
+				      struct c2p_found *b)
+{
+	__u32 binding_id;
+	b->st = 0;
+	b->f = 0;
+	b->alloc_id = 0;
+	b->hit = 0;
+	if (cfg.flow_cache && gen) {
+		__u64 h = addr_hash(addr_hash(cfg.flow_seed, &in->saddr), &in->daddr);
+		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 32) | ((__u64)udp->dest << 16) | channel));
+		b->f = bpf_map_lookup_elem(&c2p_flows, &idx);
+	}
+	struct c2p_flow *f = b->f;
+	if (f && f->fib_gen == gen && f->client_port == udp->source && f->dst_port == udp->dest && f->channel == channel &&
+	    addr_eq(&f->client_addr, &in->saddr) && addr_eq(&f->dst_addr, &in->daddr)) {
+		binding_id = f->binding_id;
+		b->st = bpf_map_lookup_elem(&binding_states, &binding_id);
+		b->hit = b->st && b->st->gen == f->gen;
+	}
+	if (b->hit) {
+		b->peer_addr = f->peer_addr;
+		b->relay_addr = f->relay_addr;
+		b->peer_port = f->peer_port;
+		b->relay_port = f->relay_port;
+		return -1;
+	}
+	/* Only what the kernel would deliver to a listener socket is a
+	 * listener's: transit traffic (the node forwards) and other listeners'
+	 * addresses are not, and must neither be relayed nor teach a reply
+	 * source. */
+	struct dst_key dk = {};
+	dk.addr = in->daddr;
+	dk.port = udp->dest;
+	struct dst_val *dst = bpf_map_lookup_elem(&listener_dsts, &dk);
+	if (!dst)
+		return REASON_NOT_LISTENER_ADDR;
+	struct c2p_key key = {};
+	key.client_addr = in->saddr;
+	key.client_port = udp->source;
+	key.channel = channel;
+	key.listener_id = dst->listener_id;
+	struct c2p_val *v = bpf_map_lookup_elem(&c2p_bindings, &key);
+	if (!v || !words_eq(&v->key, &key, sizeof(key) / 4))
+		return REASON_NO_CHANNEL;
+	barrier();
+	binding_id = v->binding_id;
+	b->alloc_id = v->alloc_id;
+	b->peer_addr = addr_v4(&v->peer_addr);
+	b->relay_addr = addr_v4(&v->relay_addr);
+	b->peer_port = v->peer_port;
+	b->relay_port = v->relay_port;
+	__u32 bgen = v->gen;
+	barrier();
+	/* Still this binding's element (see c2p_val): the loads above are in
+	 * program order on x86 (cfg.tso); elsewhere this narrows the window to
+	 * the reads themselves. */
+	if (!words_eq(&v->key, &key, sizeof(key) / 4))
+		return REASON_NO_CHANNEL;
+	b->st = bpf_map_lookup_elem(&binding_states, &binding_id);
+	/* Cached only as installed: a slot of another generation is being
+	 * taken back. */
+	if (f && b->st && b->st->gen == bgen) {
+		f->client_addr = in->saddr;
+		f->dst_addr = in->daddr;
+		f->client_port = udp->source;
+		f->dst_port = udp->dest;
+		f->channel = channel;
+		f->gen = bgen;
+		f->binding_id = binding_id;
+		f->alloc_id = b->alloc_id;
+		f->peer_addr = b->peer_addr;
+		f->relay_addr = b->relay_addr;
+		f->peer_port = b->peer_port;
+		f->relay_port = b->relay_port;
+		f->fib_gen = gen;
+	}
+	return -1;
+}
+
+/* c2p_alloc_id is the found binding's allocation, for its rate limit. */
+static __always_inline __u32 c2p_alloc_id(const struct c2p_found *b)
+{
+	return b->hit ? b->f->alloc_id : b->alloc_id;
+}
+
+/* c2p_admit is what the kernel would drop before pion saw a client's packet,
+ * and what would expire. */
+static __always_inline int c2p_admit(const struct cursor *c, const struct input *in, const struct udphdr *udp)
+{
+	if (in->family == AF_INET) {
+		struct iphdr *hdr = (void *)udp - sizeof(struct iphdr);
+		if ((void *)(hdr + 1) > c->end)
+			return REASON_MALFORMED_IP;
+		if (!ipv4_csum_ok(hdr))
+			return REASON_BAD_IP_CHECKSUM;
+	} else if (udp->check == 0) {
+		return REASON_NO_CHECKSUM;
+	}
+	if (in->ttl < MIN_RELAY_TTL)
+		return REASON_TTL_EXPIRED;
+	return -1;
+}
+
+/* learn_listener_addr learns the address the client's packets arrive at on
+ * the wire: replies must come from it (behind a DNAT it is a VIP that
+ * userspace never sees). The reply direction's next hop was resolved from
+ * the old one. */
+static __always_inline void learn_listener_addr(struct binding_state *st, const struct addr *daddr)
+{
+	if (!st || addr_eq(&st->listener_addr, daddr))
+		return;
+	st->listener_addr = *daddr;
+	bpf_spin_lock(&st->lock);
+	st->p2c_hop.seq++;
+	barrier();
+	st->p2c_hop.gen = 0;
+	barrier();
+	st->p2c_hop.seq++;
+	bpf_spin_unlock(&st->lock);
+}
+
+/* c2p_pad_sum sums the padding bytes that leave the checksum: each sits at an
+ * even or odd offset of the datagram (the data starts at an even one in both
+ * old and new). -1 when the padding is not in the packet. */
+static __always_inline int c2p_pad_sum(const struct cursor *c, __u16 data_len, __u16 pad, __u32 *sum)
+{
+	__u32 pad_sum = 0;
+	__u8 *p = c->pos;
+	p += data_len & CHANNEL_DATA_MAX_LEN;
+#pragma unroll
+	for (int i = 0; i < CHANNEL_DATA_MAX_PAD; i++) {
+		if (i < pad) {
+			if ((void *)(p + i + 1) > c->end)
+				return -1;
+			__u32 v = p[i];
+			pad_sum += ((data_len + i) & 1) ? v << 8 : v;
+		}
+	}
+	*sum = pad_sum;
+	return 0;
+}
+
+/* c2p_to_words is the relayed datagram's checksum words (4): its
+ * pseudo-header addresses, ports and lengths (pseudo header and header). */
+static __always_inline void c2p_to_words(__be32 *to, const struct rewrite *rw, __u16 new_udp_len)
+{
+	to[0] = addr_v4(&rw->saddr);
+	to[1] = addr_v4(&rw->daddr);
+	__builtin_memcpy(&to[2], &rw->sport, 2);
+	__builtin_memcpy((__u8 *)&to[2] + 2, &rw->dport, 2);
+	__builtin_memcpy(&to[3], &new_udp_len, 2);
+	__builtin_memcpy((__u8 *)&to[3] + 2, &new_udp_len, 2);
+}
+
+/* c2p_from_words is the input's checksum words that leave it: pseudo-header
+ * addresses, ports, lengths and the ChannelData header. The protocol number
+ * is in both pseudo headers and cancels. Returns the words written. */
+static __always_inline int c2p_from_words(__be32 *from, const struct input *in, const struct udphdr *udp)
+{
+	int n = pseudo_words(from, &in->saddr, &in->daddr, in->family == AF_INET);
+	__builtin_memcpy(&from[n], &udp->source, 4);
+	__builtin_memcpy(&from[n + 1], &udp->len, 2);
+	__builtin_memcpy((__u8 *)&from[n + 1] + 2, &udp->len, 2);
+	__builtin_memcpy(&from[n + 2], (__u8 *)(udp + 1), 4);
+	return n + 3;
+}
+
+/* c2p_ip4 is the relayed packet's IPv4 header: the client's (ID, DF, TOS
+ * kept) from IPv4, a fresh one from IPv6. -1 or the reason to pass. */
+static __always_inline int c2p_ip4(const struct cursor *c, const struct input *in, const struct udphdr *udp,
+				   const struct rewrite *rw, struct iphdr *ip4)
+{
+	if (in->family == AF_INET) {
+		struct iphdr *old = (void *)udp - sizeof(struct iphdr);
+		if ((void *)(old + 1) > c->end)
+			return REASON_MALFORMED_IP;
+		*ip4 = *old;
+	} else {
+		ip4->version = 4;
+		ip4->ihl = 5;
+		ip4->tos = in->tos;
+		ip4->frag_off = bpf_htons(IP_DF);
+		ip4->protocol = IPPROTO_UDP;
+	}
+	ip4->tot_len = bpf_htons(rw->len);
+	ip4->ttl = rw->ttl;
+	ip4->saddr = addr_v4(&rw->saddr);
+	ip4->daddr = addr_v4(&rw->daddr);
+	return -1;
+}
+
+/* p2c_lookup finds the binding of a peer's datagram: the flow entry's own
+ * (this CPU's, stable while the program runs) while it stands for it, or a
+ * copy (*v) of the hash map element's taken between checks (and cached).
+ * -1 with *bind and *st set, or the reason to pass. */
+static __always_inline int p2c_lookup(const struct input *in, const struct udphdr *udp, __u32 gen,
+				      struct p2c_binding *v, const struct p2c_binding **bind,
+				      struct binding_state **st)
+{
+	__be32 peer_addr = addr_v4(&in->saddr), relay_addr = addr_v4(&in->daddr);
+	struct p2c_flow *f = 0;
+	int hit = 0;
+	*st = 0;
+	*bind = v;
+	if (cfg.flow_cache && gen) {
+		__u64 h = flow_mix(cfg.flow_seed, ((__u64)peer_addr << 32) | relay_addr);
+		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 16) | udp->dest));
+		f = bpf_map_lookup_elem(&p2c_flows, &idx);
+	}
+	if (f && f->fib_gen == gen && f->peer_addr == peer_addr && f->relay_addr == relay_addr &&
+	    f->peer_port == udp->source && f->relay_port == udp->dest) {
+		__u32 id = f->bind.binding_id;
+		*st = bpf_map_lookup_elem(&binding_states, &id);
+		hit = *st && (*st)->gen == f->bind.gen;
+	}
+	if (hit) {
+		*bind = &f->bind;
+		return -1;
+	}
+	struct p2c_key key = {};
+	key.peer_addr = in->saddr;
+	key.relay_addr = in->daddr;
+	key.peer_port = udp->source;
+	key.relay_port = udp->dest;
+	struct p2c_val *b = bpf_map_lookup_elem(&p2c_bindings, &key);
+	if (!b || !words_eq(&b->key, &key, sizeof(key) / 4))
+		return REASON_NO_PEER_BINDING;
+	barrier();
+	*v = b->bind;
+	barrier();
+	/* Still this binding's element (see c2p_val and c2p_lookup). */
+	if (!words_eq(&b->key, &key, sizeof(key) / 4))
+		return REASON_NO_PEER_BINDING;
+	*st = bpf_map_lookup_elem(&binding_states, &v->binding_id);
+	if (f && *st && (*st)->gen == v->gen) {
+		f->peer_addr = peer_addr;
+		f->relay_addr = relay_addr;
+		f->peer_port = udp->source;
+		f->relay_port = udp->dest;
+		f->bind = *v;
+		f->fib_gen = gen;
+	}
+	return -1;
+}
+
+/* p2c_admit is what the kernel would drop before pion's relay socket saw a
+ * peer's datagram, what would expire, and what does not fit a ChannelData
+ * message; *ip is its IPv4 header, *data_len its payload length. */
+static __always_inline int p2c_admit(const struct cursor *c, const struct input *in, const struct udphdr *udp,
+				     const struct binding_state *st, const int to_v4, struct iphdr **ip,
+				     __u16 *data_len)
+{
+	if (!st || (to_v4 ? addr_v4(&st->listener_addr) == 0 : addr_is_zero(&st->listener_addr)))
+		return REASON_CLIENT_ADDR_UNKNOWN;
+	struct iphdr *old = (void *)udp - sizeof(struct iphdr);
+	if ((void *)(old + 1) > c->end)
+		return REASON_MALFORMED_IP;
+	*ip = old;
+	if (!ipv4_csum_ok(old))
+		return REASON_BAD_IP_CHECKSUM;
+	if (!to_v4 && udp->check == 0)
+		return REASON_NO_CHECKSUM;
+	*data_len = bpf_ntohs(udp->len) - sizeof(*udp);
+	if (*data_len > CHANNEL_DATA_MAX_LEN)
+		return REASON_OVERSIZE;
+	if (in->ttl < MIN_RELAY_TTL)
+		return REASON_TTL_EXPIRED;
+	return -1;
+}
+
+/* p2c_rewrite is the rewrite's addresses, ports and length toward the client
+ * (next hop not yet known). */
+static __always_inline void p2c_rewrite(struct rewrite *rw, const struct input *in, const struct binding_state *st,
+					const struct p2c_binding *bind, __u16 data_len, const int to_v4)
+{
+	rw->family = to_v4 ? AF_INET : AF_INET6;
+	rw->tos = in->tos;
+	rw->ttl = in->ttl - 1;
+	rw->saddr = st->listener_addr;
+	rw->daddr = bind->client_addr;
+	rw->sport = bind->listener_port;
+	rw->dport = bind->client_port;
+	rw->len = (to_v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr)) + sizeof(struct udphdr) +
+		  CHANNEL_DATA_HDR_LEN + data_len;
+}
+
+/* c2p_rewrite is the rewrite's addresses, ports and length toward the peer
+ * (relays and peers are IPv4). */
+static __always_inline void c2p_rewrite(struct rewrite *rw, const struct input *in, const struct c2p_found *b,
+					__u16 data_len)
+{
+	rw->family = AF_INET;
+	rw->tos = in->tos;
+	rw->ttl = in->ttl - 1;
+	addr_set_v4(&rw->saddr, b->relay_addr);
+	addr_set_v4(&rw->daddr, b->peer_addr);
+	rw->sport = b->relay_port;
+	rw->dport = b->peer_port;
+	rw->len = sizeof(struct iphdr) + sizeof(struct udphdr) + data_len;
+}
+
+/* p2c_to_words is the ChannelData datagram's checksum words: pseudo-header
+ * addresses, ports, lengths and the ChannelData header. Returns the words
+ * written (5 or 11). */
+static __always_inline int p2c_to_words(__be32 *to, const struct rewrite *rw, __u16 new_udp_len, __be16 channel,
+					__u16 data_len, const int to_v4)
+{
+	__be16 cd_len = bpf_htons(data_len);
+	int n = pseudo_words(to, &rw->saddr, &rw->daddr, to_v4);
+	__builtin_memcpy(&to[n], &rw->sport, 2);
+	__builtin_memcpy((__u8 *)&to[n] + 2, &rw->dport, 2);
+	__builtin_memcpy(&to[n + 1], &new_udp_len, 2);
+	__builtin_memcpy((__u8 *)&to[n + 1] + 2, &new_udp_len, 2);
+	__builtin_memcpy(&to[n + 2], &channel, 2);
+	__builtin_memcpy((__u8 *)&to[n + 2] + 2, &cd_len, 2);
+	return n + 3;
+}
+
+/* p2c_from_words is the peer's datagram's checksum words that leave it (4). */
+static __always_inline void p2c_from_words(__be32 *from, const struct input *in, const struct udphdr *udp)
+{
+	from[0] = addr_v4(&in->saddr);
+	from[1] = addr_v4(&in->daddr);
+	__builtin_memcpy(&from[2], &udp->source, 4);
+	__builtin_memcpy(&from[3], &udp->len, 2);
+	__builtin_memcpy((__u8 *)&from[3] + 2, &udp->len, 2);
+}
+
 static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, struct input *in,
 					  struct udphdr *udp, __u32 *reason)
 {
@@ -531,168 +934,33 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		return XDP_PASS;
 	}
 
-	/* IPv4-mapped addresses are not on an IPv6 wire (RFC 4291 2.5.5.2): such a
-	 * source would find an IPv4 client's binding (the maps store IPv4 that way),
-	 * such a destination an IPv4 listener's; the kernel gives neither to them. */
-	if (in->family == AF_INET6) {
-		if (addr_is_v4(&in->saddr)) {
-			*reason = REASON_NO_CHANNEL;
-			return XDP_PASS;
-		}
-		if (addr_is_v4(&in->daddr)) {
-			*reason = REASON_NOT_LISTENER_ADDR;
-			return XDP_PASS;
-		}
+	if ((r = c2p_mapped(in)) >= 0) {
+		*reason = r;
+		return XDP_PASS;
 	}
-	/* The binding: from this CPU's flow cache while the entry stands for it,
-	 * else through the destination and binding maps (and cached). */
 	__u32 gen = fib_generation();
-	struct binding_state *st = 0;
-	struct c2p_flow *f = 0;
-	__u32 binding_id, alloc_id = 0;
-	__be32 peer_addr, relay_addr;
-	__be16 peer_port, relay_port;
-	int hit = 0;
-	if (cfg.flow_cache && gen) {
-		__u64 h = addr_hash(addr_hash(cfg.flow_seed, &in->saddr), &in->daddr);
-		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 32) | ((__u64)udp->dest << 16) | channel));
-		f = bpf_map_lookup_elem(&c2p_flows, &idx);
-	}
-	if (f && f->fib_gen == gen && f->client_port == udp->source && f->dst_port == udp->dest && f->channel == channel &&
-	    addr_eq(&f->client_addr, &in->saddr) && addr_eq(&f->dst_addr, &in->daddr)) {
-		binding_id = f->binding_id;
-		st = bpf_map_lookup_elem(&binding_states, &binding_id);
-		hit = st && st->gen == f->gen;
-	}
-	if (hit) {
-		/* alloc_id (the entry's second cache line) only if limited. */
-		peer_addr = f->peer_addr;
-		relay_addr = f->relay_addr;
-		peer_port = f->peer_port;
-		relay_port = f->relay_port;
-	} else {
-		/* Only what the kernel would deliver to a listener socket is a
-		 * listener's: transit traffic (the node forwards) and other
-		 * listeners' addresses are not, and must neither be relayed nor
-		 * teach a reply source. */
-		struct dst_key dk = {};
-		dk.addr = in->daddr;
-		dk.port = udp->dest;
-		struct dst_val *dst = bpf_map_lookup_elem(&listener_dsts, &dk);
-		if (!dst) {
-			*reason = REASON_NOT_LISTENER_ADDR;
-			return XDP_PASS;
-		}
-		struct c2p_key key = {};
-		key.client_addr = in->saddr;
-		key.client_port = udp->source;
-		key.channel = channel;
-		key.listener_id = dst->listener_id;
-		struct c2p_val *b = bpf_map_lookup_elem(&c2p_bindings, &key);
-		if (!b || !words_eq(&b->key, &key, sizeof(key) / 4)) {
-			*reason = REASON_NO_CHANNEL;
-			return XDP_PASS;
-		}
-		barrier();
-		binding_id = b->binding_id;
-		alloc_id = b->alloc_id;
-		peer_addr = addr_v4(&b->peer_addr);
-		relay_addr = addr_v4(&b->relay_addr);
-		peer_port = b->peer_port;
-		relay_port = b->relay_port;
-		__u32 bgen = b->gen;
-		barrier();
-		/* Still this binding's element (see c2p_val): the loads above are
-		 * in program order on x86 (cfg.tso); elsewhere this narrows the
-		 * window to the reads themselves. */
-		if (!words_eq(&b->key, &key, sizeof(key) / 4)) {
-			*reason = REASON_NO_CHANNEL;
-			return XDP_PASS;
-		}
-		st = bpf_map_lookup_elem(&binding_states, &binding_id);
-		/* Cached only as installed: a slot of another generation is
-		 * being taken back. */
-		if (f && st && st->gen == bgen) {
-			f->client_addr = in->saddr;
-			f->dst_addr = in->daddr;
-			f->client_port = udp->source;
-			f->dst_port = udp->dest;
-			f->channel = channel;
-			f->gen = bgen;
-			f->binding_id = binding_id;
-			f->alloc_id = alloc_id;
-			f->peer_addr = peer_addr;
-			f->relay_addr = relay_addr;
-			f->peer_port = peer_port;
-			f->relay_port = relay_port;
-			f->fib_gen = gen;
-		}
-	}
-
-	/* What the kernel would drop before pion saw it, and what would expire. */
-	if (in->family == AF_INET) {
-		struct iphdr *hdr = (void *)udp - sizeof(struct iphdr);
-		if ((void *)(hdr + 1) > c->end) {
-			*reason = REASON_MALFORMED_IP;
-			return XDP_PASS;
-		}
-		if (!ipv4_csum_ok(hdr)) {
-			*reason = REASON_BAD_IP_CHECKSUM;
-			return XDP_PASS;
-		}
-	} else if (udp->check == 0) {
-		*reason = REASON_NO_CHECKSUM;
+	struct c2p_found b;
+	if ((r = c2p_lookup(in, udp, channel, gen, &b)) >= 0 || (r = c2p_admit(c, in, udp)) >= 0) {
+		*reason = r;
 		return XDP_PASS;
 	}
-	if (in->ttl < MIN_RELAY_TTL) {
-		*reason = REASON_TTL_EXPIRED;
-		return XDP_PASS;
-	}
-
-	/* Learn the address the client's packets arrive at on the wire: replies must
-	 * come from it (behind a DNAT it is a VIP that userspace never sees). The
-	 * reply direction's next hop was resolved from the old one. */
-	if (st && !addr_eq(&st->listener_addr, &in->daddr)) {
-		st->listener_addr = in->daddr;
-		bpf_spin_lock(&st->lock);
-		st->p2c_hop.seq++;
-		barrier();
-		st->p2c_hop.gen = 0;
-		barrier();
-		st->p2c_hop.seq++;
-		bpf_spin_unlock(&st->lock);
-	}
+	struct binding_state *st = b.st;
+	learn_listener_addr(st, &in->daddr);
 
 	struct rewrite rw = {};
-	rw.family = AF_INET; /* relays and peers are IPv4 */
-	rw.tos = in->tos;
-	rw.ttl = in->ttl - 1;
-	addr_set_v4(&rw.saddr, relay_addr);
-	addr_set_v4(&rw.daddr, peer_addr);
-	rw.sport = relay_port;
-	rw.dport = peer_port;
-	rw.len = sizeof(struct iphdr) + sizeof(struct udphdr) + data_len;
+	c2p_rewrite(&rw, in, &b, data_len);
 	r = next_hop(ctx, in->ifindex, &rw, st, 1, gen);
 	if (r >= 0) {
 		*reason = r;
 		return XDP_PASS;
 	}
 	const struct rate_limit *rl = limit_on();
-	if (rl) {
-		if (hit)
-			alloc_id = f->alloc_id;
-		if ((r = over_limit(rl, alloc_id, data_len, reason)) >= 0)
-			return r;
-	}
+	if (rl && (r = over_limit(rl, c2p_alloc_id(&b), data_len, reason)) >= 0)
+		return r;
 
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + data_len);
 	__be32 from[12] = {}, to[5] = {};
-	to[0] = addr_v4(&rw.saddr);
-	to[1] = addr_v4(&rw.daddr);
-	__builtin_memcpy(&to[2], &rw.sport, 2);
-	__builtin_memcpy((__u8 *)&to[2] + 2, &rw.dport, 2);
-	__builtin_memcpy(&to[3], &new_udp_len, 2);
-	__builtin_memcpy((__u8 *)&to[3] + 2, &new_udp_len, 2);
+	c2p_to_words(to, &rw, new_udp_len);
 	if (is_partial(in, udp)) {
 		/* Nobody summed the data yet: sum the output from scratch. */
 		int ds = data_len <= SUM_INLINE_MAX ? sum_short(c->pos, c->end, data_len)
@@ -703,53 +971,20 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		}
 		rw.udp_csum = csum_finish(sum_words(to, 4, UDP_PROTO_WORD) + (__u32)ds);
 	} else {
-		/* Padding bytes leave the checksum: each sits at an even or odd offset
-		 * of the datagram (the data starts at an even one in both old and new). */
-		__u32 pad_sum = 0;
-		__u8 *p = c->pos;
-		p += data_len & CHANNEL_DATA_MAX_LEN;
-#pragma unroll
-		for (int i = 0; i < CHANNEL_DATA_MAX_PAD; i++) {
-			if (i < pad) {
-				if ((void *)(p + i + 1) > c->end) {
-					*reason = REASON_MALFORMED_CHANNEL_DATA;
-					return XDP_PASS;
-				}
-				__u32 v = p[i];
-				pad_sum += ((data_len + i) & 1) ? v << 8 : v;
-			}
+		__u32 pad_sum;
+		if (c2p_pad_sum(c, data_len, pad, &pad_sum)) {
+			*reason = REASON_MALFORMED_CHANNEL_DATA;
+			return XDP_PASS;
 		}
-		/* Out: the input's pseudo-header addresses, ports, lengths (pseudo
-		 * header and header) and the ChannelData header. In: the output's.
-		 * The protocol number is in both pseudo headers and cancels. */
-		int n = pseudo_words(from, &in->saddr, &in->daddr, in->family == AF_INET);
-		__builtin_memcpy(&from[n], &udp->source, 4);
-		__builtin_memcpy(&from[n + 1], &udp->len, 2);
-		__builtin_memcpy((__u8 *)&from[n + 1] + 2, &udp->len, 2);
-		__builtin_memcpy(&from[n + 2], (__u8 *)(udp + 1), 4);
-		rw.udp_csum = udp_csum_update(udp->check, from, n + 3, to, 4, pad_sum);
+		int n = c2p_from_words(from, in, udp);
+		rw.udp_csum = udp_csum_update(udp->check, from, n, to, 4, pad_sum);
 	}
 
 	struct iphdr ip4 = {};
-	if (in->family == AF_INET) {
-		/* Keep what the client set (ID, DF, TOS). */
-		struct iphdr *old = (void *)udp - sizeof(struct iphdr);
-		if ((void *)(old + 1) > c->end) {
-			*reason = REASON_MALFORMED_IP;
-			return XDP_PASS;
-		}
-		ip4 = *old;
-	} else {
-		ip4.version = 4;
-		ip4.ihl = 5;
-		ip4.tos = in->tos;
-		ip4.frag_off = bpf_htons(IP_DF);
-		ip4.protocol = IPPROTO_UDP;
+	if ((r = c2p_ip4(c, in, udp, &rw, &ip4)) >= 0) {
+		*reason = r;
+		return XDP_PASS;
 	}
-	ip4.tot_len = bpf_htons(rw.len);
-	ip4.ttl = rw.ttl;
-	ip4.saddr = to[0];
-	ip4.daddr = to[1];
 
 	/* Tail: Ethernet trailer and padding. Head: the ChannelData header and,
 	 * from IPv6, the 20 bytes IPv4's header is shorter. */
@@ -772,44 +1007,18 @@ static __always_inline int p2c_out(struct xdp_md *ctx, struct cursor *c, struct 
 				   __u32 *reason, struct binding_state *st, const struct p2c_binding *bind, __u32 gen,
 				   const int to_v4)
 {
-	if (!st || (to_v4 ? addr_v4(&st->listener_addr) == 0 : addr_is_zero(&st->listener_addr))) {
-		*reason = REASON_CLIENT_ADDR_UNKNOWN;
-		return XDP_PASS;
-	}
-	struct iphdr *old = (void *)udp - sizeof(struct iphdr);
-	if ((void *)(old + 1) > c->end) {
-		*reason = REASON_MALFORMED_IP;
-		return XDP_PASS;
-	}
-	if (!ipv4_csum_ok(old)) {
-		*reason = REASON_BAD_IP_CHECKSUM;
-		return XDP_PASS;
-	}
-	if (!to_v4 && udp->check == 0) {
-		*reason = REASON_NO_CHECKSUM;
-		return XDP_PASS;
-	}
-	__u16 data_len = bpf_ntohs(udp->len) - sizeof(*udp);
-	if (data_len > CHANNEL_DATA_MAX_LEN) {
-		*reason = REASON_OVERSIZE;
-		return XDP_PASS;
-	}
-	if (in->ttl < MIN_RELAY_TTL) {
-		*reason = REASON_TTL_EXPIRED;
+	struct iphdr *old;
+	__u16 data_len;
+	int r = p2c_admit(c, in, udp, st, to_v4, &old, &data_len);
+	if (r >= 0) {
+		*reason = r;
 		return XDP_PASS;
 	}
 
 	struct rewrite rw = {};
-	rw.family = to_v4 ? AF_INET : AF_INET6;
-	rw.tos = in->tos;
-	rw.ttl = in->ttl - 1;
-	rw.saddr = st->listener_addr;
-	rw.daddr = bind->client_addr;
-	rw.sport = bind->listener_port;
-	rw.dport = bind->client_port;
+	p2c_rewrite(&rw, in, st, bind, data_len, to_v4);
 	__u32 out_l3 = to_v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
-	rw.len = out_l3 + sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len;
-	int r = next_hop(ctx, in->ifindex, &rw, st, 0, gen);
+	r = next_hop(ctx, in->ifindex, &rw, st, 0, gen);
 	if (r >= 0) {
 		*reason = r;
 		return XDP_PASS;
@@ -820,15 +1029,8 @@ static __always_inline int p2c_out(struct xdp_md *ctx, struct cursor *c, struct 
 
 	__be16 channel = bind->channel;
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len);
-	__be16 cd_len = bpf_htons(data_len);
 	__be32 from[4] = {}, to[12] = {};
-	int n = pseudo_words(to, &rw.saddr, &rw.daddr, to_v4);
-	__builtin_memcpy(&to[n], &rw.sport, 2);
-	__builtin_memcpy((__u8 *)&to[n] + 2, &rw.dport, 2);
-	__builtin_memcpy(&to[n + 1], &new_udp_len, 2);
-	__builtin_memcpy((__u8 *)&to[n + 1] + 2, &new_udp_len, 2);
-	__builtin_memcpy(&to[n + 2], &channel, 2);
-	__builtin_memcpy((__u8 *)&to[n + 2] + 2, &cd_len, 2);
+	int n = p2c_to_words(to, &rw, new_udp_len, channel, data_len, to_v4);
 	if (is_partial(in, udp)) {
 		int ds = data_len <= SUM_INLINE_MAX ? sum_short(c->pos, c->end, data_len)
 						    : sum_data(ctx, (__u32)(c->pos - (void *)(long)ctx->data), data_len);
@@ -836,14 +1038,10 @@ static __always_inline int p2c_out(struct xdp_md *ctx, struct cursor *c, struct 
 			*reason = REASON_MALFORMED_UDP;
 			return XDP_PASS;
 		}
-		rw.udp_csum = csum_finish(sum_words(to, n + 3, UDP_PROTO_WORD) + (__u32)ds);
+		rw.udp_csum = csum_finish(sum_words(to, n, UDP_PROTO_WORD) + (__u32)ds);
 	} else {
-		from[0] = addr_v4(&in->saddr);
-		from[1] = addr_v4(&in->daddr);
-		__builtin_memcpy(&from[2], &udp->source, 4);
-		__builtin_memcpy(&from[3], &udp->len, 2);
-		__builtin_memcpy((__u8 *)&from[3] + 2, &udp->len, 2);
-		rw.udp_csum = udp_csum_update(udp->check, from, 4, to, n + 3, 0);
+		p2c_from_words(from, in, udp);
+		rw.udp_csum = udp_csum_update(udp->check, from, 4, to, n, 0);
 	}
 
 	struct iphdr ip4 = *old;
@@ -876,58 +1074,14 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 		*reason = REASON_NO_PEER_BINDING;
 		return XDP_PASS;
 	}
-	/* The binding: from this CPU's flow cache while the entry stands for it,
-	 * else through the binding map (and cached). */
 	__u32 gen = fib_generation();
-	__be32 peer_addr = addr_v4(&in->saddr), relay_addr = addr_v4(&in->daddr);
-	struct binding_state *st = 0;
-	struct p2c_flow *f = 0;
+	struct binding_state *st;
 	struct p2c_binding v;
-	/* The binding: the flow entry's own (this CPU's, stable while the program
-	 * runs), or a copy of the hash map element's taken between checks. */
-	const struct p2c_binding *bind = &v;
-	int hit = 0;
-	if (cfg.flow_cache && gen) {
-		__u64 h = flow_mix(cfg.flow_seed, ((__u64)peer_addr << 32) | relay_addr);
-		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 16) | udp->dest));
-		f = bpf_map_lookup_elem(&p2c_flows, &idx);
-	}
-	if (f && f->fib_gen == gen && f->peer_addr == peer_addr && f->relay_addr == relay_addr &&
-	    f->peer_port == udp->source && f->relay_port == udp->dest) {
-		__u32 id = f->bind.binding_id;
-		st = bpf_map_lookup_elem(&binding_states, &id);
-		hit = st && st->gen == f->bind.gen;
-	}
-	if (hit) {
-		bind = &f->bind;
-	} else {
-		struct p2c_key key = {};
-		key.peer_addr = in->saddr;
-		key.relay_addr = in->daddr;
-		key.peer_port = udp->source;
-		key.relay_port = udp->dest;
-		struct p2c_val *b = bpf_map_lookup_elem(&p2c_bindings, &key);
-		if (!b || !words_eq(&b->key, &key, sizeof(key) / 4)) {
-			*reason = REASON_NO_PEER_BINDING;
-			return XDP_PASS;
-		}
-		barrier();
-		v = b->bind;
-		barrier();
-		/* Still this binding's element (see c2p_val and client_to_peer). */
-		if (!words_eq(&b->key, &key, sizeof(key) / 4)) {
-			*reason = REASON_NO_PEER_BINDING;
-			return XDP_PASS;
-		}
-		st = bpf_map_lookup_elem(&binding_states, &v.binding_id);
-		if (f && st && st->gen == v.gen) {
-			f->peer_addr = peer_addr;
-			f->relay_addr = relay_addr;
-			f->peer_port = udp->source;
-			f->relay_port = udp->dest;
-			f->bind = v;
-			f->fib_gen = gen;
-		}
+	const struct p2c_binding *bind;
+	int r = p2c_lookup(in, udp, gen, &v, &bind, &st);
+	if (r >= 0) {
+		*reason = r;
+		return XDP_PASS;
 	}
 	if (addr_is_v4(&bind->client_addr))
 		return p2c_out(ctx, c, in, udp, reason, st, bind, gen, 1);
@@ -952,19 +1106,10 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 		return XDP_PASS;
 	}
 	if (proto == ETH_P_IP) {
-		struct iphdr *ip;
-		if ((r = parse_ipv4(&c, &ip)) >= 0 ||
-		    (r = parse_udp(&c, bpf_ntohs(ip->tot_len) - sizeof(*ip), &udp)) >= 0) {
+		if ((r = parse_input_v4(&c, &in, &udp)) >= 0) {
 			*reason = r;
 			return XDP_PASS;
 		}
-		in.family = AF_INET;
-		in.tos = ip->tos;
-		in.ttl = ip->ttl;
-		in.l3_len = sizeof(*ip);
-		in.l3_total = bpf_ntohs(ip->tot_len);
-		addr_set_v4(&in.saddr, ip->saddr);
-		addr_set_v4(&in.daddr, ip->daddr);
 		/* The paths are inlined once per family, each specialised for it:
 		 * a relayed packet runs (and fetches) only its family's code. */
 		if (is_listener_port(udp->dest))
@@ -972,19 +1117,10 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 		if (is_relay_port(udp->dest))
 			return peer_to_client(ctx, &c, &in, udp, reason);
 	} else {
-		struct ipv6hdr *ip6;
-		if ((r = parse_ipv6(&c, &ip6)) >= 0 ||
-		    (r = parse_udp(&c, bpf_ntohs(ip6->payload_len), &udp)) >= 0) {
+		if ((r = parse_input_v6(&c, &in, &udp)) >= 0) {
 			*reason = r;
 			return XDP_PASS;
 		}
-		in.family = AF_INET6;
-		in.tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
-		in.ttl = ip6->hop_limit;
-		in.l3_len = sizeof(*ip6);
-		in.l3_total = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
-		__builtin_memcpy(in.saddr.b, &ip6->saddr, 16);
-		__builtin_memcpy(in.daddr.b, &ip6->daddr, 16);
 		if (is_listener_port(udp->dest))
 			return client_to_peer(ctx, &c, &in, udp, reason);
 		if (is_relay_port(udp->dest))

@@ -172,7 +172,11 @@ static __always_inline int tc_move(struct __sk_buff *skb, __u32 from, __u32 to, 
 	__u8 *buf = bpf_map_lookup_elem(&tc_scratch, &zero);
 	if (!buf)
 		return -1;
+	/* The verifier's bound for the helpers, kept: clang knows the callers'
+	 * bound on len and would otherwise drop the mask (or test a copy). */
+	asm volatile("" : "+r"(len));
 	__u64 n = len & CHANNEL_DATA_MAX_LEN;
+	asm volatile("" : "+r"(n));
 	if (n == 0)
 		return 0;
 	if (bpf_skb_load_bytes(skb, from & 0xff, buf, n) || bpf_skb_store_bytes(skb, to & 0xff, buf, n, 0))
@@ -275,131 +279,23 @@ static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct curso
 		*reason = r;
 		return TC_ACT_OK;
 	}
-	if (in->family == AF_INET6) {
-		if (addr_is_v4(&in->saddr)) {
-			*reason = REASON_NO_CHANNEL;
-			return TC_ACT_OK;
-		}
-		if (addr_is_v4(&in->daddr)) {
-			*reason = REASON_NOT_LISTENER_ADDR;
-			return TC_ACT_OK;
-		}
+	if ((r = c2p_mapped(in)) >= 0) {
+		*reason = r;
+		return TC_ACT_OK;
 	}
 	/* The binding, as XDP finds it (the flow caches are shared: their
-	 * entries describe themselves). */
-	__u32 gen = fib_generation();
-	struct binding_state *st = 0;
-	struct c2p_flow *f = 0;
-	__u32 binding_id, alloc_id = 0;
-	__be32 peer_addr, relay_addr;
-	__be16 peer_port, relay_port;
-	int hit = 0;
-	if (cfg.flow_cache && gen) {
-		__u64 h = addr_hash(addr_hash(cfg.flow_seed, &in->saddr), &in->daddr);
-		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 32) | ((__u64)udp->dest << 16) | channel));
-		f = bpf_map_lookup_elem(&c2p_flows, &idx);
-	}
-	if (f && f->fib_gen == gen && f->client_port == udp->source && f->dst_port == udp->dest && f->channel == channel &&
-	    addr_eq(&f->client_addr, &in->saddr) && addr_eq(&f->dst_addr, &in->daddr)) {
-		binding_id = f->binding_id;
-		st = bpf_map_lookup_elem(&binding_states, &binding_id);
-		hit = st && st->gen == f->gen;
-	}
-	if (hit) {
-		peer_addr = f->peer_addr;
-		relay_addr = f->relay_addr;
-		peer_port = f->peer_port;
-		relay_port = f->relay_port;
-		alloc_id = f->alloc_id;
-	} else {
-		struct dst_key dk = {};
-		dk.addr = in->daddr;
-		dk.port = udp->dest;
-		struct dst_val *dst = bpf_map_lookup_elem(&listener_dsts, &dk);
-		if (!dst) {
-			*reason = REASON_NOT_LISTENER_ADDR;
-			return TC_ACT_OK;
-		}
-		struct c2p_key key = {};
-		key.client_addr = in->saddr;
-		key.client_port = udp->source;
-		key.channel = channel;
-		key.listener_id = dst->listener_id;
-		struct c2p_val *b = bpf_map_lookup_elem(&c2p_bindings, &key);
-		if (!b || !words_eq(&b->key, &key, sizeof(key) / 4)) {
-			*reason = REASON_NO_CHANNEL;
-			return TC_ACT_OK;
-		}
-		barrier();
-		binding_id = b->binding_id;
-		alloc_id = b->alloc_id;
-		peer_addr = addr_v4(&b->peer_addr);
-		relay_addr = addr_v4(&b->relay_addr);
-		peer_port = b->peer_port;
-		relay_port = b->relay_port;
-		__u32 bgen = b->gen;
-		barrier();
-		if (!words_eq(&b->key, &key, sizeof(key) / 4)) {
-			*reason = REASON_NO_CHANNEL;
-			return TC_ACT_OK;
-		}
-		st = bpf_map_lookup_elem(&binding_states, &binding_id);
-		if (f && st && st->gen == bgen) {
-			f->client_addr = in->saddr;
-			f->dst_addr = in->daddr;
-			f->client_port = udp->source;
-			f->dst_port = udp->dest;
-			f->channel = channel;
-			f->gen = bgen;
-			f->binding_id = binding_id;
-			f->alloc_id = alloc_id;
-			f->peer_addr = peer_addr;
-			f->relay_addr = relay_addr;
-			f->peer_port = peer_port;
-			f->relay_port = relay_port;
-			f->fib_gen = gen;
-		}
-	}
-
-	if (in->family == AF_INET) {
-		struct iphdr *hdr = (void *)udp - sizeof(struct iphdr);
-		if ((void *)(hdr + 1) > c->end) {
-			*reason = REASON_MALFORMED_IP;
-			return TC_ACT_OK;
-		}
-		if (!ipv4_csum_ok(hdr)) {
-			*reason = REASON_BAD_IP_CHECKSUM;
-			return TC_ACT_OK;
-		}
-	} else if (udp->check == 0) {
-		*reason = REASON_NO_CHECKSUM;
+	 * entries describe themselves), and learned as XDP learns it (and XDP's
+	 * reply next hop dropped). */
+	struct c2p_found b;
+	if ((r = c2p_lookup(in, udp, channel, fib_generation(), &b)) >= 0 || (r = c2p_admit(c, in, udp)) >= 0) {
+		*reason = r;
 		return TC_ACT_OK;
 	}
-	if (in->ttl < MIN_RELAY_TTL) {
-		*reason = REASON_TTL_EXPIRED;
-		return TC_ACT_OK;
-	}
-	/* Learned as XDP learns it (and XDP's reply next hop dropped). */
-	if (st && !addr_eq(&st->listener_addr, &in->daddr)) {
-		st->listener_addr = in->daddr;
-		bpf_spin_lock(&st->lock);
-		st->p2c_hop.seq++;
-		barrier();
-		st->p2c_hop.gen = 0;
-		barrier();
-		st->p2c_hop.seq++;
-		bpf_spin_unlock(&st->lock);
-	}
+	struct binding_state *st = b.st;
+	learn_listener_addr(st, &in->daddr);
 
 	struct rewrite rw = {};
-	rw.family = AF_INET;
-	rw.tos = in->tos;
-	rw.ttl = in->ttl - 1;
-	addr_set_v4(&rw.saddr, relay_addr);
-	addr_set_v4(&rw.daddr, peer_addr);
-	rw.sport = relay_port;
-	rw.dport = peer_port;
-	rw.len = sizeof(struct iphdr) + sizeof(struct udphdr) + data_len;
+	c2p_rewrite(&rw, in, &b, data_len);
 	r = tc_next_hop(ctx, in->ifindex, &rw);
 	if (r >= 0) {
 		*reason = r;
@@ -412,7 +308,7 @@ static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct curso
 		return TC_ACT_OK;
 	}
 	const struct rate_limit *rl = limit_on();
-	if (rl && (r = tc_over_limit(rl, alloc_id, data_len, reason)) >= 0)
+	if (rl && (r = tc_over_limit(rl, c2p_alloc_id(&b), data_len, reason)) >= 0)
 		return r;
 
 	__u16 new_udp_len = bpf_htons(sizeof(struct udphdr) + data_len);
@@ -422,53 +318,21 @@ static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct curso
 		rw.udp_csum = (__u16)~csum_fold(pseudo_sum(&rw.saddr, &rw.daddr, 1, new_udp_len));
 	} else {
 		__be32 from[12] = {}, to[5] = {};
-		to[0] = addr_v4(&rw.saddr);
-		to[1] = addr_v4(&rw.daddr);
-		__builtin_memcpy(&to[2], &rw.sport, 2);
-		__builtin_memcpy((__u8 *)&to[2] + 2, &rw.dport, 2);
-		__builtin_memcpy(&to[3], &new_udp_len, 2);
-		__builtin_memcpy((__u8 *)&to[3] + 2, &new_udp_len, 2);
-		__u32 pad_sum = 0;
-		__u8 *p = c->pos;
-		p += data_len & CHANNEL_DATA_MAX_LEN;
-#pragma unroll
-		for (int i = 0; i < CHANNEL_DATA_MAX_PAD; i++) {
-			if (i < pad) {
-				if ((void *)(p + i + 1) > c->end) {
-					*reason = REASON_MALFORMED_CHANNEL_DATA;
-					return TC_ACT_OK;
-				}
-				__u32 v = p[i];
-				pad_sum += ((data_len + i) & 1) ? v << 8 : v;
-			}
+		__u32 pad_sum;
+		c2p_to_words(to, &rw, new_udp_len);
+		if (c2p_pad_sum(c, data_len, pad, &pad_sum)) {
+			*reason = REASON_MALFORMED_CHANNEL_DATA;
+			return TC_ACT_OK;
 		}
-		int n = pseudo_words(from, &in->saddr, &in->daddr, in->family == AF_INET);
-		__builtin_memcpy(&from[n], &udp->source, 4);
-		__builtin_memcpy(&from[n + 1], &udp->len, 2);
-		__builtin_memcpy((__u8 *)&from[n + 1] + 2, &udp->len, 2);
-		__builtin_memcpy(&from[n + 2], (__u8 *)(udp + 1), 4);
-		rw.udp_csum = udp_csum_update(udp->check, from, n + 3, to, 4, pad_sum);
+		int n = c2p_from_words(from, in, udp);
+		rw.udp_csum = udp_csum_update(udp->check, from, n, to, 4, pad_sum);
 	}
 
 	struct iphdr ip4 = {};
-	if (in->family == AF_INET) {
-		struct iphdr *old = (void *)udp - sizeof(struct iphdr);
-		if ((void *)(old + 1) > c->end) {
-			*reason = REASON_MALFORMED_IP;
-			return TC_ACT_OK;
-		}
-		ip4 = *old;
-	} else {
-		ip4.version = 4;
-		ip4.ihl = 5;
-		ip4.tos = in->tos;
-		ip4.frag_off = bpf_htons(IP_DF);
-		ip4.protocol = IPPROTO_UDP;
+	if ((r = c2p_ip4(c, in, udp, &rw, &ip4)) >= 0) {
+		*reason = r;
+		return TC_ACT_OK;
 	}
-	ip4.tot_len = bpf_htons(rw.len);
-	ip4.ttl = rw.ttl;
-	ip4.saddr = addr_v4(&rw.saddr);
-	ip4.daddr = addr_v4(&rw.daddr);
 
 	/* The rewrite. Until the data moves, a failure leaves the packet as it
 	 * came: a change of the tail to its own length makes the skb linear and
@@ -503,44 +367,17 @@ static __always_inline int tc_p2c_out(struct __sk_buff *ctx, struct cursor *c, s
 				      __u32 *reason, struct binding_state *st, const struct p2c_binding *bind,
 				      const int to_v4)
 {
-	if (!st || (to_v4 ? addr_v4(&st->listener_addr) == 0 : addr_is_zero(&st->listener_addr))) {
-		*reason = REASON_CLIENT_ADDR_UNKNOWN;
-		return TC_ACT_OK;
-	}
-	struct iphdr *old = (void *)udp - sizeof(struct iphdr);
-	if ((void *)(old + 1) > c->end) {
-		*reason = REASON_MALFORMED_IP;
-		return TC_ACT_OK;
-	}
-	if (!ipv4_csum_ok(old)) {
-		*reason = REASON_BAD_IP_CHECKSUM;
-		return TC_ACT_OK;
-	}
-	if (!to_v4 && udp->check == 0) {
-		*reason = REASON_NO_CHECKSUM;
-		return TC_ACT_OK;
-	}
-	__u16 data_len = bpf_ntohs(udp->len) - sizeof(*udp);
-	if (data_len > CHANNEL_DATA_MAX_LEN) {
-		*reason = REASON_OVERSIZE;
-		return TC_ACT_OK;
-	}
-	if (in->ttl < MIN_RELAY_TTL) {
-		*reason = REASON_TTL_EXPIRED;
+	struct iphdr *old;
+	__u16 data_len;
+	int r = p2c_admit(c, in, udp, st, to_v4, &old, &data_len);
+	if (r >= 0) {
+		*reason = r;
 		return TC_ACT_OK;
 	}
 
 	struct rewrite rw = {};
-	rw.family = to_v4 ? AF_INET : AF_INET6;
-	rw.tos = in->tos;
-	rw.ttl = in->ttl - 1;
-	rw.saddr = st->listener_addr;
-	rw.daddr = bind->client_addr;
-	rw.sport = bind->listener_port;
-	rw.dport = bind->client_port;
-	__u32 out_l3 = to_v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
-	rw.len = out_l3 + sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN + data_len;
-	int r = tc_next_hop(ctx, in->ifindex, &rw);
+	p2c_rewrite(&rw, in, st, bind, data_len, to_v4);
+	r = tc_next_hop(ctx, in->ifindex, &rw);
 	if (r >= 0) {
 		*reason = r;
 		return TC_ACT_OK;
@@ -560,21 +397,10 @@ static __always_inline int tc_p2c_out(struct __sk_buff *ctx, struct cursor *c, s
 	if (partial) {
 		rw.udp_csum = (__u16)~csum_fold(pseudo_sum(&rw.saddr, &rw.daddr, to_v4, new_udp_len));
 	} else {
-		__be16 cd_len = bpf_htons(data_len);
 		__be32 from[4] = {}, to[12] = {};
-		int n = pseudo_words(to, &rw.saddr, &rw.daddr, to_v4);
-		__builtin_memcpy(&to[n], &rw.sport, 2);
-		__builtin_memcpy((__u8 *)&to[n] + 2, &rw.dport, 2);
-		__builtin_memcpy(&to[n + 1], &new_udp_len, 2);
-		__builtin_memcpy((__u8 *)&to[n + 1] + 2, &new_udp_len, 2);
-		__builtin_memcpy(&to[n + 2], &channel, 2);
-		__builtin_memcpy((__u8 *)&to[n + 2] + 2, &cd_len, 2);
-		from[0] = addr_v4(&in->saddr);
-		from[1] = addr_v4(&in->daddr);
-		__builtin_memcpy(&from[2], &udp->source, 4);
-		__builtin_memcpy(&from[3], &udp->len, 2);
-		__builtin_memcpy((__u8 *)&from[3] + 2, &udp->len, 2);
-		rw.udp_csum = udp_csum_update(udp->check, from, 4, to, n + 3, 0);
+		int n = p2c_to_words(to, &rw, new_udp_len, channel, data_len, to_v4);
+		p2c_from_words(from, in, udp);
+		rw.udp_csum = udp_csum_update(udp->check, from, 4, to, n, 0);
 	}
 
 	struct iphdr ip4 = *old;
@@ -618,53 +444,13 @@ static __always_inline int tc_peer_to_client(struct __sk_buff *ctx, struct curso
 		*reason = REASON_NO_PEER_BINDING;
 		return TC_ACT_OK;
 	}
-	__u32 gen = fib_generation();
-	__be32 peer_addr = addr_v4(&in->saddr), relay_addr = addr_v4(&in->daddr);
-	struct binding_state *st = 0;
-	struct p2c_flow *f = 0;
+	struct binding_state *st;
 	struct p2c_binding v;
-	const struct p2c_binding *bind = &v;
-	int hit = 0;
-	if (cfg.flow_cache && gen) {
-		__u64 h = flow_mix(cfg.flow_seed, ((__u64)peer_addr << 32) | relay_addr);
-		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 16) | udp->dest));
-		f = bpf_map_lookup_elem(&p2c_flows, &idx);
-	}
-	if (f && f->fib_gen == gen && f->peer_addr == peer_addr && f->relay_addr == relay_addr &&
-	    f->peer_port == udp->source && f->relay_port == udp->dest) {
-		__u32 id = f->bind.binding_id;
-		st = bpf_map_lookup_elem(&binding_states, &id);
-		hit = st && st->gen == f->bind.gen;
-	}
-	if (hit) {
-		bind = &f->bind;
-	} else {
-		struct p2c_key key = {};
-		key.peer_addr = in->saddr;
-		key.relay_addr = in->daddr;
-		key.peer_port = udp->source;
-		key.relay_port = udp->dest;
-		struct p2c_val *b = bpf_map_lookup_elem(&p2c_bindings, &key);
-		if (!b || !words_eq(&b->key, &key, sizeof(key) / 4)) {
-			*reason = REASON_NO_PEER_BINDING;
-			return TC_ACT_OK;
-		}
-		barrier();
-		v = b->bind;
-		barrier();
-		if (!words_eq(&b->key, &key, sizeof(key) / 4)) {
-			*reason = REASON_NO_PEER_BINDING;
-			return TC_ACT_OK;
-		}
-		st = bpf_map_lookup_elem(&binding_states, &v.binding_id);
-		if (f && st && st->gen == v.gen) {
-			f->peer_addr = peer_addr;
-			f->relay_addr = relay_addr;
-			f->peer_port = udp->source;
-			f->relay_port = udp->dest;
-			f->bind = v;
-			f->fib_gen = gen;
-		}
+	const struct p2c_binding *bind;
+	int r = p2c_lookup(in, udp, fib_generation(), &v, &bind, &st);
+	if (r >= 0) {
+		*reason = r;
+		return TC_ACT_OK;
 	}
 	if (addr_is_v4(&bind->client_addr))
 		return tc_p2c_out(ctx, c, in, udp, reason, st, bind, 1);
@@ -706,37 +492,19 @@ static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
 		return TC_ACT_OK;
 	}
 	if (proto == ETH_P_IP) {
-		struct iphdr *ip;
-		if ((r = parse_ipv4(&c, &ip)) >= 0 ||
-		    (r = parse_udp(&c, bpf_ntohs(ip->tot_len) - sizeof(*ip), &udp)) >= 0) {
+		if ((r = parse_input_v4(&c, &in, &udp)) >= 0) {
 			*reason = r;
 			return TC_ACT_OK;
 		}
-		in.family = AF_INET;
-		in.tos = ip->tos;
-		in.ttl = ip->ttl;
-		in.l3_len = sizeof(*ip);
-		in.l3_total = bpf_ntohs(ip->tot_len);
-		addr_set_v4(&in.saddr, ip->saddr);
-		addr_set_v4(&in.daddr, ip->daddr);
 		if (is_listener_port(udp->dest))
 			return tc_client_to_peer(ctx, &c, &in, udp, reason);
 		if (is_relay_port(udp->dest))
 			return tc_peer_to_client(ctx, &c, &in, udp, reason);
 	} else {
-		struct ipv6hdr *ip6;
-		if ((r = parse_ipv6(&c, &ip6)) >= 0 ||
-		    (r = parse_udp(&c, bpf_ntohs(ip6->payload_len), &udp)) >= 0) {
+		if ((r = parse_input_v6(&c, &in, &udp)) >= 0) {
 			*reason = r;
 			return TC_ACT_OK;
 		}
-		in.family = AF_INET6;
-		in.tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
-		in.ttl = ip6->hop_limit;
-		in.l3_len = sizeof(*ip6);
-		in.l3_total = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
-		__builtin_memcpy(in.saddr.b, &ip6->saddr, 16);
-		__builtin_memcpy(in.daddr.b, &ip6->daddr, 16);
 		if (is_listener_port(udp->dest))
 			return tc_client_to_peer(ctx, &c, &in, udp, reason);
 		if (is_relay_port(udp->dest))
