@@ -120,6 +120,25 @@ static __always_inline int is_wire_port(__be16 port)
 	return bits && (*bits >> (p & 63)) & 1;
 }
 
+/* Which path a UDP destination port takes, in this order: a listener port,
+ * a relay port, a port a DNAT translates to a listener port (so that a
+ * translated port inside the relay range is a relay port). One answer, so
+ * that each engine inlines each path once per family. */
+enum port_kind {
+	PORT_NOT_OURS = 0,
+	PORT_CLIENT, /* client->peer */
+	PORT_PEER,   /* peer->client */
+};
+
+static __always_inline enum port_kind port_kind(__be16 port)
+{
+	if (is_listener_port(port))
+		return PORT_CLIENT;
+	if (is_relay_port(port))
+		return PORT_PEER;
+	return is_wire_port(port) ? PORT_CLIENT : PORT_NOT_OURS;
+}
+
 /* flow_mix folds 8 bytes into a flow cache index hash (a multiplicative hash:
  * a few instructions where a hash map lookup costs tens of nanoseconds). */
 static __always_inline __u64 flow_mix(__u64 h, __u64 w)
@@ -1133,23 +1152,27 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 		}
 		/* The paths are inlined once per family, each specialised for it:
 		 * a relayed packet runs (and fetches) only its family's code. */
-		if (is_listener_port(udp->dest))
+		switch (port_kind(udp->dest)) {
+		case PORT_CLIENT:
 			return client_to_peer(ctx, &c, &in, udp, reason);
-		if (is_relay_port(udp->dest))
+		case PORT_PEER:
 			return peer_to_client(ctx, &c, &in, udp, reason);
-		if (is_wire_port(udp->dest))
-			return client_to_peer(ctx, &c, &in, udp, reason);
+		default:
+			break;
+		}
 	} else {
 		if ((r = parse_input_v6(&c, &in, &udp)) >= 0) {
 			*reason = r;
 			return XDP_PASS;
 		}
-		if (is_listener_port(udp->dest))
+		switch (port_kind(udp->dest)) {
+		case PORT_CLIENT:
 			return client_to_peer(ctx, &c, &in, udp, reason);
-		if (is_relay_port(udp->dest))
+		case PORT_PEER:
 			return peer_to_client(ctx, &c, &in, udp, reason);
-		if (is_wire_port(udp->dest))
-			return client_to_peer(ctx, &c, &in, udp, reason);
+		default:
+			break;
+		}
 	}
 	*reason = REASON_NOT_OURS;
 	return XDP_PASS;

@@ -496,23 +496,27 @@ static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
 			*reason = r;
 			return TC_ACT_OK;
 		}
-		if (is_listener_port(udp->dest))
+		switch (port_kind(udp->dest)) {
+		case PORT_CLIENT:
 			return tc_client_to_peer(ctx, &c, &in, udp, reason);
-		if (is_relay_port(udp->dest))
+		case PORT_PEER:
 			return tc_peer_to_client(ctx, &c, &in, udp, reason);
-		if (is_wire_port(udp->dest))
-			return tc_client_to_peer(ctx, &c, &in, udp, reason);
+		default:
+			break;
+		}
 	} else {
 		if ((r = parse_input_v6(&c, &in, &udp)) >= 0) {
 			*reason = r;
 			return TC_ACT_OK;
 		}
-		if (is_listener_port(udp->dest))
+		switch (port_kind(udp->dest)) {
+		case PORT_CLIENT:
 			return tc_client_to_peer(ctx, &c, &in, udp, reason);
-		if (is_relay_port(udp->dest))
+		case PORT_PEER:
 			return tc_peer_to_client(ctx, &c, &in, udp, reason);
-		if (is_wire_port(udp->dest))
-			return tc_client_to_peer(ctx, &c, &in, udp, reason);
+		default:
+			break;
+		}
 	}
 	*reason = REASON_NOT_OURS;
 	return TC_ACT_OK;
