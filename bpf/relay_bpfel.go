@@ -34,10 +34,13 @@ type RelayBindingState struct {
 		_   structs.HostLayout
 		Val uint32
 	}
-	Gen    uint32
-	C2pHop RelayNextHop
-	P2cHop RelayNextHop
-	Stats  RelayBindingStats
+	Gen          uint32
+	ListenerPort uint16
+	Pad          uint16
+	C2pHop       RelayNextHop
+	P2cHop       RelayNextHop
+	_            [4]byte
+	Stats        RelayBindingStats
 }
 
 type RelayBindingStats struct {
@@ -163,13 +166,11 @@ type RelayP2cBinding struct {
 		_ structs.HostLayout
 		B [16]uint8
 	}
-	ClientPort   uint16
-	ListenerPort uint16
-	Channel      uint16
-	Pad          uint16
-	BindingId    uint32
-	AllocId      uint32
-	Gen          uint32
+	ClientPort uint16
+	Channel    uint16
+	BindingId  uint32
+	AllocId    uint32
+	Gen        uint32
 }
 
 type RelayP2cFlow struct {
@@ -180,7 +181,7 @@ type RelayP2cFlow struct {
 	RelayPort uint16
 	FibGen    uint32
 	Bind      RelayP2cBinding
-	Pad       [12]uint8
+	Pad       [16]uint8
 }
 
 type RelayP2cKey struct {
@@ -265,6 +266,7 @@ const (
 	RelayMapRateLimits    = "rate_limits"
 	RelayMapTxPorts       = "tx_ports"
 	RelayMapVerdicts      = "verdicts"
+	RelayMapWirePorts     = "wire_ports"
 	RelayProgXdpTurnRelay = "xdp_turn_relay"
 	RelayVarUnusedReason  = "_unused_reason"
 	RelayVarCfg           = "cfg"
@@ -331,6 +333,7 @@ type RelayMapSpecs struct {
 	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 	Verdicts      *ebpf.MapSpec `ebpf:"verdicts"`
+	WirePorts     *ebpf.MapSpec `ebpf:"wire_ports"`
 }
 
 // RelayVariableSpecs contains global variables before they are loaded into the kernel.
@@ -373,6 +376,7 @@ type RelayMaps struct {
 	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 	Verdicts      *ebpf.Map `ebpf:"verdicts"`
+	WirePorts     *ebpf.Map `ebpf:"wire_ports"`
 }
 
 func (m *RelayMaps) Close() error {
@@ -389,6 +393,7 @@ func (m *RelayMaps) Close() error {
 		m.RateLimits,
 		m.TxPorts,
 		m.Verdicts,
+		m.WirePorts,
 	)
 }
 

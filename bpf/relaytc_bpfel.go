@@ -34,8 +34,10 @@ type RelayTcBindingState struct {
 		_   structs.HostLayout
 		Val uint32
 	}
-	Gen    uint32
-	C2pHop struct {
+	Gen          uint32
+	ListenerPort uint16
+	Pad          uint16
+	C2pHop       struct {
 		_         structs.HostLayout
 		Seq       uint32
 		Gen       uint32
@@ -59,6 +61,7 @@ type RelayTcBindingState struct {
 		Dmac      [6]uint8
 		Smac      [6]uint8
 	}
+	_     [4]byte
 	Stats struct {
 		_          structs.HostLayout
 		C2pPackets uint64
@@ -168,15 +171,13 @@ type RelayTcP2cFlow struct {
 			_ structs.HostLayout
 			B [16]uint8
 		}
-		ClientPort   uint16
-		ListenerPort uint16
-		Channel      uint16
-		Pad          uint16
-		BindingId    uint32
-		AllocId      uint32
-		Gen          uint32
+		ClientPort uint16
+		Channel    uint16
+		BindingId  uint32
+		AllocId    uint32
+		Gen        uint32
 	}
-	Pad [12]uint8
+	Pad [16]uint8
 }
 
 type RelayTcP2cKey struct {
@@ -202,13 +203,11 @@ type RelayTcP2cVal struct {
 			_ structs.HostLayout
 			B [16]uint8
 		}
-		ClientPort   uint16
-		ListenerPort uint16
-		Channel      uint16
-		Pad          uint16
-		BindingId    uint32
-		AllocId      uint32
-		Gen          uint32
+		ClientPort uint16
+		Channel    uint16
+		BindingId  uint32
+		AllocId    uint32
+		Gen        uint32
 	}
 }
 
@@ -252,6 +251,7 @@ const (
 	RelayTcMapTcVerdicts     = "tc_verdicts"
 	RelayTcMapTxPorts        = "tx_ports"
 	RelayTcMapVerdicts       = "verdicts"
+	RelayTcMapWirePorts      = "wire_ports"
 	RelayTcProgTcTurnRelay   = "tc_turn_relay"
 	RelayTcVarUnusedReason   = "_unused_reason"
 	RelayTcVarUnusedTcReason = "_unused_tc_reason"
@@ -321,6 +321,7 @@ type RelayTcMapSpecs struct {
 	TcVerdicts    *ebpf.MapSpec `ebpf:"tc_verdicts"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 	Verdicts      *ebpf.MapSpec `ebpf:"verdicts"`
+	WirePorts     *ebpf.MapSpec `ebpf:"wire_ports"`
 }
 
 // RelayTcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -366,6 +367,7 @@ type RelayTcMaps struct {
 	TcVerdicts    *ebpf.Map `ebpf:"tc_verdicts"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 	Verdicts      *ebpf.Map `ebpf:"verdicts"`
+	WirePorts     *ebpf.Map `ebpf:"wire_ports"`
 }
 
 func (m *RelayTcMaps) Close() error {
@@ -384,6 +386,7 @@ func (m *RelayTcMaps) Close() error {
 		m.TcVerdicts,
 		m.TxPorts,
 		m.Verdicts,
+		m.WirePorts,
 	)
 }
 

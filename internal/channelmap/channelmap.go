@@ -38,6 +38,24 @@ type Binding struct {
 	// userspace. Only Dump fills it in: Upsert never seeds or overwrites it,
 	// because a DNAT that userspace cannot see may stand in between.
 	ReplySource netip.Addr
+	// ReplyPort is ReplySource's port, learned with it: the port the
+	// client's packets arrived at on the wire, the listener's own or the one
+	// a DNAT translated to it (a NodePort). Dump and Live fill it in; 0 with
+	// a valid ReplySource stands for the listener's port (see ReplyFrom).
+	ReplyPort uint16
+}
+
+// ReplyFrom is the source of packets to the client, address and port (see
+// ReplySource, ReplyPort); invalid while the program has not learned it.
+func (b Binding) ReplyFrom() netip.AddrPort {
+	if !b.ReplySource.IsValid() || b.ReplySource.IsUnspecified() {
+		return netip.AddrPort{}
+	}
+	port := b.ReplyPort
+	if port == 0 {
+		port = b.Listener.Port()
+	}
+	return netip.AddrPortFrom(b.ReplySource, port)
 }
 
 // Key identifies a binding: one client's channel on one listener.
@@ -104,6 +122,11 @@ type bindingMap interface {
 type Maps struct {
 	c2p, p2c               bindingMap
 	verdicts, dsts, fibGen *ebpf.Map
+	// wirePorts is the program's bitmap of the destination ports a DNAT
+	// translates to a listener's (see SetDestinations); wireBits what it
+	// holds.
+	wirePorts *ebpf.Map
+	wireBits  [wirePortWords]uint64
 	// states are the per-binding slots: learned reply source, cached next
 	// hops and the binding's counters.
 	states *ebpf.Map
@@ -177,6 +200,7 @@ func New(m *bpf.RelayMaps) *Maps {
 		p2c:          m.P2cBindings,
 		verdicts:     m.Verdicts,
 		dsts:         m.ListenerDsts,
+		wirePorts:    m.WirePorts,
 		states:       m.BindingStates,
 		fibGen:       m.FibGen,
 		rateLimits:   m.RateLimits,
@@ -189,6 +213,18 @@ func New(m *bpf.RelayMaps) *Maps {
 		dstTable:     make(map[bpf.RelayDstKey]uint32),
 		now:          time.Now,
 	}
+}
+
+// wirePortWords is the size of the wire_ports bitmap: a bit per port.
+const wirePortWords = 65536 / 64
+
+// learned is the reply source a binding's state slot holds (invalid, 0:
+// nothing learned yet).
+func learned(st *bpf.RelayBindingState) (netip.Addr, uint16) {
+	if st.ListenerAddr.B == [16]uint8{} {
+		return netip.Addr{}, 0
+	}
+	return fromAddr16(st.ListenerAddr.B), byteorder.Htons(st.ListenerPort)
 }
 
 // addr16 is the maps' address form: IPv4 as ::ffff:a.b.c.d, IPv6 as is, and
@@ -267,13 +303,20 @@ func validate(b Binding) error {
 // socket d maps it to, and ChannelData to any other destination is passed to
 // the kernel untouched (which forwards transit traffic and delivers the rest).
 // Whoever computes d answers for it being what the kernel would deliver to
-// each listener socket (see internal/destinations).
+// each listener socket (see internal/destinations). A destination whose port
+// is not its listener's (a DNAT translated the port: a NodePort) also puts
+// its port into the program's wire_ports, without which the program takes
+// only listener ports for client traffic.
 func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.retryInvalidate()
 	want := make(map[bpf.RelayDstKey]uint32, len(d))
+	var bits [wirePortWords]uint64
 	for wire, l := range d {
+		if wire.IsValid() && l.IsValid() && wire.Port() != l.Port() {
+			bits[wire.Port()/64] |= 1 << (wire.Port() % 64)
+		}
 		if !wire.IsValid() || wire.Addr().IsUnspecified() || wire.Port() == 0 {
 			return fmt.Errorf("destination %v: not a unicast address and port", wire)
 		}
@@ -308,6 +351,19 @@ func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 			continue
 		}
 		delete(m.dstTable, k)
+	}
+	// The ports after the table: a port's bit without its destination (or
+	// the reverse) passes the packet, as no bit does.
+	for w := range bits {
+		if bits[w] == m.wireBits[w] {
+			continue
+		}
+		changed = true
+		if err := m.wirePorts.Put(uint32(w), bits[w]); err != nil {
+			errs = append(errs, fmt.Errorf("destination ports %d-%d: %w", w*64, w*64+63, err))
+			continue
+		}
+		m.wireBits[w] = bits[w]
 	}
 	if changed {
 		// Flows the program cached went through the old table (after the
@@ -345,7 +401,7 @@ func (m *Maps) Upsert(b Binding) error {
 		return fmt.Errorf("binding %v: %w", b, err)
 	}
 	b.Client, b.Listener, b.Peer, b.Relay = unmap(b.Client), unmap(b.Listener), unmap(b.Peer), unmap(b.Relay)
-	b.ReplySource = netip.Addr{}
+	b.ReplySource, b.ReplyPort = netip.Addr{}, 0
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.retryInvalidate()
@@ -408,7 +464,6 @@ func (m *Maps) Upsert(b Binding) error {
 	pv.Key = pk
 	pv.Bind.ClientAddr.B = addr16(b.Client.Addr())
 	pv.Bind.ClientPort = byteorder.Htons(b.Client.Port())
-	pv.Bind.ListenerPort = byteorder.Htons(b.Listener.Port())
 	pv.Bind.Channel = byteorder.Htons(b.Channel)
 	pv.Bind.BindingId = id
 	pv.Bind.AllocId = allocID
@@ -794,8 +849,8 @@ func (m *Maps) Dump() (map[Key]Binding, error) {
 			pv.Bind.ClientAddr.B != k.ClientAddr.B || pv.Bind.ClientPort != k.ClientPort || pv.Bind.Channel != k.Channel {
 			continue
 		}
-		if err := m.states.Lookup(v.BindingId, &st); err == nil && st.ListenerAddr.B != [16]uint8{} {
-			b.ReplySource = fromAddr16(st.ListenerAddr.B)
+		if err := m.states.Lookup(v.BindingId, &st); err == nil {
+			b.ReplySource, b.ReplyPort = learned(&st)
 		}
 		out[b.Key()] = b
 	}

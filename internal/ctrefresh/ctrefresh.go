@@ -400,11 +400,11 @@ func (r *Refresher) advanced(bindings []channelmap.Live) map[tuple]*want {
 			continue
 		}
 		// The client's entry: the program learns where the client's
-		// packets arrive on the wire (a VIP) from its first accepted
-		// ChannelData, and relays neither direction before it knows.
-		if b.ReplySource.IsValid() {
-			wire := netip.AddrPortFrom(b.ReplySource.Unmap(), b.Listener.Port())
-			add(tuple{clientSide, unmap(b.Client), wire}, c2p, p2c, unmap(b.Listener))
+		// packets arrive on the wire (a VIP, a NodePort: address and port)
+		// from its first accepted ChannelData, and relays neither
+		// direction before it knows.
+		if wire := b.ReplyFrom(); wire.IsValid() {
+			add(tuple{clientSide, unmap(b.Client), unmap(wire)}, c2p, p2c, unmap(b.Listener))
 		}
 		add(tuple{peerSide, unmap(b.Relay), unmap(b.Peer)}, c2p, p2c, netip.AddrPort{})
 	}

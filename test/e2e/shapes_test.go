@@ -83,8 +83,12 @@ var shapeCases = []shapeCase{
 		why: "both directions enter and leave through the NIC: XDP_TX"},
 	{name: "remote-hostnet", shape: netns.RemoteHost, engagesC2P: true, engagesP2C: true,
 		why: "both directions enter and leave through the NIC: XDP_TX"},
-	{name: "nodeport", shape: netns.NodePort,
-		why: "the client's packets arrive for port 31478, which no listener has (the DNAT comes after XDP): userspace both ways"},
+	{name: "nodeport", shape: netns.NodePort, engagesC2P: true, engagesP2C: true,
+		why: "the client sends to nodeIP:31478, which kube-proxy DNATs to the listener's 3478 after XDP: the daemon learns " +
+			"the NodePort from the allocation's conntrack entry (no local socket on 31478), puts nodeIP:31478 into the " +
+			"destination table and 31478 into wire_ports; XDP takes the client's ChannelData there and XDP_TXes it to the " +
+			"peer, learns address and port, and sends the peer's replies from nodeIP:31478 (XDP_TX), as conntrack would " +
+			"have reverse-NATed pion's"},
 	// The acceptance rigs of issue 23: an egress that cannot take XDP frames sits in the devmap.
 	{name: "mixed-native-generic", shape: netns.MacvlanNIC, offload: egressToo,
 		attach:     map[string]string{"eth0": "native", "mv0": "generic"},
