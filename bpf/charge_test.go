@@ -268,9 +268,10 @@ func BenchmarkCharge(b *testing.B) {
 // FuzzChargeVsModel: the charge program against model.Charge for any limit
 // (packets, bytes, pass or drop), any debt in the allocation's bucket (behind
 // or ahead of now, in 100 µs steps) and any datagram length. The verdicts
-// must agree unless a debt is within 10 ms of the burst's edge (the program
-// and the model read the clock microseconds apart); the debts after it too,
-// within the clock reads' spread.
+// must agree unless a debt is within 10 ms (and the clock reads' spread) of
+// the burst's edge: the program and the model read the clock apart, by
+// milliseconds on a loaded machine; the debts after it too, within that
+// spread.
 func FuzzChargeVsModel(f *testing.F) {
 	e := newEnv(f)
 	bs := sortedBindings()
