@@ -89,18 +89,25 @@ const (
 // userspace). Everything the allocation relays, on both paths, stays within
 // its one limit (+ a burst), not once per path.
 func TestRateLimitSplitPathsXDP(t *testing.T) {
-	inRig(t, false, func(t *testing.T, r rig) { splitPaths(t, r, loader.ModeNative) })
+	inRig(t, false, func(t *testing.T, r rig) { splitPaths(t, r, loader.ModeNative, false) })
+}
+
+// TestRateLimitSplitPathsXDPPass: the same with --over-limit=pass: what the
+// kernel finds over the limit goes to pion/turn, whose relay socket charges
+// the same bucket, finds it over too and drops it: the limit holds.
+func TestRateLimitSplitPathsXDPPass(t *testing.T) {
+	inRig(t, false, func(t *testing.T, r rig) { splitPaths(t, r, loader.ModeNative, true) })
 }
 
 // TestRateLimitSplitPathsUserspace: the twin with --xdp-mode=off: pion relays
 // both peers, and the allocation's one bucket holds the total at the limit.
 func TestRateLimitSplitPathsUserspace(t *testing.T) {
-	inRig(t, false, func(t *testing.T, r rig) { splitPaths(t, r, loader.ModeOff) })
+	inRig(t, false, func(t *testing.T, r rig) { splitPaths(t, r, loader.ModeOff, false) })
 }
 
-func splitPaths(t *testing.T, r rig, mode loader.Mode) {
+func splitPaths(t *testing.T, r rig, mode loader.Mode, pass bool) {
 	d := startDaemon(t, mode, r.serverIfaces, func(c *daemon.Config) {
-		c.RateLimit = channelmap.RateLimit{PacketsPerSecond: splitPPS}
+		c.RateLimit = channelmap.RateLimit{PacketsPerSecond: splitPPS, Pass: pass}
 		c.MaxChannels = 1
 	})
 	peerB := netip.AddrPortFrom(echoPeer.Addr(), echoPeer.Port()+1)
@@ -183,8 +190,8 @@ func splitPaths(t *testing.T, r rig, mode loader.Mode) {
 	user := (after.userC2P - before.userC2P) + (after.userP2C - before.userP2C)
 	relayed := kernel + user
 	limit := float64(splitPPS) * elapsed.Seconds()
-	t.Logf("%s: sent %d to each peer in %v; relayed %d (kernel %d, userspace %d), limit %.0f (+ a 50 ms burst); echoes A %d, B %d; %v",
-		mode, sent, elapsed.Round(time.Millisecond), relayed, kernel, user, limit, echoesA.Load()-aBefore, echoesB.Load()-bBefore, after)
+	t.Logf("%s (over-limit pass %v): sent %d to each peer in %v; relayed %d (kernel %d, userspace %d), limit %.0f (+ a 50 ms burst); echoes A %d, B %d; %d dropped in userspace; %v",
+		mode, pass, sent, elapsed.Round(time.Millisecond), relayed, kernel, user, limit, echoesA.Load()-aBefore, echoesB.Load()-bBefore, d.RateLimitDropped(), after)
 	if sent < total*9/10 {
 		t.Fatalf("sent %d datagrams to each peer, want %d: the limit was not tested", sent, total)
 	}
