@@ -19,7 +19,7 @@ GOLANGCI_LINT         := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 # Differential fuzz targets (XDP program vs the Go reference model); CI runs
 # each for FUZZTIME as a regression check. Minimizing is kept short: every
 # input costs ~100 syscalls.
-FUZZ_TARGETS ?= FuzzRelayVsModel FuzzRelayBindingsVsModel FuzzTCVsModel FuzzTCBindingsVsModel
+FUZZ_TARGETS ?= FuzzRelayVsModel FuzzRelayBindingsVsModel FuzzTCVsModel FuzzTCBindingsVsModel FuzzChargeVsModel
 FUZZTIME     ?= 30s
 
 help: ## list the targets

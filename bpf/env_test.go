@@ -178,6 +178,7 @@ func newEnv(t testing.TB) *env {
 	t.Cleanup(func() { prog.Close() })
 	e.prog = prog
 	e.maps = channelmap.New(prog.Maps())
+	e.maps.SetCharge(prog.Charge())
 	if err := e.maps.SetDestinations(destTable); err != nil {
 		t.Fatal(err)
 	}

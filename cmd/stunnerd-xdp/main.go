@@ -191,8 +191,8 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.Uint64Var(&o.maxAllocBPS, "max-alloc-bps", 0, "application-data BYTES (not bits) per second one allocation may relay, all its channels and\n"+
 		"both directions together, like coturn's max-bps (a burst of 50 ms worth); 0: no limit")
 	fs.StringVar(&o.overLimit, "over-limit", "drop", "what the XDP program does with a datagram over --max-alloc-pps/-bps: drop (XDP_DROP,\n"+
-		"counted as rate_limited) or pass (to the stack and pion/turn, whose own limiter sees only the excess:\n"+
-		"a binding may then reach twice the limit; drop holds it)")
+		"counted as rate_limited) or pass (to the stack and pion/turn, whose relay socket charges the same\n"+
+		"bucket and drops it there: the limit holds either way)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off); without a host it listens on the pod's\n"+
 		"address ($POD_IP, else $STUNNER_ADDR) and loopback, not on every address of the node")
 	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live, /ready and /status (empty: off); without a host, as --metrics-addr")

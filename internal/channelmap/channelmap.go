@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -133,6 +134,8 @@ type Maps struct {
 	// rateLimits holds the one rate limit of every allocation; allocRates
 	// the allocations' buckets, by alloc id.
 	rateLimits, allocRates *ebpf.Map
+	// charge is the charge program over them (charge.go).
+	charge atomic.Pointer[ebpf.Program]
 
 	mu       sync.Mutex
 	bindings map[Key]entry
@@ -170,6 +173,7 @@ type Maps struct {
 type allocRef struct {
 	id   uint32
 	refs int
+	held bool // one of refs is its relay socket's (HoldAlloc)
 }
 
 type entry struct {

@@ -282,6 +282,16 @@ func (m *Model) RateState(relay netip.AddrPort) RateState { return m.rate[unmapP
 // the program's bucket.
 func (m *Model) SetRateState(relay netip.AddrPort, s RateState) { m.rate[unmapPort(relay)] = s }
 
+// Charge is what userspace does with a datagram of dataLen bytes of
+// application data that pion/turn would relay for the allocation relayed at
+// relay (bpf/charge.c): it charges the allocation's bucket, the one its
+// bindings' packets are charged to, or tells that it is over the limit (and
+// charges nothing). Over the limit userspace drops it, whatever the limit's
+// Pass says: pion/turn is the last to decide.
+func (m *Model) Charge(relay netip.AddrPort, dataLen int) (over bool) {
+	return m.overLimit(unmapPort(relay), dataLen)
+}
+
 // overLimit charges a packet with dataLen bytes of application data to the
 // allocation relayed at k, or tells that it is over the limit (and charges
 // nothing).
