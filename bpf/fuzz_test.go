@@ -287,7 +287,10 @@ func decodeBindings(spec []byte) []channelmap.Binding {
 		if l := pick(listenerPool, s[5]&0x7f); l != "" {
 			b.ReplySource = netip.MustParseAddr(l)
 		}
-		pk := [2]netip.AddrPort{b.Peer, b.Relay}
+		if s[4]&0x08 != 0 { // the node source-NATs the flow: another relay on the wire
+			b.Wire = netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzRelayAddrs, s[4]>>4+1)), pick(fuzzRelayPorts, s[4]&0x7+1))
+		}
+		pk := [2]netip.AddrPort{b.Peer, b.OnWire()}
 		if clients[b.Key()] || peers[pk] {
 			continue
 		}

@@ -30,7 +30,15 @@ type Binding struct {
 	Listener netip.AddrPort
 	Channel  uint16
 	Peer     netip.AddrPort
-	Relay    netip.AddrPort
+	// Relay is pion/turn's relay socket: the allocation (its rate limit and
+	// accounting go by it).
+	Relay netip.AddrPort
+	// Wire is the relay's address and port as the peer sees them, when the
+	// node's netfilter source-NATs the relay<->peer flow (a masquerade, see
+	// natcheck.Translated): client->peer packets leave from Wire, and the
+	// peer's packets to Wire are the binding's. Zero (or Relay): not
+	// translated.
+	Wire netip.AddrPort
 	// ReplySource is the source of packets to the client: the address the
 	// client's packets arrived at on the wire (a VIP in front of the node, the
 	// local address a wildcard listener was reached at). The program learns it
@@ -52,8 +60,20 @@ func (b Binding) Key() Key {
 	return Key{Client: b.Client, Listener: b.Listener, Channel: b.Channel}
 }
 
+// OnWire is the relay's address and port on the wire: Wire when set, else Relay.
+func (b Binding) OnWire() netip.AddrPort {
+	if b.Wire.IsValid() {
+		return b.Wire
+	}
+	return b.Relay
+}
+
 func (b Binding) String() string {
-	return fmt.Sprintf("%s ch=%#x listener=%s <-> relay=%s peer=%s", b.Client, b.Channel, b.Listener, b.Relay, b.Peer)
+	relay := b.Relay.String()
+	if b.Wire.IsValid() && b.Wire != b.Relay {
+		relay += " (on the wire " + b.Wire.String() + ")"
+	}
+	return fmt.Sprintf("%s ch=%#x listener=%s <-> relay=%s peer=%s", b.Client, b.Channel, b.Listener, relay, b.Peer)
 }
 
 // Stats are the packets and application-data bytes the XDP program relayed.
@@ -231,12 +251,15 @@ func (m *Maps) c2pKey(k Key) bpf.RelayC2pKey {
 	return key
 }
 
+// p2cKey is where the peer's datagrams are looked up: from the peer to the
+// relay as the peer sees it.
 func p2cKey(b Binding) bpf.RelayP2cKey {
 	var key bpf.RelayP2cKey
+	wire := b.OnWire()
 	key.PeerAddr.B = addr16(b.Peer.Addr())
-	key.RelayAddr.B = addr16(b.Relay.Addr())
+	key.RelayAddr.B = addr16(wire.Addr())
 	key.PeerPort = byteorder.Htons(b.Peer.Port())
-	key.RelayPort = byteorder.Htons(b.Relay.Port())
+	key.RelayPort = byteorder.Htons(wire.Port())
 	return key
 }
 
@@ -248,13 +271,15 @@ func validate(b Binding) error {
 		return fmt.Errorf("invalid peer address %v", b.Peer)
 	case !b.Relay.IsValid() || b.Relay.Port() == 0 || b.Relay.Addr().IsUnspecified():
 		return fmt.Errorf("invalid relay address %v", b.Relay)
+	case b.Wire.IsValid() && (b.Wire.Port() == 0 || b.Wire.Addr().IsUnspecified()):
+		return fmt.Errorf("invalid relay address on the wire %v", b.Wire)
 	case !b.Listener.IsValid() || b.Listener.Port() == 0:
 		return fmt.Errorf("invalid listener address %v", b.Listener)
 	case b.Channel < 0x4000 || b.Channel > 0x7FFF:
 		return fmt.Errorf("invalid channel number %#x", b.Channel)
 	}
 	// Clients may be IPv4 or IPv6; relays and peers are IPv4.
-	for _, a := range []netip.Addr{b.Peer.Addr(), b.Relay.Addr()} {
+	for _, a := range []netip.Addr{b.Peer.Addr(), b.Relay.Addr(), b.OnWire().Addr()} {
 		if !a.Unmap().Is4() {
 			return fmt.Errorf("address %v: relays and peers are IPv4 in the kernel", a)
 		}
@@ -345,6 +370,9 @@ func (m *Maps) Upsert(b Binding) error {
 		return fmt.Errorf("binding %v: %w", b, err)
 	}
 	b.Client, b.Listener, b.Peer, b.Relay = unmap(b.Client), unmap(b.Listener), unmap(b.Peer), unmap(b.Relay)
+	if b.Wire = unmap(b.Wire); b.Wire == b.Relay {
+		b.Wire = netip.AddrPort{} // one spelling of "not translated"
+	}
 	b.ReplySource = netip.Addr{}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -397,9 +425,11 @@ func (m *Maps) Upsert(b Binding) error {
 	var cv bpf.RelayC2pVal
 	cv.Key = m.c2pKey(k)
 	cv.PeerAddr.B = addr16(b.Peer.Addr())
-	cv.RelayAddr.B = addr16(b.Relay.Addr())
+	// The source client->peer packets leave from: the relay as the peer
+	// sees it (the translation netfilter would have applied).
+	cv.RelayAddr.B = addr16(b.OnWire().Addr())
 	cv.PeerPort = byteorder.Htons(b.Peer.Port())
-	cv.RelayPort = byteorder.Htons(b.Relay.Port())
+	cv.RelayPort = byteorder.Htons(b.OnWire().Port())
 	cv.BindingId = id
 	cv.AllocId = allocID
 	cv.Gen = slotGen
@@ -769,6 +799,10 @@ func (m *Maps) Verdicts() ([]uint64, error) {
 func (m *Maps) Dump() (map[Key]Binding, error) {
 	m.mu.Lock()
 	listeners := maps.Clone(m.listenerAddr)
+	recorded := make(map[Key]Binding, len(m.bindings))
+	for k, e := range m.bindings {
+		recorded[k] = e.binding
+	}
 	m.mu.Unlock()
 	out := make(map[Key]Binding)
 	var (
@@ -789,6 +823,11 @@ func (m *Maps) Dump() (map[Key]Binding, error) {
 			Channel:  byteorder.Htons(k.Channel),
 			Peer:     netip.AddrPortFrom(fromAddr16(v.PeerAddr.B), byteorder.Htons(v.PeerPort)),
 			Relay:    netip.AddrPortFrom(fromAddr16(v.RelayAddr.B), byteorder.Htons(v.RelayPort)),
+		}
+		// The kernel holds the relay on the wire; pion's relay socket is
+		// this process's record of it.
+		if r, ok := recorded[b.Key()]; ok && r.OnWire() == b.Relay {
+			b.Relay, b.Wire = r.Relay, r.Wire
 		}
 		if err := m.p2c.Lookup(p2cKey(b), &pv); err != nil || pv.Bind.BindingId != v.BindingId ||
 			pv.Bind.ClientAddr.B != k.ClientAddr.B || pv.Bind.ClientPort != k.ClientPort || pv.Bind.Channel != k.Channel {

@@ -320,7 +320,8 @@ func New(env Env, bindings []channelmap.Binding) (*Model, error) {
 		b.Listener = unmapPort(b.Listener)
 		b.Peer = unmapPort(b.Peer)
 		b.Relay = unmapPort(b.Relay)
-		if !b.Peer.Addr().Is4() || !b.Relay.Addr().Is4() {
+		b.Wire = unmapPort(b.Wire)
+		if !b.Peer.Addr().Is4() || !b.Relay.Addr().Is4() || !b.OnWire().Addr().Is4() {
 			return nil, fmt.Errorf("binding %v: relays and peers are IPv4 only", b)
 		}
 		b.ReplySource = b.ReplySource.Unmap()
@@ -329,7 +330,9 @@ func New(env Env, bindings []channelmap.Binding) (*Model, error) {
 		} else if b.ReplySource.Is6() != b.Client.Addr().Is6() {
 			return nil, fmt.Errorf("binding %v: reply source %v is not of the client's family", b, b.ReplySource)
 		}
-		pk := peerKey{b.Peer, b.Relay}
+		// The relay as the peer sees it (translated when netfilter
+		// source-NATs the flow): where the peer's datagrams go.
+		pk := peerKey{b.Peer, b.OnWire()}
 		if _, dup := m.client[b.Key()]; dup {
 			return nil, fmt.Errorf("binding %v: client key bound twice", b)
 		}
@@ -533,7 +536,8 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 		res.Learned = &Learned{Binding: key, Addr: d}
 	}
 	data := msg[4 : 4+n]
-	out := outPacket{src: b.Relay, dst: b.Peer, payload: data, dataLen: n}
+	// From the relay as netfilter would have translated it (Binding.Wire).
+	out := outPacket{src: b.OnWire(), dst: b.Peer, payload: data, dataLen: n}
 	return m.send(ingress, in, out, res, key, b.Relay, bpf.RelayReasonREASON_RELAY_C2P_TX, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT)
 }
 
