@@ -8,7 +8,8 @@
  *   client->peer: ChannelData to a destination a listener accepts, from a bound
  *                 (client, listener, channel): strip the 4-byte header and any
  *                 padding, send relay -> peer.
- *   peer->client: UDP to a relay port from the exact bound peer address:port:
+ *   peer->client: UDP to a relay port (or the port a source NAT gave a relay on
+ *                 the wire: nat_relay_ports) from the exact bound peer address:port:
  *                 prepend the header, send listener (as on the wire) -> client.
  *
  * What leaves is what pion/turn and the node's kernel would send: TTL less one,
@@ -104,6 +105,17 @@ static __always_inline int is_relay_port(__be16 port)
 {
 	__u16 p = bpf_ntohs(port);
 	return cfg.min_relay_port != 0 && p >= cfg.min_relay_port && p <= cfg.max_relay_port;
+}
+
+/* is_nat_relay_port tells a port that a source-NATed relay has on the wire
+ * (nat_relay_ports). Asked only of ports that are neither a listener's nor
+ * relay ports: one inlined array access. */
+static __always_inline int is_nat_relay_port(__be16 port)
+{
+	__u16 p = bpf_ntohs(port);
+	__u32 word = p >> 6;
+	const __u64 *bits = bpf_map_lookup_elem(&nat_relay_ports, &word);
+	return bits && (*bits >> (p & 63)) & 1;
 }
 
 /* flow_mix folds 8 bytes into a flow cache index hash (a multiplicative hash:
@@ -1114,7 +1126,7 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 		 * a relayed packet runs (and fetches) only its family's code. */
 		if (is_listener_port(udp->dest))
 			return client_to_peer(ctx, &c, &in, udp, reason);
-		if (is_relay_port(udp->dest))
+		if (is_relay_port(udp->dest) || is_nat_relay_port(udp->dest))
 			return peer_to_client(ctx, &c, &in, udp, reason);
 	} else {
 		if ((r = parse_input_v6(&c, &in, &udp)) >= 0) {
@@ -1123,7 +1135,7 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 		}
 		if (is_listener_port(udp->dest))
 			return client_to_peer(ctx, &c, &in, udp, reason);
-		if (is_relay_port(udp->dest))
+		if (is_relay_port(udp->dest) || is_nat_relay_port(udp->dest))
 			return peer_to_client(ctx, &c, &in, udp, reason);
 	}
 	*reason = REASON_NOT_OURS;

@@ -498,7 +498,7 @@ static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
 		}
 		if (is_listener_port(udp->dest))
 			return tc_client_to_peer(ctx, &c, &in, udp, reason);
-		if (is_relay_port(udp->dest))
+		if (is_relay_port(udp->dest) || is_nat_relay_port(udp->dest))
 			return tc_peer_to_client(ctx, &c, &in, udp, reason);
 	} else {
 		if ((r = parse_input_v6(&c, &in, &udp)) >= 0) {
@@ -507,7 +507,7 @@ static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
 		}
 		if (is_listener_port(udp->dest))
 			return tc_client_to_peer(ctx, &c, &in, udp, reason);
-		if (is_relay_port(udp->dest))
+		if (is_relay_port(udp->dest) || is_nat_relay_port(udp->dest))
 			return tc_peer_to_client(ctx, &c, &in, udp, reason);
 	}
 	*reason = REASON_NOT_OURS;

@@ -49,6 +49,11 @@ var bindings = map[string]channelmap.Binding{
 	"snat": {Client: ap("10.100.0.2:40000"), Listener: wildcard4, Channel: 0x4006,
 		Peer: ap("10.200.0.2:5040"), Relay: ap("10.100.0.1:50040"), Wire: ap("10.200.0.7:51041"),
 		ReplySource: netip.MustParseAddr("10.100.0.1")},
+	// The same with a port outside the relay range (--random-fully picks
+	// any): its peer's datagrams reach the lookup through nat_relay_ports.
+	"snatport": {Client: ap("10.100.0.2:40000"), Listener: wildcard4, Channel: 0x4007,
+		Peer: ap("10.200.0.2:5041"), Relay: ap("10.100.0.1:50041"), Wire: ap("10.200.0.7:31041"),
+		ReplySource: netip.MustParseAddr("10.100.0.1")},
 
 	// IPv6 clients; relays and peers are IPv4.
 	// client on a0, peer on b0: redirect both ways, v6->v4 and v4->v6.
@@ -259,6 +264,25 @@ func goldenCases(e *env) []golden {
 		in.Dst = snat.Relay
 		cases = append(cases, golden{name: "pass/p2c/snat/to-untranslated-relay", ingress: "b0", in: in.Marshal(),
 			verdict: xdpPass, reason: bpf.RelayReasonREASON_NO_PEER_BINDING})
+
+		sp := bindings["snatport"]
+		in = fromClient(sp, "10.100.0.1", packet.ChannelData(sp.Channel, data(100), nil))
+		cases = append(cases, golden{name: "c2p/snat/port-outside-relay-range", ingress: "a0", in: in.Marshal(),
+			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
+			out: toPeer(in, sp, b0.mac, peerMAC, data(100)).Marshal()})
+		in = fromPeer(sp, data(100))
+		cases = append(cases, golden{name: "p2c/snat/port-outside-relay-range", ingress: "b0", in: in.Marshal(),
+			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+			out: toClient(in, sp, sp.ReplySource, a0.mac, clientMAC, data(100)).Marshal()})
+		// Another sender to that port is no binding's; a port next to it is
+		// not the relay's at all.
+		in.Src = ap("10.200.0.3:5041")
+		cases = append(cases, golden{name: "pass/p2c/snat/port-outside-relay-range/other-peer", ingress: "b0", in: in.Marshal(),
+			verdict: xdpPass, reason: bpf.RelayReasonREASON_NO_PEER_BINDING})
+		in = fromPeer(sp, data(100))
+		in.Dst = netip.AddrPortFrom(sp.Wire.Addr(), sp.Wire.Port()+1)
+		cases = append(cases, golden{name: "pass/p2c/snat/port-outside-relay-range/next-port", ingress: "b0", in: in.Marshal(),
+			verdict: xdpPass, reason: bpf.RelayReasonREASON_NOT_OURS})
 	}
 	// A small result still fits under c0's MTU of 100.
 	{

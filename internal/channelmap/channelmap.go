@@ -161,6 +161,10 @@ type Maps struct {
 	allocFree []uint32
 	nextAlloc uint32
 	now       func() time.Time
+	// natPorts is the program's nat_relay_ports bitmap, natRefs how many
+	// installed bindings have a translated relay (Binding.Wire) on each port.
+	natPorts *ebpf.Map
+	natRefs  map[uint16]int
 }
 
 // allocRef is an allocation's id and how many installed bindings hold it.
@@ -208,7 +212,47 @@ func New(m *bpf.RelayMaps) *Maps {
 		listenerAddr: make(map[uint32]netip.AddrPort),
 		dstTable:     make(map[bpf.RelayDstKey]uint32),
 		now:          time.Now,
+		natPorts:     m.NatRelayPorts,
+		natRefs:      make(map[uint16]int),
 	}
+}
+
+// natPortRef counts (delta +1) or stops counting (-1) b's translated relay
+// port, and sets or clears its bit in the program's nat_relay_ports on the
+// first reference and after the last: the program takes UDP to a port outside
+// the relay range as a peer's only while its bit is set. Untranslated
+// bindings have nothing to count. Called with mu held.
+func (m *Maps) natPortRef(b Binding, delta int) error {
+	if !b.Wire.IsValid() || b.Wire == b.Relay {
+		return nil
+	}
+	p := b.Wire.Port()
+	before := m.natRefs[p]
+	after := max(before+delta, 0)
+	if after == 0 {
+		delete(m.natRefs, p)
+	} else {
+		m.natRefs[p] = after
+	}
+	if (before == 0) == (after == 0) || m.natPorts == nil {
+		return nil
+	}
+	word := uint32(p / 64)
+	var bits uint64
+	if err := m.natPorts.Lookup(word, &bits); err != nil {
+		m.natRefs[p] = before
+		return fmt.Errorf("nat relay port %d: %w", p, err)
+	}
+	if after > 0 {
+		bits |= 1 << (p % 64)
+	} else {
+		bits &^= 1 << (p % 64)
+	}
+	if err := m.natPorts.Put(word, bits); err != nil {
+		m.natRefs[p] = before
+		return fmt.Errorf("nat relay port %d: %w", p, err)
+	}
+	return nil
 }
 
 // addr16 is the maps' address form: IPv4 as ::ffff:a.b.c.d, IPv6 as is, and
@@ -406,6 +450,20 @@ func (m *Maps) Upsert(b Binding) error {
 			m.releaseAlloc(b.Relay)
 		}
 	}()
+	// The translated relay's port is taken before the peer->client entry
+	// can match (a port outside the relay range reaches the lookup only
+	// with its bit set), and given back on every failure.
+	if err := m.natPortRef(b, +1); err != nil {
+		if !exists {
+			m.free(id)
+		}
+		return fmt.Errorf("binding %v: %w", b, err)
+	}
+	defer func() {
+		if !installed {
+			_ = m.natPortRef(b, -1)
+		}
+	}()
 	pk := p2cKey(b)
 	slotGen := old.slotGen
 	if !exists {
@@ -469,6 +527,11 @@ func (m *Maps) Upsert(b Binding) error {
 	installed = true
 	if exists && newAlloc {
 		m.releaseAlloc(old.binding.Relay)
+	}
+	if exists {
+		// A failure leaves a bit set for nothing: the program then looks
+		// up peer->client entries on that port and finds none.
+		_ = m.natPortRef(old.binding, -1)
 	}
 	e := entry{binding: b, id: id, allocID: allocID, gen: old.gen, slotGen: slotGen, account: m.accountOf(b), base: old.base}
 	if exists && e.account != old.account {
@@ -633,6 +696,7 @@ func (m *Maps) free(id uint32) {
 // quarantine. Called with mu held, after both map entries are gone.
 func (m *Maps) retire(e entry) {
 	m.releaseAlloc(e.binding.Relay)
+	_ = m.natPortRef(e.binding, -1) // a bit left set only costs lookups that miss
 	m.fold(e.id, e.account, e.base)
 	if err := m.states.Put(e.id, bpf.RelayBindingState{}); err != nil {
 		// The slot keeps the generation its cached flows were made in.

@@ -177,6 +177,7 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			bpf.RelayMapVerdicts:      reuse.Verdicts,
 			bpf.RelayMapTxPorts:       reuse.TxPorts,
 			bpf.RelayMapListenerDsts:  reuse.ListenerDsts,
+			bpf.RelayMapNatRelayPorts: reuse.NatRelayPorts,
 			bpf.RelayMapBindingStates: reuse.BindingStates,
 			bpf.RelayMapFibGen:        reuse.FibGen,
 			bpf.RelayMapRateLimits:    reuse.RateLimits,

@@ -22,10 +22,15 @@
 //     checksum right; IPv6 with a UDP checksum) and have a TTL (hop limit) of 2
 //     or more. Such a packet shows the address the client sends to, which
 //     becomes the source of replies: nothing else teaches it.
-//  3. UDP to a relay port must come from exactly the bound peer address:port to
-//     the bound relay address:port, the reply source must be known, and the
-//     packet must be what the kernel would take, with a TTL of 2 or more.
-//  4. The rewritten packet (client->peer: the data alone, relay -> peer;
+//  3. UDP to a relay port, or to the port a bound relay has on the wire when
+//     the node source-NATs it (Binding.Wire: a masquerade's port may lie
+//     outside the relay range; the program keeps such ports in
+//     nat_relay_ports), must come from exactly the bound peer address:port to
+//     the bound relay address:port as the peer sees it (Wire when set), the
+//     reply source must be known, and the packet must be what the kernel
+//     would take, with a TTL of 2 or more.
+//  4. The rewritten packet (client->peer: the data alone, relay (as the peer
+//     sees it) -> peer;
 //     peer->client: ChannelData header + data, listener -> client) leaves through
 //     the next hop the kernel's FIB gives for it, looked up as if forwarded from the
 //     ingress interface; when the FIB cannot give one the original packet passes.
@@ -440,6 +445,8 @@ func (m *Model) Process(ingress int, frame []byte) Result {
 		return m.fromClient(ingress, frame, in)
 	case in.dst.Port() >= m.env.MinRelayPort && in.dst.Port() <= m.env.MaxRelayPort && m.env.MinRelayPort != 0:
 		return m.fromPeer(ingress, frame, in)
+	case m.isNATRelayPort(in.dst.Port()):
+		return m.fromPeer(ingress, frame, in)
 	}
 	return pass(bpf.RelayReasonREASON_NOT_OURS)
 }
@@ -480,6 +487,17 @@ func (in datagram) kernelTakes() bpf.RelayReason {
 func (m *Model) isListenerPort(p uint16) bool {
 	for _, l := range m.env.ListenerPorts {
 		if l == p {
+			return true
+		}
+	}
+	return false
+}
+
+// isNATRelayPort tells a port that some binding's translated relay has on
+// the wire (point 3).
+func (m *Model) isNATRelayPort(p uint16) bool {
+	for _, b := range m.order {
+		if b.Wire.IsValid() && b.Wire != b.Relay && b.Wire.Port() == p {
 			return true
 		}
 	}
