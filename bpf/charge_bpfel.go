@@ -232,6 +232,7 @@ const (
 	ChargeMapDevCaps             = "dev_caps"
 	ChargeMapFibGen              = "fib_gen"
 	ChargeMapListenerDsts        = "listener_dsts"
+	ChargeMapNatRelayPorts       = "nat_relay_ports"
 	ChargeMapP2cBindings         = "p2c_bindings"
 	ChargeMapP2cFlows            = "p2c_flows"
 	ChargeMapRateLimits          = "rate_limits"
@@ -299,6 +300,7 @@ type ChargeMapSpecs struct {
 	DevCaps       *ebpf.MapSpec `ebpf:"dev_caps"`
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
+	NatRelayPorts *ebpf.MapSpec `ebpf:"nat_relay_ports"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.MapSpec `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
@@ -342,6 +344,7 @@ type ChargeMaps struct {
 	DevCaps       *ebpf.Map `ebpf:"dev_caps"`
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
+	NatRelayPorts *ebpf.Map `ebpf:"nat_relay_ports"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.Map `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
@@ -359,6 +362,7 @@ func (m *ChargeMaps) Close() error {
 		m.DevCaps,
 		m.FibGen,
 		m.ListenerDsts,
+		m.NatRelayPorts,
 		m.P2cBindings,
 		m.P2cFlows,
 		m.RateLimits,

@@ -656,8 +656,8 @@ func (e *env) restore(t testing.TB, bs []channelmap.Binding) {
 func (e *env) slot(t testing.TB, b channelmap.Binding) (uint32, bpf.RelayBindingState) {
 	t.Helper()
 	var k bpf.RelayP2cKey
-	k.PeerAddr.B, k.RelayAddr.B = b.Peer.Addr().As16(), b.Relay.Addr().As16()
-	k.PeerPort, k.RelayPort = htons(b.Peer.Port()), htons(b.Relay.Port())
+	k.PeerAddr.B, k.RelayAddr.B = b.Peer.Addr().As16(), b.OnWire().Addr().As16()
+	k.PeerPort, k.RelayPort = htons(b.Peer.Port()), htons(b.OnWire().Port())
 	var v bpf.RelayP2cVal
 	var st bpf.RelayBindingState
 	if err := e.prog.Maps().P2cBindings.Lookup(k, &v); err != nil {

@@ -253,7 +253,9 @@ var (
 	fuzzPeerPorts   = []uint16{5001, 5002, 49152, listenerPort}
 	fuzzRelayAddrs  = []string{"10.100.0.1", "10.200.0.1", "10.201.0.1", "10.202.0.1", "10.203.0.1", "10.200.0.99"}
 	fuzzRelayPorts  = []uint16{49152, 50000, 65535}
-	fuzzChannels    = []uint16{0x4000, 0x4001, 0x4FFF, 0x5000, 0x7FFF}
+	// A masquerade's ports: in the relay range or not, and a listener's.
+	fuzzWirePorts = []uint16{50000, 31041, 1024, 49151, listenerPort}
+	fuzzChannels  = []uint16{0x4000, 0x4001, 0x4FFF, 0x5000, 0x7FFF}
 	// Listener addresses: not known (learned from packets), the interfaces', a
 	// VIP in front of the node, unspecified.
 	fuzzListeners  = []string{"", "10.100.0.1", "10.100.0.100", "10.201.0.1", "10.202.0.1", "0.0.0.0"}
@@ -300,7 +302,10 @@ func decodeBindings(spec []byte) []channelmap.Binding {
 				b.ReplyPort = nodePort
 			}
 		}
-		pk := [2]netip.AddrPort{b.Peer, b.Relay}
+		if s[4]&0x08 != 0 { // the node source-NATs the flow: another relay on the wire
+			b.Wire = netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzRelayAddrs, s[4]>>4+1)), pick(fuzzWirePorts, s[4]&0x7))
+		}
+		pk := [2]netip.AddrPort{b.Peer, b.OnWire()}
 		if clients[b.Key()] || peers[pk] {
 			continue
 		}

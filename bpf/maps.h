@@ -183,6 +183,22 @@ struct config {
 	__u32 flow_shift; /* log2 of the entries per CPU */
 };
 
+/* The ports of relays the node source-NATs (a masquerade maps pion's relay
+ * socket to another address and a port of conntrack's choosing, often outside
+ * the relay port range: natcheck's Translated), as a bitmap indexed by port
+ * (host order): bit port % 64 of word port / 64. The program takes UDP to a
+ * port that is neither a listener's nor a relay port as a peer's datagram only
+ * when its bit is set; only an exact (peer, relay on the wire) in p2c_bindings
+ * is a binding's. Written by userspace (internal/channelmap) as translated
+ * bindings come and go; one array lookup, inlined by the verifier, on the path
+ * of packets that are not the relay's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1024);
+} nat_relay_ports SEC(".maps");
+
 /* Sized by the loader from --max-bindings; max_entries here are the defaults. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

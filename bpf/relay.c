@@ -8,10 +8,11 @@
  *   client->peer: ChannelData to a destination a listener accepts (its own
  *                 port, or one a DNAT translates to it: wire_ports), from a
  *                 bound (client, listener, channel): strip the 4-byte header
- *                 and any padding, send relay -> peer.
- *   peer->client: UDP to a relay port from the exact bound peer address:port:
- *                 prepend the header, send from the address and port the
- *                 client's packets arrived at on the wire -> client.
+ *                 and any padding, send relay (as the peer sees it) -> peer.
+ *   peer->client: UDP to a relay port (or the port a source NAT gave a relay on
+ *                 the wire: nat_relay_ports) from the exact bound peer
+ *                 address:port: prepend the header, send from the address and
+ *                 port the client's packets arrived at on the wire -> client.
  *
  * What leaves is what pion/turn and the node's kernel would send: TTL less one,
  * a UDP checksum that verifies exactly when the input's did (a full one for a
@@ -109,22 +110,22 @@ static __always_inline int is_relay_port(__be16 port)
 	return cfg.min_relay_port != 0 && p >= cfg.min_relay_port && p <= cfg.max_relay_port;
 }
 
-/* is_wire_port tells a port that a DNAT translates to a listener port (a
- * NodePort): userspace sets its bit in wire_ports when it learns such a
- * destination. Asked only of ports that are neither a listener's nor relay
- * ports: one inlined array access. */
-static __always_inline int is_wire_port(__be16 port)
+/* port_bit tells whether port's bit is set in a port bitmap (wire_ports,
+ * nat_relay_ports: bit port % 64 of word port / 64), written by userspace.
+ * One inlined array access. */
+static __always_inline int port_bit(void *bitmap, __be16 port)
 {
 	__u16 p = bpf_ntohs(port);
 	__u32 word = p >> 6;
-	const __u64 *bits = bpf_map_lookup_elem(&wire_ports, &word);
+	const __u64 *bits = bpf_map_lookup_elem(bitmap, &word);
 	return bits && (*bits >> (p & 63)) & 1;
 }
 
 /* Which path a UDP destination port takes, in this order: a listener port,
- * a relay port, a port a DNAT translates to a listener port (so that a
- * translated port inside the relay range is a relay port). One answer, so
- * that each engine inlines each path once per family. */
+ * a relay port, a port a DNAT translates to a listener port (a NodePort:
+ * wire_ports), the port a source NAT gave a relay on the wire (a masquerade:
+ * nat_relay_ports). A translated port inside the relay range is a relay port.
+ * One answer, so that each engine inlines each path once per family. */
 enum port_kind {
 	PORT_NOT_OURS = 0,
 	PORT_CLIENT, /* client->peer */
@@ -137,7 +138,9 @@ static __always_inline enum port_kind port_kind(__be16 port)
 		return PORT_CLIENT;
 	if (is_relay_port(port))
 		return PORT_PEER;
-	return is_wire_port(port) ? PORT_CLIENT : PORT_NOT_OURS;
+	if (port_bit(&wire_ports, port))
+		return PORT_CLIENT;
+	return port_bit(&nat_relay_ports, port) ? PORT_PEER : PORT_NOT_OURS;
 }
 
 /* flow_mix folds 8 bytes into a flow cache index hash (a multiplicative hash:

@@ -261,6 +261,7 @@ const (
 	RelayMapDevCaps       = "dev_caps"
 	RelayMapFibGen        = "fib_gen"
 	RelayMapListenerDsts  = "listener_dsts"
+	RelayMapNatRelayPorts = "nat_relay_ports"
 	RelayMapP2cBindings   = "p2c_bindings"
 	RelayMapP2cFlows      = "p2c_flows"
 	RelayMapRateLimits    = "rate_limits"
@@ -328,6 +329,7 @@ type RelayMapSpecs struct {
 	DevCaps       *ebpf.MapSpec `ebpf:"dev_caps"`
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
+	NatRelayPorts *ebpf.MapSpec `ebpf:"nat_relay_ports"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.MapSpec `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
@@ -371,6 +373,7 @@ type RelayMaps struct {
 	DevCaps       *ebpf.Map `ebpf:"dev_caps"`
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
+	NatRelayPorts *ebpf.Map `ebpf:"nat_relay_ports"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.Map `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
@@ -388,6 +391,7 @@ func (m *RelayMaps) Close() error {
 		m.DevCaps,
 		m.FibGen,
 		m.ListenerDsts,
+		m.NatRelayPorts,
 		m.P2cBindings,
 		m.P2cFlows,
 		m.RateLimits,

@@ -44,6 +44,17 @@ var bindings = map[string]channelmap.Binding{
 	"clientsmallmtu": {Client: ap("10.201.0.2:40000"), Listener: wildcard4, Channel: 0x4000,
 		Peer: ap("10.200.0.2:5004"), Relay: ap("10.200.0.1:50008"), ReplySource: netip.MustParseAddr("10.201.0.1")},
 
+	// A relay whose flow the node source-NATs (a masquerade, natcheck's
+	// Translated): on the wire it is 10.200.0.7:51041, not pion's socket.
+	"snat": {Client: ap("10.100.0.2:40000"), Listener: wildcard4, Channel: 0x4006,
+		Peer: ap("10.200.0.2:5040"), Relay: ap("10.100.0.1:50040"), Wire: ap("10.200.0.7:51041"),
+		ReplySource: netip.MustParseAddr("10.100.0.1")},
+	// The same with a port outside the relay range (--random-fully picks
+	// any): its peer's datagrams reach the lookup through nat_relay_ports.
+	"snatport": {Client: ap("10.100.0.2:40000"), Listener: wildcard4, Channel: 0x4007,
+		Peer: ap("10.200.0.2:5041"), Relay: ap("10.100.0.1:50041"), Wire: ap("10.200.0.7:31041"),
+		ReplySource: netip.MustParseAddr("10.100.0.1")},
+
 	// IPv6 clients; relays and peers are IPv4.
 	// client on a0, peer on b0: redirect both ways, v6->v4 and v4->v6.
 	"v6redirect": {Client: ap("[fd00:100::2]:40000"), Listener: wildcard6, Channel: 0x4000,
@@ -128,7 +139,7 @@ func fromClient(b channelmap.Binding, listener string, payload []byte) packet.Fr
 
 func fromPeer(b channelmap.Binding, payload []byte) packet.Frame {
 	return packet.Frame{DstMAC: [6]byte{0x02, 0xbb}, SrcMAC: peerMAC, TTL: 9, ID: 0x4321,
-		Src: b.Peer, Dst: b.Relay, Payload: payload}
+		Src: b.Peer, Dst: b.OnWire(), Payload: payload}
 }
 
 func data(n int) []byte {
@@ -148,7 +159,7 @@ func toPeer(in packet.Frame, b channelmap.Binding, srcMAC, dstMAC [6]byte, d []b
 		id, frag = 0, 0x4000
 	}
 	return packet.Frame{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: in.TTL - 1, ID: id, FragOff: frag, TOS: in.TOS,
-		Src: b.Relay, Dst: b.Peer, Payload: d, NoUDPChecksum: in.NoUDPChecksum}
+		Src: b.OnWire(), Dst: b.Peer, Payload: d, NoUDPChecksum: in.NoUDPChecksum}
 }
 
 // toClient is what the relay must send to the client for a peer frame. To an
@@ -255,6 +266,42 @@ func goldenCases(e *env) []golden {
 		cases = append(cases, golden{name: fmt.Sprintf("p2c/tx/len=%d", n), ingress: "a0", in: in.Marshal(),
 			verdict: xdpTX, reason: bpf.RelayReasonREASON_RELAY_P2C_TX,
 			out: toClient(in, tx, tx.ReplySource, a0.mac, clientMAC, data(n)).Marshal()})
+	}
+	// A source-NATed relay: client->peer leaves from the translated address
+	// and port, the peer's datagrams to them are the binding's, and those to
+	// pion's socket itself are no binding's (the kernel would not de-NAT them).
+	{
+		snat := bindings["snat"]
+		in := fromClient(snat, "10.100.0.1", packet.ChannelData(snat.Channel, data(100), nil))
+		cases = append(cases, golden{name: "c2p/snat/redirect", ingress: "a0", in: in.Marshal(),
+			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
+			out: toPeer(in, snat, b0.mac, peerMAC, data(100)).Marshal()})
+		in = fromPeer(snat, data(100))
+		cases = append(cases, golden{name: "p2c/snat/redirect", ingress: "b0", in: in.Marshal(),
+			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+			out: toClient(in, snat, snat.ReplySource, a0.mac, clientMAC, data(100)).Marshal()})
+		in.Dst = snat.Relay
+		cases = append(cases, golden{name: "pass/p2c/snat/to-untranslated-relay", ingress: "b0", in: in.Marshal(),
+			verdict: xdpPass, reason: bpf.RelayReasonREASON_NO_PEER_BINDING})
+
+		sp := bindings["snatport"]
+		in = fromClient(sp, "10.100.0.1", packet.ChannelData(sp.Channel, data(100), nil))
+		cases = append(cases, golden{name: "c2p/snat/port-outside-relay-range", ingress: "a0", in: in.Marshal(),
+			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
+			out: toPeer(in, sp, b0.mac, peerMAC, data(100)).Marshal()})
+		in = fromPeer(sp, data(100))
+		cases = append(cases, golden{name: "p2c/snat/port-outside-relay-range", ingress: "b0", in: in.Marshal(),
+			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+			out: toClient(in, sp, sp.ReplySource, a0.mac, clientMAC, data(100)).Marshal()})
+		// Another sender to that port is no binding's; a port next to it is
+		// not the relay's at all.
+		in.Src = ap("10.200.0.3:5041")
+		cases = append(cases, golden{name: "pass/p2c/snat/port-outside-relay-range/other-peer", ingress: "b0", in: in.Marshal(),
+			verdict: xdpPass, reason: bpf.RelayReasonREASON_NO_PEER_BINDING})
+		in = fromPeer(sp, data(100))
+		in.Dst = netip.AddrPortFrom(sp.Wire.Addr(), sp.Wire.Port()+1)
+		cases = append(cases, golden{name: "pass/p2c/snat/port-outside-relay-range/next-port", ingress: "b0", in: in.Marshal(),
+			verdict: xdpPass, reason: bpf.RelayReasonREASON_NOT_OURS})
 	}
 	// A small result still fits under c0's MTU of 100.
 	{

@@ -244,6 +244,7 @@ const (
 	RelayTcMapDevCaps        = "dev_caps"
 	RelayTcMapFibGen         = "fib_gen"
 	RelayTcMapListenerDsts   = "listener_dsts"
+	RelayTcMapNatRelayPorts  = "nat_relay_ports"
 	RelayTcMapP2cBindings    = "p2c_bindings"
 	RelayTcMapP2cFlows       = "p2c_flows"
 	RelayTcMapRateLimits     = "rate_limits"
@@ -314,6 +315,7 @@ type RelayTcMapSpecs struct {
 	DevCaps       *ebpf.MapSpec `ebpf:"dev_caps"`
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
+	NatRelayPorts *ebpf.MapSpec `ebpf:"nat_relay_ports"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.MapSpec `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
@@ -360,6 +362,7 @@ type RelayTcMaps struct {
 	DevCaps       *ebpf.Map `ebpf:"dev_caps"`
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
+	NatRelayPorts *ebpf.Map `ebpf:"nat_relay_ports"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.Map `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
@@ -379,6 +382,7 @@ func (m *RelayTcMaps) Close() error {
 		m.DevCaps,
 		m.FibGen,
 		m.ListenerDsts,
+		m.NatRelayPorts,
 		m.P2cBindings,
 		m.P2cFlows,
 		m.RateLimits,

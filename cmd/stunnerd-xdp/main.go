@@ -12,7 +12,6 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"path"
 	"strings"
 	"time"
 
@@ -164,8 +163,9 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
 	fs.BoolVar(&o.tcEngine, "tc-engine", true, "load the TC engine beside XDP: it relays on the skb path what XDP cannot transmit (into a pod's veth,\n"+
 		"a bridge, a VXLAN/Geneve device) and what local pods send to relay ports (on the interfaces --tc-iface matches)")
-	fs.StringVar(&o.tcIfaces, "tc-iface", "lxc*,cali*,veth*", "`PATTERN[,PATTERN]` (shell patterns) of interfaces the TC engine attaches to as they come and go, while XDP is\n"+
-		"attached: pods' host-side veths (Cilium lxc*, Calico cali*, bridge CNIs veth*); empty: only beside XDP")
+	fs.StringVar(&o.tcIfaces, "tc-iface", "lxc*,cali*,veth*,kind:vxlan,kind:geneve", "`PATTERN[,PATTERN]` (shell patterns) of interfaces the TC engine attaches to as they come and go, while XDP is\n"+
+		"attached: pods' host-side veths (Cilium lxc*, Calico cali*, bridge CNIs veth*), and by link kind (kind:vxlan,\n"+
+		"kind:geneve: overlay devices such as flannel.1, where a masqueraded peer's replies come back); empty: only beside XDP")
 	fs.BoolVar(&o.shortcut, "channeldata-shortcut", true, "in userspace, relay ChannelData on pion/turn's channels in the read loop: the write pion/turn\n"+
 		"would make, without its per-datagram handling (7 allocations); false: pion/turn handles every datagram")
 	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
@@ -368,7 +368,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 		if p = strings.TrimSpace(p); p == "" {
 			continue
 		}
-		if _, err := path.Match(p, ""); err != nil {
+		if err := loader.CheckIfacePatterns([]string{p}); err != nil {
 			return cfg, fmt.Errorf("--tc-iface %q: %w", p, err)
 		}
 		cfg.TCPatterns = append(cfg.TCPatterns, p)

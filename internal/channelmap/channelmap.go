@@ -31,7 +31,15 @@ type Binding struct {
 	Listener netip.AddrPort
 	Channel  uint16
 	Peer     netip.AddrPort
-	Relay    netip.AddrPort
+	// Relay is pion/turn's relay socket: the allocation (its rate limit and
+	// accounting go by it).
+	Relay netip.AddrPort
+	// Wire is the relay's address and port as the peer sees them, when the
+	// node's netfilter source-NATs the relay<->peer flow (a masquerade, see
+	// natcheck.Translated): client->peer packets leave from Wire, and the
+	// peer's packets to Wire are the binding's. Zero (or Relay): not
+	// translated.
+	Wire netip.AddrPort
 	// ReplySource is the source of packets to the client: the address the
 	// client's packets arrived at on the wire (a VIP in front of the node, the
 	// local address a wildcard listener was reached at). The program learns it
@@ -71,8 +79,20 @@ func (b Binding) Key() Key {
 	return Key{Client: b.Client, Listener: b.Listener, Channel: b.Channel}
 }
 
+// OnWire is the relay's address and port on the wire: Wire when set, else Relay.
+func (b Binding) OnWire() netip.AddrPort {
+	if b.Wire.IsValid() {
+		return b.Wire
+	}
+	return b.Relay
+}
+
 func (b Binding) String() string {
-	return fmt.Sprintf("%s ch=%#x listener=%s <-> relay=%s peer=%s", b.Client, b.Channel, b.Listener, b.Relay, b.Peer)
+	relay := b.Relay.String()
+	if b.Wire.IsValid() && b.Wire != b.Relay {
+		relay += " (on the wire " + b.Wire.String() + ")"
+	}
+	return fmt.Sprintf("%s ch=%#x listener=%s <-> relay=%s peer=%s", b.Client, b.Channel, b.Listener, relay, b.Peer)
 }
 
 // Stats are the packets and application-data bytes the XDP program relayed.
@@ -167,6 +187,10 @@ type Maps struct {
 	allocFree []uint32
 	nextAlloc uint32
 	now       func() time.Time
+	// natPorts is the program's nat_relay_ports bitmap, natRefs how many
+	// installed bindings have a translated relay (Binding.Wire) on each port.
+	natPorts *ebpf.Map
+	natRefs  map[uint16]int
 }
 
 // allocRef is an allocation's id and how many installed bindings hold it.
@@ -216,6 +240,8 @@ func New(m *bpf.RelayMaps) *Maps {
 		listenerAddr: make(map[uint32]netip.AddrPort),
 		dstTable:     make(map[bpf.RelayDstKey]uint32),
 		now:          time.Now,
+		natPorts:     m.NatRelayPorts,
+		natRefs:      make(map[uint16]int),
 	}
 }
 
@@ -229,6 +255,44 @@ func learned(st *bpf.RelayBindingState) (netip.Addr, uint16) {
 		return netip.Addr{}, 0
 	}
 	return fromAddr16(st.ListenerAddr.B), byteorder.Htons(st.ListenerPort)
+}
+
+// natPortRef counts (delta +1) or stops counting (-1) b's translated relay
+// port, and sets or clears its bit in the program's nat_relay_ports on the
+// first reference and after the last: the program takes UDP to a port outside
+// the relay range as a peer's only while its bit is set. Untranslated
+// bindings have nothing to count. Called with mu held.
+func (m *Maps) natPortRef(b Binding, delta int) error {
+	if !b.Wire.IsValid() || b.Wire == b.Relay {
+		return nil
+	}
+	p := b.Wire.Port()
+	before := m.natRefs[p]
+	after := max(before+delta, 0)
+	if after == 0 {
+		delete(m.natRefs, p)
+	} else {
+		m.natRefs[p] = after
+	}
+	if (before == 0) == (after == 0) || m.natPorts == nil {
+		return nil
+	}
+	word := uint32(p / 64)
+	var bits uint64
+	if err := m.natPorts.Lookup(word, &bits); err != nil {
+		m.natRefs[p] = before
+		return fmt.Errorf("nat relay port %d: %w", p, err)
+	}
+	if after > 0 {
+		bits |= 1 << (p % 64)
+	} else {
+		bits &^= 1 << (p % 64)
+	}
+	if err := m.natPorts.Put(word, bits); err != nil {
+		m.natRefs[p] = before
+		return fmt.Errorf("nat relay port %d: %w", p, err)
+	}
+	return nil
 }
 
 // addr16 is the maps' address form: IPv4 as ::ffff:a.b.c.d, IPv6 as is, and
@@ -271,12 +335,15 @@ func (m *Maps) c2pKey(k Key) bpf.RelayC2pKey {
 	return key
 }
 
+// p2cKey is where the peer's datagrams are looked up: from the peer to the
+// relay as the peer sees it.
 func p2cKey(b Binding) bpf.RelayP2cKey {
 	var key bpf.RelayP2cKey
+	wire := b.OnWire()
 	key.PeerAddr.B = addr16(b.Peer.Addr())
-	key.RelayAddr.B = addr16(b.Relay.Addr())
+	key.RelayAddr.B = addr16(wire.Addr())
 	key.PeerPort = byteorder.Htons(b.Peer.Port())
-	key.RelayPort = byteorder.Htons(b.Relay.Port())
+	key.RelayPort = byteorder.Htons(wire.Port())
 	return key
 }
 
@@ -288,13 +355,15 @@ func validate(b Binding) error {
 		return fmt.Errorf("invalid peer address %v", b.Peer)
 	case !b.Relay.IsValid() || b.Relay.Port() == 0 || b.Relay.Addr().IsUnspecified():
 		return fmt.Errorf("invalid relay address %v", b.Relay)
+	case b.Wire.IsValid() && (b.Wire.Port() == 0 || b.Wire.Addr().IsUnspecified()):
+		return fmt.Errorf("invalid relay address on the wire %v", b.Wire)
 	case !b.Listener.IsValid() || b.Listener.Port() == 0:
 		return fmt.Errorf("invalid listener address %v", b.Listener)
 	case b.Channel < 0x4000 || b.Channel > 0x7FFF:
 		return fmt.Errorf("invalid channel number %#x", b.Channel)
 	}
 	// Clients may be IPv4 or IPv6; relays and peers are IPv4.
-	for _, a := range []netip.Addr{b.Peer.Addr(), b.Relay.Addr()} {
+	for _, a := range []netip.Addr{b.Peer.Addr(), b.Relay.Addr(), b.OnWire().Addr()} {
 		if !a.Unmap().Is4() {
 			return fmt.Errorf("address %v: relays and peers are IPv4 in the kernel", a)
 		}
@@ -405,6 +474,9 @@ func (m *Maps) Upsert(b Binding) error {
 		return fmt.Errorf("binding %v: %w", b, err)
 	}
 	b.Client, b.Listener, b.Peer, b.Relay = unmap(b.Client), unmap(b.Listener), unmap(b.Peer), unmap(b.Relay)
+	if b.Wire = unmap(b.Wire); b.Wire == b.Relay {
+		b.Wire = netip.AddrPort{} // one spelling of "not translated"
+	}
 	b.ReplySource, b.ReplyPort = netip.Addr{}, 0
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -438,6 +510,20 @@ func (m *Maps) Upsert(b Binding) error {
 			m.releaseAlloc(b.Relay)
 		}
 	}()
+	// The translated relay's port is taken before the peer->client entry
+	// can match (a port outside the relay range reaches the lookup only
+	// with its bit set), and given back on every failure.
+	if err := m.natPortRef(b, +1); err != nil {
+		if !exists {
+			m.free(id)
+		}
+		return fmt.Errorf("binding %v: %w", b, err)
+	}
+	defer func() {
+		if !installed {
+			_ = m.natPortRef(b, -1)
+		}
+	}()
 	pk := p2cKey(b)
 	slotGen := old.slotGen
 	if !exists {
@@ -457,9 +543,11 @@ func (m *Maps) Upsert(b Binding) error {
 	var cv bpf.RelayC2pVal
 	cv.Key = m.c2pKey(k)
 	cv.PeerAddr.B = addr16(b.Peer.Addr())
-	cv.RelayAddr.B = addr16(b.Relay.Addr())
+	// The source client->peer packets leave from: the relay as the peer
+	// sees it (the translation netfilter would have applied).
+	cv.RelayAddr.B = addr16(b.OnWire().Addr())
 	cv.PeerPort = byteorder.Htons(b.Peer.Port())
-	cv.RelayPort = byteorder.Htons(b.Relay.Port())
+	cv.RelayPort = byteorder.Htons(b.OnWire().Port())
 	cv.BindingId = id
 	cv.AllocId = allocID
 	cv.Gen = slotGen
@@ -498,6 +586,11 @@ func (m *Maps) Upsert(b Binding) error {
 	installed = true
 	if exists && newAlloc {
 		m.releaseAlloc(old.binding.Relay)
+	}
+	if exists {
+		// A failure leaves a bit set for nothing: the program then looks
+		// up peer->client entries on that port and finds none.
+		_ = m.natPortRef(old.binding, -1)
 	}
 	e := entry{binding: b, id: id, allocID: allocID, gen: old.gen, slotGen: slotGen, account: m.accountOf(b), base: old.base}
 	if exists && e.account != old.account {
@@ -662,6 +755,7 @@ func (m *Maps) free(id uint32) {
 // quarantine. Called with mu held, after both map entries are gone.
 func (m *Maps) retire(e entry) {
 	m.releaseAlloc(e.binding.Relay)
+	_ = m.natPortRef(e.binding, -1) // a bit left set only costs lookups that miss
 	m.fold(e.id, e.account, e.base)
 	if err := m.states.Put(e.id, bpf.RelayBindingState{}); err != nil {
 		// The slot keeps the generation its cached flows were made in.
@@ -828,6 +922,10 @@ func (m *Maps) Verdicts() ([]uint64, error) {
 func (m *Maps) Dump() (map[Key]Binding, error) {
 	m.mu.Lock()
 	listeners := maps.Clone(m.listenerAddr)
+	recorded := make(map[Key]Binding, len(m.bindings))
+	for k, e := range m.bindings {
+		recorded[k] = e.binding
+	}
 	m.mu.Unlock()
 	out := make(map[Key]Binding)
 	var (
@@ -848,6 +946,11 @@ func (m *Maps) Dump() (map[Key]Binding, error) {
 			Channel:  byteorder.Htons(k.Channel),
 			Peer:     netip.AddrPortFrom(fromAddr16(v.PeerAddr.B), byteorder.Htons(v.PeerPort)),
 			Relay:    netip.AddrPortFrom(fromAddr16(v.RelayAddr.B), byteorder.Htons(v.RelayPort)),
+		}
+		// The kernel holds the relay on the wire; pion's relay socket is
+		// this process's record of it.
+		if r, ok := recorded[b.Key()]; ok && r.OnWire() == b.Relay {
+			b.Relay, b.Wire = r.Relay, r.Wire
 		}
 		if err := m.p2c.Lookup(p2cKey(b), &pv); err != nil || pv.Bind.BindingId != v.BindingId ||
 			pv.Bind.ClientAddr.B != k.ClientAddr.B || pv.Bind.ClientPort != k.ClientPort || pv.Bind.Channel != k.Channel {

@@ -560,3 +560,59 @@ func TestInvalidateRetried(t *testing.T) {
 		t.Fatal("RemoveStray removed an entry without a new FIB generation")
 	}
 }
+
+// TestTranslatedRelay: a binding with a translated relay (Binding.Wire) is
+// keyed and sourced by it in the kernel, Dump gives pion's relay back beside
+// it, and its port's bit in nat_relay_ports stands while any installed binding
+// has a translated relay on that port.
+func TestTranslatedRelay(t *testing.T) {
+	m, raw := newTestMaps(t, 16)
+	natBit := func(port uint16) bool {
+		t.Helper()
+		var v uint64
+		if err := raw.NatRelayPorts.Lookup(uint32(port/64), &v); err != nil {
+			t.Fatal(err)
+		}
+		return v>>(port%64)&1 == 1
+	}
+	a := testBinding
+	a.Wire = netip.MustParseAddrPort("10.244.0.0:31000")
+	b := testBinding
+	b.Channel, b.Peer, b.Relay = 0x4001, netip.MustParseAddrPort("10.200.0.3:5001"), netip.MustParseAddrPort("10.200.0.1:50001")
+	b.Wire = netip.MustParseAddrPort("10.244.0.1:31000") // another address, the same port
+	for _, x := range []Binding{a, b} {
+		if err := m.Upsert(x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var cv bpf.RelayC2pVal
+	if err := raw.C2pBindings.Lookup(m.c2pKey(a.Key()), &cv); err != nil {
+		t.Fatal(err)
+	}
+	if got := netip.AddrPortFrom(fromAddr16(cv.RelayAddr.B), byteorder.Htons(cv.RelayPort)); got != a.Wire {
+		t.Fatalf("client->peer source %v, want the translated relay %v", got, a.Wire)
+	}
+	if got, ok := dumpOne(t, m, a.Key()); !ok || got.Relay != a.Relay || got.Wire != a.Wire {
+		t.Fatalf("dump %v (%v), want relay %v on the wire %v", got, ok, a.Relay, a.Wire)
+	}
+	if !natBit(31000) || natBit(31001) {
+		t.Fatal("nat_relay_ports: want port 31000 alone")
+	}
+	if err := m.Delete(a.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if !natBit(31000) {
+		t.Fatal("port 31000 cleared while another binding has it")
+	}
+	// Moved to an untranslated relay: the port's last reference goes.
+	b.Wire = netip.AddrPort{}
+	if err := m.Upsert(b); err != nil {
+		t.Fatal(err)
+	}
+	if natBit(31000) {
+		t.Fatal("port 31000 still set with no translated relay on it")
+	}
+	if got, ok := dumpOne(t, m, b.Key()); !ok || got.Relay != b.Relay || got.Wire.IsValid() {
+		t.Fatalf("dump %v (%v), want relay %v untranslated", got, ok, b.Relay)
+	}
+}

@@ -187,6 +187,7 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			bpf.RelayMapTxPorts:       reuse.TxPorts,
 			bpf.RelayMapListenerDsts:  reuse.ListenerDsts,
 			bpf.RelayMapWirePorts:     reuse.WirePorts,
+			bpf.RelayMapNatRelayPorts: reuse.NatRelayPorts,
 			bpf.RelayMapBindingStates: reuse.BindingStates,
 			bpf.RelayMapFibGen:        reuse.FibGen,
 			bpf.RelayMapRateLimits:    reuse.RateLimits,

@@ -26,11 +26,17 @@
 //     or more. Such a packet shows the address and port the client sends to,
 //     which become the source of replies: nothing else teaches them. A port
 //     that is both a relay port and a translated one is taken as a relay port.
-//  3. UDP to a relay port must come from exactly the bound peer address:port to
-//     the bound relay address:port, the reply source (address and port) must be
-//     known, and the packet must be what the kernel would take, with a TTL of 2
-//     or more.
-//  4. The rewritten packet (client->peer: the data alone, relay -> peer;
+//  3. UDP to a relay port, or to the port a bound relay has on the wire when
+//     the node source-NATs it (Binding.Wire: a masquerade's port may lie
+//     outside the relay range; the program keeps such ports in
+//     nat_relay_ports), must come from exactly the bound peer address:port to
+//     the bound relay address:port as the peer sees it (Wire when set), the
+//     reply source (address and port) must be known, and the packet must be
+//     what the kernel would take, with a TTL of 2 or more. Ports are told
+//     apart in this order: a listener's, a relay port, a translated listener
+//     port (point 2), a translated relay port.
+//  4. The rewritten packet (client->peer: the data alone, relay (as the peer
+//     sees it) -> peer;
 //     peer->client: ChannelData header + data, listener -> client) leaves through
 //     the next hop the kernel's FIB gives for it, looked up as if forwarded from the
 //     ingress interface; when the FIB cannot give one the original packet passes.
@@ -336,7 +342,8 @@ func New(env Env, bindings []channelmap.Binding) (*Model, error) {
 		b.Listener = unmapPort(b.Listener)
 		b.Peer = unmapPort(b.Peer)
 		b.Relay = unmapPort(b.Relay)
-		if !b.Peer.Addr().Is4() || !b.Relay.Addr().Is4() {
+		b.Wire = unmapPort(b.Wire)
+		if !b.Peer.Addr().Is4() || !b.Relay.Addr().Is4() || !b.OnWire().Addr().Is4() {
 			return nil, fmt.Errorf("binding %v: relays and peers are IPv4 only", b)
 		}
 		b.ReplySource = b.ReplySource.Unmap()
@@ -347,7 +354,9 @@ func New(env Env, bindings []channelmap.Binding) (*Model, error) {
 		} else {
 			b.ReplyPort = from.Port()
 		}
-		pk := peerKey{b.Peer, b.Relay}
+		// The relay as the peer sees it (translated when netfilter
+		// source-NATs the flow): where the peer's datagrams go.
+		pk := peerKey{b.Peer, b.OnWire()}
 		if _, dup := m.client[b.Key()]; dup {
 			return nil, fmt.Errorf("binding %v: client key bound twice", b)
 		}
@@ -457,6 +466,8 @@ func (m *Model) Process(ingress int, frame []byte) Result {
 		return m.fromPeer(ingress, frame, in)
 	case m.isWirePort(in.dst.Port()):
 		return m.fromClient(ingress, frame, in)
+	case m.isNATRelayPort(in.dst.Port()):
+		return m.fromPeer(ingress, frame, in)
 	}
 	return pass(bpf.RelayReasonREASON_NOT_OURS)
 }
@@ -514,6 +525,17 @@ func (m *Model) isWirePort(p uint16) bool {
 	return false
 }
 
+// isNATRelayPort tells a port that some binding's translated relay has on
+// the wire (point 3).
+func (m *Model) isNATRelayPort(p uint16) bool {
+	for _, b := range m.order {
+		if b.Wire.IsValid() && b.Wire != b.Relay && b.Wire.Port() == p {
+			return true
+		}
+	}
+	return false
+}
+
 // fromClient handles UDP to a listener port (RFC 8656 §12.4, §12.5).
 func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	pass := func(r bpf.RelayReason) Result { return Result{Verdict: Pass, Reason: r, Frame: frame} }
@@ -564,7 +586,8 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 		res.Learned = &Learned{Binding: key, Addr: d.Addr(), Port: d.Port()}
 	}
 	data := msg[4 : 4+n]
-	out := outPacket{src: b.Relay, dst: b.Peer, payload: data, dataLen: n}
+	// From the relay as netfilter would have translated it (Binding.Wire).
+	out := outPacket{src: b.OnWire(), dst: b.Peer, payload: data, dataLen: n}
 	return m.send(ingress, in, out, res, key, b.Relay, bpf.RelayReasonREASON_RELAY_C2P_TX, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT)
 }
 

@@ -75,7 +75,12 @@ var shapeCases = []shapeCase{
 		engagesC2P: true, engagesP2C: true,
 		why: "the pod is behind cni0, which XDP does not transmit to: the TC engine on the NIC redirects client->peer into the bridge; peer->client: the TC engine on the pod's bridge port (veth*)"},
 	{name: "vxlan-masq", shape: netns.VXLANMasq,
-		why: "flannel masquerades the relay's packets to the pod: the conntrack NAT gate keeps the binding in userspace"},
+		engagesC2P: true, engagesP2C: true,
+		why: "flannel masquerades the relay's packets to the pod (to flannel.1's 10.244.0.0, a --random-fully port): the NAT gate " +
+			"finds a source NAT of the relay alone in conntrack (natcheck Translated) and installs the binding from the translated " +
+			"relay; client->peer: XDP passes (flannel.1 not attached), the TC engine on the NIC redirects into flannel.1 from " +
+			"10.244.0.0:port; peer->client comes back decapsulated on flannel.1, where the TC engine is attached by link kind " +
+			"(kind:vxlan), and reaches the lookup through nat_relay_ports (the port is mostly outside the relay range)"},
 	{name: "vxlan", shape: netns.VXLAN,
 		engagesC2P: true, engagesP2C: true,
 		why: "client->peer leaves through flannel.1, which XDP cannot transmit into: the TC engine on the NIC redirects the skb into the VXLAN device; the pod's replies to the node IP come back on the NIC, outside the overlay, and are XDP_TXed"},
