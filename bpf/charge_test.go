@@ -200,7 +200,7 @@ func TestChargeProgram(t *testing.T) {
 	if !e.charge(t, m, lone, lid, 100) {
 		t.Fatal("5 pps: the second datagram at once within the limit")
 	}
-	nb := channelmap.Binding{Client: b.Client, Listener: b.Listener, Channel: 0x4007, Peer: netip.MustParseAddrPort("10.200.0.2:5041"), Relay: lone}
+	nb := channelmap.Binding{Client: b.Client, Listener: b.Listener, Channel: 0x4011, Peer: netip.MustParseAddrPort("10.200.0.2:5051"), Relay: lone}
 	if err := e.maps.Upsert(nb); err != nil {
 		t.Fatal(err)
 	}

@@ -164,8 +164,8 @@ func TestRateLimit(t *testing.T) {
 	// 200 ms, four times the burst, so a packet on one channel leaves the
 	// next on the other over the limit (for 150 ms: a loaded machine's
 	// scheduling cannot refill it in between).
-	sibling := channelmap.Binding{Client: b.Client, Listener: b.Listener, Channel: 0x4006,
-		Peer: ap("10.200.0.2:5040"), Relay: b.Relay, ReplySource: b.ReplySource}
+	sibling := channelmap.Binding{Client: b.Client, Listener: b.Listener, Channel: 0x4010,
+		Peer: ap("10.200.0.2:5050"), Relay: b.Relay, ReplySource: b.ReplySource}
 	bs := append(sortedBindings(), sibling)
 	e.replace(t, bs)
 	m = e.newModel(t, bs)
