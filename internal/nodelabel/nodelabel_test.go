@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -62,7 +63,14 @@ func (r *recorder) get() []nodelabel.Offload {
 // label on another node) shows up as a wrong element.
 func (r *recorder) expect(t *testing.T, want ...nodelabel.Offload) {
 	t.Helper()
-	waitFor(t, func() bool { return len(r.get()) >= len(want) }, "callback calls %v, have %v", want, r.get)
+	r.expectWithin(t, waitTimeout, want...)
+}
+
+// expectWithin is expect with its own bound, for a watch that resumes after an
+// API outage (the reflector backs off while the server is down).
+func (r *recorder) expectWithin(t *testing.T, limit time.Duration, want ...nodelabel.Offload) {
+	t.Helper()
+	waitForWithin(t, limit, func() bool { return len(r.get()) >= len(want) }, "callback calls %v, have %v", want, r.get)
 	if got := r.get(); !slices.Equal(got, want) {
 		t.Fatalf("callback calls %v, want %v", got, want)
 	}
@@ -70,7 +78,12 @@ func (r *recorder) expect(t *testing.T, want ...nodelabel.Offload) {
 
 func waitFor(t *testing.T, cond func() bool, format string, args ...any) {
 	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
+	waitForWithin(t, waitTimeout, cond, format, args...)
+}
+
+func waitForWithin(t *testing.T, limit time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(deadline) {
 			for i, a := range args {
@@ -89,7 +102,7 @@ func node(name string, labels map[string]string) *corev1.Node {
 }
 
 // setLabel sets (value != "") or removes (value == "") a label on a node.
-func setLabel(t *testing.T, client *fake.Clientset, name, key, value string) {
+func setLabel(t *testing.T, client kubernetes.Interface, name, key, value string) {
 	t.Helper()
 	ctx := context.Background()
 	n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
@@ -109,7 +122,7 @@ func setLabel(t *testing.T, client *fake.Clientset, name, key, value string) {
 	}
 }
 
-func startWatcher(t *testing.T, client *fake.Clientset, name string, rec *recorder, logs *testenv.LockedBuffer) *nodelabel.Watcher {
+func startWatcher(t *testing.T, client kubernetes.Interface, name string, rec *recorder, logs *testenv.LockedBuffer) *nodelabel.Watcher {
 	t.Helper()
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	w := nodelabel.NewWatcher(client, name, rec.fn, log)
