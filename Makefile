@@ -9,7 +9,7 @@ TESTFLAGS ?= -count=1 -p 1 -timeout 40m
 # goroutines meet there; instrumenting the traffic tests would only slow them.
 RACEFLAGS ?= -race -short -count=1 -timeout 20m
 
-.PHONY: help generate check-generate check-repo build tools test test-short test-race test-modules fuzz-ci vet lint demo bench bench-smoke clean
+.PHONY: help generate check-generate check-repo build tools kube-bins test test-short test-race test-modules fuzz-ci vet lint demo bench bench-smoke clean
 
 # golangci-lint is built from the module proxy at this version (go install
 # checks it against the checksum database); .golangci.yml configures it.
@@ -51,6 +51,18 @@ $(BIN)/turncat $(BIN)/stunnerd $(BIN)/stunnerd-v1.2.1:
 $(BIN)/udpecho: $(wildcard test/cmd/udpecho/*.go)
 	$(GO) build -o $(BIN)/udpecho ./test/cmd/udpecho
 
+# etcd and kube-apiserver for the tests that run against a real API server
+# (test/kubeapi), built from test/kapi, a module of its own that keeps
+# Kubernetes' server code out of the main module. Cold, kube-apiserver takes
+# ~6 min and 1.8 GB; afterwards the Go build cache makes both a relink.
+$(BIN)/etcd: test/kapi/go.mod test/kapi/go.sum test/kapi/etcd/main.go
+	cd test/kapi && $(GO) build -trimpath -ldflags='-s -w' -o $(abspath $(BIN))/etcd ./etcd
+
+$(BIN)/kube-apiserver: test/kapi/go.mod test/kapi/go.sum
+	cd test/kapi && $(GO) build -trimpath -ldflags='-s -w' -o $(abspath $(BIN))/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+
+kube-bins: $(BIN)/etcd $(BIN)/kube-apiserver ## build etcd and kube-apiserver v1.35.4 (test/kapi) into bin/ for the API server tests
+
 tools: $(BIN)/turncat $(BIN)/stunnerd-v1.2.1 $(BIN)/udpecho ## build STUNner v1.1.0's turncat and stunnerd, v1.2.1's stunnerd, and udpecho, into bin/
 
 vet: ## go vet and gofmt
@@ -65,7 +77,7 @@ $(GOLANGCI_LINT):
 lint: vet $(GOLANGCI_LINT) ## vet, then golangci-lint (.golangci.yml); the first run builds golangci-lint into bin/
 	$(GOLANGCI_LINT) run ./...
 
-test: vet tools test-race test-modules ## run every test; as root the XDP and network-namespace tests run too
+test: vet tools kube-bins test-race test-modules ## run every test; as root the XDP and network-namespace tests run too
 	$(GO) test $(TESTFLAGS) ./...
 
 # Test modules of their own, keeping their dependencies out of the main module:

@@ -16,9 +16,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/l7mp/stunnerd-xdp/internal/kube"
 	"github.com/l7mp/stunnerd-xdp/internal/kube/kubetest"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
@@ -63,7 +65,14 @@ func (r *recorder) get() []nodelabel.Offload {
 // label on another node) shows up as a wrong element.
 func (r *recorder) expect(t *testing.T, want ...nodelabel.Offload) {
 	t.Helper()
-	waitFor(t, func() bool { return len(r.get()) >= len(want) }, "callback calls %v, have %v", want, r.get)
+	r.expectWithin(t, waitTimeout, want...)
+}
+
+// expectWithin is expect with its own bound, for a watch that resumes after an
+// API outage (the reflector backs off while the server is down).
+func (r *recorder) expectWithin(t *testing.T, limit time.Duration, want ...nodelabel.Offload) {
+	t.Helper()
+	waitForWithin(t, limit, func() bool { return len(r.get()) >= len(want) }, "callback calls %v, have %v", want, r.get)
 	if got := r.get(); !slices.Equal(got, want) {
 		t.Fatalf("callback calls %v, want %v", got, want)
 	}
@@ -71,7 +80,12 @@ func (r *recorder) expect(t *testing.T, want ...nodelabel.Offload) {
 
 func waitFor(t *testing.T, cond func() bool, format string, args ...any) {
 	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
+	waitForWithin(t, waitTimeout, cond, format, args...)
+}
+
+func waitForWithin(t *testing.T, limit time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(deadline) {
 			for i, a := range args {
@@ -90,7 +104,7 @@ func node(name string, labels map[string]string) *corev1.Node {
 }
 
 // setLabel sets (value != "") or removes (value == "") a label on a node.
-func setLabel(t *testing.T, client *fake.Clientset, name, key, value string) {
+func setLabel(t *testing.T, client kubernetes.Interface, name, key, value string) {
 	t.Helper()
 	ctx := context.Background()
 	n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
@@ -110,10 +124,10 @@ func setLabel(t *testing.T, client *fake.Clientset, name, key, value string) {
 	}
 }
 
-func startWatcher(t *testing.T, client *fake.Clientset, name string, rec *recorder, logs *testenv.LockedBuffer) *nodelabel.Watcher {
+func startWatcher(t *testing.T, api kube.API, name string, rec *recorder, logs *testenv.LockedBuffer) *nodelabel.Watcher {
 	t.Helper()
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	w := nodelabel.NewWatcher(kubetest.FromClientset(client), name, rec.fn, log)
+	w := nodelabel.NewWatcher(api, name, rec.fn, log)
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	if err := w.Start(ctx); err != nil {
@@ -157,7 +171,7 @@ func TestNodeWatcherFollowsLabel(t *testing.T) {
 
 	rec := &recorder{}
 	logs := &testenv.LockedBuffer{}
-	w := startWatcher(t, client, "n1", rec, logs)
+	w := startWatcher(t, kubetest.FromClientset(client), "n1", rec, logs)
 
 	if got := w.State(); got != nodelabel.Absent {
 		t.Fatalf("label state %v at start, want absent", got)
@@ -258,7 +272,7 @@ func TestNodeWatcherInitialState(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset(tc.nodes...)
 			rec := &recorder{}
-			w := startWatcher(t, client, "n1", rec, &testenv.LockedBuffer{})
+			w := startWatcher(t, kubetest.FromClientset(client), "n1", rec, &testenv.LockedBuffer{})
 			rec.expect(t, tc.want...)
 			// Start returns after the first list, so the state is known.
 			if got := w.State(); got != tc.state {
@@ -282,7 +296,7 @@ func TestNodeWatcherCallbackErrorLogged(t *testing.T) {
 	client := fake.NewClientset(node("n1", nil))
 	rec := &recorder{err: errors.New("attach failed: no XDP here")}
 	logs := &testenv.LockedBuffer{}
-	w := startWatcher(t, client, "n1", rec, logs)
+	w := startWatcher(t, kubetest.FromClientset(client), "n1", rec, logs)
 	setLabel(t, client, "n1", nodelabel.OffloadLabel, "enabled")
 	rec.expect(t, nodelabel.Attach)
 	waitFor(t, func() bool {
@@ -302,7 +316,7 @@ func TestNodeWatcherSerialCallbacks(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	client := fake.NewClientset(node("n1", nil))
 	rec := &recorder{delay: 5 * time.Millisecond}
-	w := startWatcher(t, client, "n1", rec, &testenv.LockedBuffer{})
+	w := startWatcher(t, kubetest.FromClientset(client), "n1", rec, &testenv.LockedBuffer{})
 	values := []string{"enabled", "disabled"}
 	for i := range 40 {
 		setLabel(t, client, "n1", nodelabel.OffloadLabel, values[i%2])

@@ -3,31 +3,43 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
-	"github.com/l7mp/stunnerd-xdp/internal/kube/kubetest"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
+	"github.com/l7mp/stunnerd-xdp/test/kubeapi"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
-// TestNodeLabelToggle drives the real switch through the node label. There is
-// no cluster here: client-go's fake clientset plays the API server, and the
-// daemon's informer, callback and switch are the production ones. A session
-// keeps flowing while the label attaches and detaches XDP.
+// TestNodeLabelToggle drives the real switch through the node label on a real
+// kube-apiserver (test/kubeapi), started in the server namespace beside the
+// daemon. The daemon's informer, callback and switch are the production ones;
+// it reads the Node as the ServiceAccount deploy/daemonset ships, bound to the
+// shipped ClusterRole, so RBAC is enforced as in a cluster. A session keeps
+// flowing while the label attaches and detaches XDP.
 func TestNodeLabelToggle(t *testing.T) {
+	kubeapi.Binaries(t) // built in the parent, before the child's clock starts
 	inRig(t, false, func(t *testing.T, r rig) {
+		api := kubeapi.Start(t, nil)
+		admin := api.Admin()
+		api.ApplyKustomization(t, filepath.Join(netns.RepoRoot(), "deploy", "daemonset"))
+		for _, n := range []*corev1.Node{
+			{ObjectMeta: metav1.ObjectMeta{Name: "media-1"}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "media-2", Labels: map[string]string{nodelabel.OffloadLabel: "enabled"}}},
+		} {
+			if _, err := admin.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		d := startDaemon(t, loader.ModeOff, r.serverIfaces, nil)
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "media-1", Labels: map[string]string{}}}
-		client := fake.NewSimpleClientset(node,
-			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "media-2", Labels: map[string]string{nodelabel.OffloadLabel: "enabled"}}})
-		if err := d.WatchNode(kubetest.FromClientset(client), "media-1", 5*time.Second); err != nil {
+		if err := d.WatchNode(api.API(api.ServiceAccountToken(t, "stunner", "stunnerd-xdp")), "media-1", 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		startEcho(t, r.peer, echoPeer)
@@ -42,20 +54,7 @@ func TestNodeLabelToggle(t *testing.T) {
 			done <- result{s, n}
 		}()
 
-		setLabel := func(value string) {
-			n, err := client.CoreV1().Nodes().Get(context.Background(), "media-1", metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if value == "" {
-				delete(n.Labels, nodelabel.OffloadLabel)
-			} else {
-				n.Labels[nodelabel.OffloadLabel] = value
-			}
-			if _, err := client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		setLabel := func(value string) { setNodeLabel(t, admin, "media-1", value) }
 		waitAttached := func(want bool, label string) {
 			waitFor(t, fmt.Sprintf("label %q: attached=%v", label, want), 3*time.Second, func() bool { return (len(d.Attached()) > 0) == want })
 			if got := labelMetric(t, d); got != label {
@@ -94,6 +93,27 @@ func TestNodeLabelToggle(t *testing.T) {
 			t.Errorf("both paths should have carried the session: %v", after)
 		}
 	})
+}
+
+// setNodeLabel sets the offload label of a Node to value, or removes it
+// (value == "").
+func setNodeLabel(t *testing.T, client kubernetes.Interface, node, value string) {
+	t.Helper()
+	n, err := client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Labels == nil {
+		n.Labels = map[string]string{}
+	}
+	if value == "" {
+		delete(n.Labels, nodelabel.OffloadLabel)
+	} else {
+		n.Labels[nodelabel.OffloadLabel] = value
+	}
+	if _, err := client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // labelMetric returns the state stunnerd_xdp_offload_label reports as 1.

@@ -20,16 +20,29 @@ const (
 	Stunnerd = "stunnerd"     // STUNner v1.1.0's stunnerd, from test/tools
 	// Stunnerd121 is STUNner v1.2.1's stunnerd (the current release), from test/tools/stunner121.
 	Stunnerd121 = "stunnerd-v1.2.1"
+	// Etcd and KubeAPIServer are etcd v3.6 and kube-apiserver v1.35.4 from test/kapi, a module of
+	// their own (Kubernetes' server code stays out of this one); `make kube-bins` builds both.
+	Etcd          = "etcd"
+	KubeAPIServer = "kube-apiserver"
+	// Kustomize renders a kustomization (test/deploy/render: kustomize stays in that module).
+	Kustomize = "kustomize-render"
 )
 
-// binaries says where each program comes from: the environment variable that names a prebuilt
-// binary instead, and the package built from this tree ("" for test/tools' STUNner builds).
-var binaries = map[string]struct{ env, pkg string }{
-	Daemon:      {"STUNNERD_XDP", "./cmd/stunnerd-xdp"},
-	UDPEcho:     {"UDPECHO", "./test/cmd/udpecho"},
-	Turncat:     {"TURNCAT", ""},
-	Stunnerd:    {"STUNNERD", ""},
-	Stunnerd121: {"STUNNERD_121", ""},
+// binarySpec says where a program comes from: the environment variable that names a prebuilt binary
+// instead, and the package built from this tree ("" for test/tools' STUNner builds). A package of
+// a module under test/ names the module's directory (mod); such a program is pinned by that
+// module's go.mod, so a build already in bin/ is used as it is.
+type binarySpec struct{ env, pkg, mod string }
+
+var binaries = map[string]binarySpec{
+	Daemon:        {env: "STUNNERD_XDP", pkg: "./cmd/stunnerd-xdp"},
+	UDPEcho:       {env: "UDPECHO", pkg: "./test/cmd/udpecho"},
+	Turncat:       {env: "TURNCAT"},
+	Stunnerd:      {env: "STUNNERD"},
+	Stunnerd121:   {env: "STUNNERD_121"},
+	Etcd:          {env: "ETCD", pkg: "./etcd", mod: "test/kapi"},
+	KubeAPIServer: {env: "KUBE_APISERVER", pkg: "k8s.io/kubernetes/cmd/kube-apiserver", mod: "test/kapi"},
+	Kustomize:     {env: "KUSTOMIZE_RENDER", pkg: "./render", mod: "test/deploy"},
 }
 
 var built sync.Map // name -> func() (string, error), built once per process
@@ -47,7 +60,7 @@ func Binary(name string) (string, error) {
 	if p := os.Getenv(spec.env); p != "" {
 		return p, nil
 	}
-	once, _ := built.LoadOrStore(name, sync.OnceValues(func() (string, error) { return build(name, spec.pkg) }))
+	once, _ := built.LoadOrStore(name, sync.OnceValues(func() (string, error) { return build(name, spec) }))
 	return once.(func() (string, error))()
 }
 
@@ -67,13 +80,13 @@ func RepoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-func build(name, pkg string) (string, error) {
+func build(name string, spec binarySpec) (string, error) {
 	bin := filepath.Join(RepoRoot(), "bin")
 	path := filepath.Join(bin, name)
-	if _, err := os.Stat(path); err == nil && (pkg == "" || testenv.InNetns()) {
+	if _, err := os.Stat(path); err == nil && (spec.pkg == "" || spec.mod != "" || testenv.InNetns()) {
 		return path, nil
 	}
-	if pkg == "" {
+	if spec.pkg == "" {
 		return path, run(exec.Command(filepath.Join(RepoRoot(), "test", "tools", "build.sh"), bin))
 	}
 	if err := os.MkdirAll(bin, 0o755); err != nil {
@@ -87,14 +100,22 @@ func build(name, pkg string) (string, error) {
 	}
 	tmp.Close()
 	defer os.Remove(tmp.Name())
-	if err := run(exec.Command("go", "build", "-o", tmp.Name(), pkg)); err != nil {
+	cmd := exec.Command("go", "build", "-o", tmp.Name(), spec.pkg)
+	if spec.mod != "" {
+		// Stripped, as `make kube-bins` builds them: kube-apiserver is ~100 MB so.
+		cmd = exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", tmp.Name(), spec.pkg)
+	}
+	if err := runIn(cmd, spec.mod); err != nil {
 		return "", err
 	}
 	return path, os.Rename(tmp.Name(), path)
 }
 
-func run(cmd *exec.Cmd) error {
-	cmd.Dir = RepoRoot()
+func run(cmd *exec.Cmd) error { return runIn(cmd, "") }
+
+// runIn runs cmd in dir, relative to the repository's root.
+func runIn(cmd *exec.Cmd, dir string) error {
+	cmd.Dir = filepath.Join(RepoRoot(), dir)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("%s: %w\n%s", cmd, err, out)
 	}

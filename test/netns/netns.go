@@ -328,13 +328,17 @@ func parseSnmp(s string) (map[string]int64, error) {
 // HTTPGet fetches url from inside the namespace and returns the status code and body. The
 // connection is dialled in Do, so its socket lives in the namespace.
 func (n *NS) HTTPGet(url string) (int, string, error) {
-	return httpGet(url, func(ctx context.Context, network, addr string) (c net.Conn, err error) {
-		err = n.Do(func() error {
-			c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
-			return err
-		})
-		return c, err
+	return httpGet(url, n.DialContext)
+}
+
+// DialContext dials addr from inside the namespace (the socket lives there, the connection serves
+// this process): for a client in the test process of a server in the namespace.
+func (n *NS) DialContext(ctx context.Context, network, addr string) (c net.Conn, err error) {
+	err = n.Do(func() error {
+		c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
+		return err
 	})
+	return c, err
 }
 
 // UnixGet fetches url (its host part is ignored) through the unix socket at path, such as the

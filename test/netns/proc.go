@@ -44,8 +44,18 @@ func (n *NS) Start(t testing.TB, name string, args ...string) *Proc {
 
 // Launch is Start for code without a test (the demo): the caller stops the process.
 func (n *NS) Launch(name string, args ...string) (*Proc, error) {
-	p := &Proc{done: make(chan struct{})}
-	p.cmd = n.Cmd(context.Background(), name, args...)
+	p, err := LaunchCmd(n.Cmd(context.Background(), name, args...))
+	if err != nil {
+		return nil, fmt.Errorf("netns %s: %w", n.Name, err)
+	}
+	return p, nil
+}
+
+// LaunchCmd starts cmd as Launch starts a command in a namespace (a process group of its own,
+// output captured, SIGKILL if the test binary dies), wherever cmd runs: for a server that lives in
+// the test process's own namespace. The caller stops the process.
+func LaunchCmd(cmd *exec.Cmd) (*Proc, error) {
+	p := &Proc{done: make(chan struct{}), cmd: cmd}
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	// Setpgid puts the process and its children in a group of their own that Stop can signal
 	// without touching anything else. Pdeathsig covers a test binary that dies without cleanups
@@ -55,7 +65,7 @@ func (n *NS) Launch(name string, args ...string) (*Proc, error) {
 	// A child that inherited the output pipes could otherwise keep Wait from returning.
 	p.cmd.WaitDelay = stopGrace
 	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("netns %s: starting %s: %w", n.Name, name, err)
+		return nil, fmt.Errorf("starting %s: %w", cmd, err)
 	}
 	go func() {
 		p.err = p.cmd.Wait()
