@@ -199,7 +199,10 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "loopback `ADDR` (like 127.0.0.1:6060) serving Go's profiles at /debug/pprof/ (empty: off)")
 	fs.StringVar(&o.healthSocket, "health-socket", "", "`PATH` of a unix socket serving /live, /ready and /status for this process only\n(for exec probes: 'stunnerd-xdp probe --health-socket PATH ready'; empty: off)")
 	fs.StringVar(&o.handoverDir, "handover-dir", handover.DefaultDir, "bpffs `DIR` where the daemons of a node share their TURN ports for hitless rolling updates\n(a subdirectory per network namespace; empty: ports are bound exclusively)")
-	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist,\nand it also admits peers the defaults refuse (loopback, link-local, multicast, this node's addresses)")
+	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist.\n"+
+		"The defaults refuse internal networks (RFC 1918, 100.64.0.0/10, 198.18.0.0/15, fc00::/7, the cluster's\n"+
+		"Service CIDRs), loopback, link-local, multicast and this node's addresses; a CIDR inside one of them\n"+
+		"opens that part (10.244.0.0/16 opens it, 0.0.0.0/0 does not)")
 	fs.Var(&o.denyPeers, "deny-peer", "`CIDR` of peers clients may not relay to (repeatable); the most specific prefix wins")
 	fs.Var(&o.noOffloadPeers, "no-offload-peer", "`CIDR` of peers relayed by pion/turn in userspace only, never by XDP (repeatable): ranges the node\n"+
 		"NATs (the XDP path runs before netfilter) or whose firewall rules must apply; the cluster's Service CIDRs\n"+

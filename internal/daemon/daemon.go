@@ -31,6 +31,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/offload"
+	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
 	"github.com/l7mp/stunnerd-xdp/internal/status"
 	"github.com/l7mp/stunnerd-xdp/internal/turnguard"
@@ -54,7 +55,9 @@ type Config struct {
 
 	// AllowPeers and DenyPeers are the peer access control applied to every
 	// listener (see peerpolicy.Policy); by default loopback, link-local,
-	// multicast and the node's own addresses are refused.
+	// multicast, internal and special-purpose networks (RFC 1918, RFC 6598,
+	// 198.18/15, fc00::/7), the cluster's Service CIDRs and the node's own
+	// addresses are refused.
 	AllowPeers, DenyPeers []netip.Prefix
 	// NoOffloadPeers are relayed in userspace only (see natgate.go); the
 	// cluster's Service CIDRs join them when the Kubernetes API lists them.
@@ -314,6 +317,9 @@ type Daemon struct {
 	mirror      *mirror.Mirror
 	hooks       hookGate // pion's hooks into the mirror and the steering
 	auth        atomic.Pointer[authState]
+	// clusterNets are the cluster networks learned from the Kubernetes API
+	// (Service CIDRs), refused as peers unless allowed (peerpolicy).
+	clusterNets peerpolicy.Learned
 
 	lmu        sync.Mutex // guards listeners and cfg.Listeners
 	listeners  map[string]*listenerServer

@@ -67,7 +67,7 @@ type listenerServer struct {
 func (d *Daemon) policyFor(l config.ResolvedListener) *peerpolicy.Policy {
 	cfg := d.config()
 	allow := append(append([]netip.Prefix(nil), l.AllowPeers...), cfg.AllowPeers...)
-	return peerpolicy.New(allow, cfg.DenyPeers, l.Allowlist, d.strangerLog)
+	return peerpolicy.New(allow, cfg.DenyPeers, l.Allowlist, &d.clusterNets, d.strangerLog)
 }
 
 // startListener opens the listener's socket and starts its pion/turn server.
@@ -179,6 +179,9 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		scs[i].QuotaHandler = d.quotaHandler(qs)
 		scs[i].EventHandler = d.withQuota(qs, scs[i].EventHandler)
 		guards[i].MaxChannels = cfg.MaxChannels
+		// A refused peer gets 403 before pion, which answers its
+		// permission handler's refusal without an error code.
+		guards[i].Peers = permit
 		scs[i].EventHandler = guards[i].Hooks(scs[i].EventHandler)
 		// Outermost, so that every hook above sees one allocation per
 		// five-tuple at a time.
