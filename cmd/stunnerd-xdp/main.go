@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/prefix"
+	"github.com/l7mp/stunnerd-xdp/internal/quota"
 )
 
 const usageHead = `stunnerd-xdp: a TURN server (pion/turn) whose UDP ChannelData hot path runs in XDP,
@@ -83,7 +85,8 @@ type options struct {
 	forceReady, verbose, dryRun                          bool
 	shortcut, version, tcEngine                          bool
 	tcIfaces                                             string
-	udpThreadNum, userQuota, totalQuota, maxPermissions  int
+	udpThreadNum, maxPermissions                         int
+	userQuota, totalQuota                                quotaFlag
 	gracePeriod                                          time.Duration
 	conns                                                connlimit.Limits // TCP and TLS listeners' clients
 	maxChannels                                          int
@@ -104,6 +107,32 @@ type options struct {
 }
 
 // prefixList is a repeatable flag of CIDR prefixes or addresses.
+// quotaFlag is a quota: a number (0: no limit) or "auto", the daemon's
+// default (daemon.AutoQuota).
+type quotaFlag int
+
+func (q *quotaFlag) String() string {
+	if *q == daemon.AutoQuota {
+		return "auto"
+	}
+	return strconv.Itoa(int(*q))
+}
+
+func (q *quotaFlag) Set(v string) error {
+	if v == "auto" {
+		*q = daemon.AutoQuota
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return fmt.Errorf("%q: want auto, 0 (no limit) or more", v)
+	}
+	*q = quotaFlag(n)
+	return nil
+}
+
+func (q *quotaFlag) Type() string { return "N|auto" }
+
 type prefixList []netip.Prefix
 
 func (l *prefixList) String() string {
@@ -169,9 +198,13 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.BoolVar(&o.shortcut, "channeldata-shortcut", true, "in userspace, relay ChannelData on pion/turn's channels in the read loop: the write pion/turn\n"+
 		"would make, without its per-datagram handling (7 allocations); false: pion/turn handles every datagram")
 	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
-	fs.IntVar(&o.userQuota, "user-quota", 0, "allocations one user-id may hold at once (the user-id of ephemeral credentials EXPIRY:USERID\n"+
-		"is USERID); over it, Allocate gets 486 Allocation Quota Reached; 0: no quota (default: the config's\nadmin.user_quota; given, it wins)")
-	fs.IntVar(&o.totalQuota, "total-quota", 0, "allocations the daemon holds at once, over all listeners; over it, Allocate gets 486; 0: no quota")
+	o.userQuota, o.totalQuota = daemon.AutoQuota, daemon.AutoQuota
+	fs.Var(&o.userQuota, "user-quota", "allocations one user-id may hold at once (the user-id of ephemeral credentials EXPIRY:USERID\n"+
+		"or USERID:EXPIRY is USERID); over it, Allocate gets 486 Allocation Quota Reached; 0: no quota;\n"+
+		"auto: the config's admin.user_quota when set, else "+strconv.Itoa(quota.DefaultPerUser)+" when the credentials tell users apart\n"+
+		"(ephemeral, or several static users), none for one static username (every client is that user)")
+	fs.Var(&o.totalQuota, "total-quota", "allocations the daemon holds at once, over all listeners; over it, Allocate gets 486; 0: no quota;\n"+
+		"auto: the relay ports in the range, at most one per "+strconv.Itoa(quota.AllocationBytes>>10)+" KiB of half the memory limit (cgroup or machine)")
 	fs.IntVar(&o.maxPermissions, "max-permissions", 0, "peer IPs one allocation may hold permissions for; beyond it CreatePermission and ChannelBind\nto a new peer IP fail (refreshes do not); 0: no limit")
 	fs.IntVar(&o.maxChannels, "max-channels", 64, "channels one allocation may hold; beyond it a ChannelBind for a new channel gets 508\n"+
 		"Insufficient Capacity (refreshes pass); 0: no limit (pion binds up to 16,384)")
@@ -232,9 +265,8 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	if o.verbose && !o.set["log"] {
 		o.log = "all:DEBUG"
 	}
-	if o.userQuota < 0 || o.totalQuota < 0 || o.maxPermissions < 0 {
-		return o, fs, fmt.Errorf("%w: --user-quota %d, --total-quota %d, --max-permissions %d: want 0 (no limit) or more",
-			errUsage, o.userQuota, o.totalQuota, o.maxPermissions)
+	if o.maxPermissions < 0 {
+		return o, fs, fmt.Errorf("%w: --max-permissions %d: want 0 (no limit) or more", errUsage, o.maxPermissions)
 	}
 	if o.udpThreadNum < 0 {
 		return o, fs, fmt.Errorf("%w: --udp-thread-num %d: want 0 (one per CPU) or more", errUsage, o.udpThreadNum)
@@ -387,7 +419,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 	cfg.PodAddr, cfg.PprofAddr = podAddr(), o.pprofAddr
 	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
 	cfg.UDPThreadNum, cfg.NoShortcut = o.udpThreadNum, !o.shortcut
-	cfg.UserQuota, cfg.TotalQuota, cfg.MaxPermissions = o.userQuota, o.totalQuota, o.maxPermissions
+	cfg.UserQuota, cfg.TotalQuota, cfg.MaxPermissions = int(o.userQuota), int(o.totalQuota), o.maxPermissions
 	if o.maxChannels < 0 {
 		return cfg, fmt.Errorf("--max-channels %d: want 0 (no limit) or more", o.maxChannels)
 	}

@@ -78,7 +78,8 @@ type Config struct {
 	TCPatterns []string
 
 	// UserQuota bounds the allocations of one user-id, TotalQuota the
-	// daemon's (0: no limit); over them, Allocate gets 486.
+	// daemon's (0: no limit; AutoQuota: the defaults, see resolveQuotas);
+	// over them, Allocate gets 486.
 	UserQuota, TotalQuota int
 	// MaxPermissions bounds the peer IPs one allocation holds permissions
 	// for (0: no limit); beyond it, CreatePermission and ChannelBind fail.
@@ -251,10 +252,11 @@ func (c *Config) validate() error {
 			return fmt.Errorf("pprof address %q: want a loopback IP:PORT, like 127.0.0.1:6060 (profiles reveal memory)", c.PprofAddr)
 		}
 	}
-	if c.UserQuota < 0 || c.TotalQuota < 0 || c.MaxPermissions < 0 || c.MaxChannels < 0 {
+	if c.UserQuota < AutoQuota || c.TotalQuota < AutoQuota || c.MaxPermissions < 0 || c.MaxChannels < 0 {
 		return fmt.Errorf("quotas %d per user, %d in total, %d permissions and %d channels per allocation: want 0 (no limit) or more",
 			c.UserQuota, c.TotalQuota, c.MaxPermissions, c.MaxChannels)
 	}
+	c.resolveQuotas()
 	if c.ConnLimits == (connlimit.Limits{}) {
 		c.ConnLimits = connlimit.Defaults()
 	}
