@@ -43,6 +43,7 @@ func (d *Daemon) followServiceCIDRs(client kubernetes.Interface, timeout time.Du
 	defer cancel()
 	stop := servicecidr.Follow(ctx, client, d.config().Logger.Slog("k8s"), func(cidrs []netip.Prefix) {
 		d.clusterNets.Set(cidrs)
+		d.recheckPeers()
 		d.mirror.SetNoOffloadPeers(append(slices.Clone(d.config().NoOffloadPeers), cidrs...))
 	})
 	if !d.track(func() {

@@ -116,6 +116,21 @@ func interfaceAddrs() ([]netip.Addr, error) {
 
 // Allowed reports whether a permission to peer may be granted, and why not.
 func (p *Policy) Allowed(peer netip.Addr) (bool, string) {
+	return p.allowed(peer, true)
+}
+
+// Relayable reports whether datagrams to and from peer may still be relayed
+// on a permission granted earlier: Allowed without the node's own addresses,
+// which were refused when the permission was asked for and which a reload
+// does not change. It runs per datagram, on the relay sockets, after a
+// reload or a learned network changed the policy (the daemon's revocation):
+// no lock, no logging.
+func (p *Policy) Relayable(peer netip.Addr) bool {
+	ok, _ := p.allowed(peer, false)
+	return ok
+}
+
+func (p *Policy) allowed(peer netip.Addr, own bool) (bool, string) {
 	peer = peer.Unmap()
 	if !peer.IsValid() {
 		return false, "invalid address"
@@ -144,7 +159,7 @@ func (p *Policy) Allowed(peer netip.Addr) (bool, string) {
 			return false, "a cluster network (learned)"
 		}
 	}
-	if p.isOwn(peer) && !p.admitsInside(peer, netip.PrefixFrom(peer, peer.BitLen())) {
+	if own && p.isOwn(peer) && !p.admitsInside(peer, netip.PrefixFrom(peer, peer.BitLen())) {
 		return false, "an address of this node"
 	}
 	if !allowed && p.allowlist {
