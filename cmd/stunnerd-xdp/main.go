@@ -334,7 +334,7 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
 		return 2
 	}
-	return runURI(o, cfg, stderr)
+	return runURI(o, cfg, stderr, make(chan os.Signal, 2))
 }
 
 // buildConfig turns the flags and the URI into a daemon configuration.
