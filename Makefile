@@ -19,7 +19,7 @@ GOLANGCI_LINT         := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 # Differential fuzz targets (XDP program vs the Go reference model); CI runs
 # each for FUZZTIME as a regression check. Minimizing is kept short: every
 # input costs ~100 syscalls.
-FUZZ_TARGETS ?= FuzzRelayVsModel FuzzRelayBindingsVsModel FuzzTCVsModel FuzzTCBindingsVsModel
+FUZZ_TARGETS ?= FuzzRelayVsModel FuzzRelayBindingsVsModel FuzzTCVsModel FuzzTCBindingsVsModel FuzzChargeVsModel
 FUZZTIME     ?= 30s
 
 help: ## list the targets
@@ -68,9 +68,10 @@ lint: vet $(GOLANGCI_LINT) ## vet, then golangci-lint (.golangci.yml); the first
 test: vet tools test-race test-modules ## run every test; as root the XDP and network-namespace tests run too
 	$(GO) test $(TESTFLAGS) ./...
 
-# Test modules of their own: they need STUNner's packages, which bring pion/turn v5.
-# test/stunner runs the binary as a STUNner dataplane against STUNner's config discovery server (root).
-TEST_MODULES ?= test/stunner
+# Test modules of their own, keeping their dependencies out of the main module:
+# test/stunner runs the binary as a STUNner dataplane against STUNner's config discovery server (root;
+# STUNner brings pion/turn v5); test/deploy renders deploy/ with kustomize.
+TEST_MODULES ?= test/stunner test/deploy
 
 test-modules: ## vet and run the test modules under test/ that build against STUNner itself
 	@for m in $(TEST_MODULES); do \

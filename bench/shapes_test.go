@@ -27,6 +27,8 @@ var shapeModes = []string{"default", "off"}
 // not used.
 func (h *harness) stageShapes(t *testing.T) {
 	h.command("shapes stage: per node shape and mode, %.0f pps of 100-byte datagrams for %v through a pion/turn allocation to an echoing peer", h.cfg.shapeRate, h.cfg.shapePoint)
+	// The engines' live cost per shape (engineProbe).
+	defer enableBPFStats(t).Close()
 	for _, shape := range netns.Shapes() {
 		for _, mode := range shapeModes {
 			t.Run(string(shape)+"/"+mode, func(t *testing.T) {
@@ -80,6 +82,12 @@ func (h *harness) shapeOne(t *testing.T, shape netns.Shape, mode string) ShapeRo
 		t.Fatalf("the channel binding did not settle: %v", err)
 	}
 	time.Sleep(200 * time.Millisecond)
+	var probe *engineProbe
+	var engBefore engineStats
+	if mode != "off" {
+		probe = probeEngines(t, r.Node)
+		engBefore = probe.read(t)
+	}
 	before, err := r.Node.Scrape(r.MetricsURL())
 	if err != nil {
 		t.Fatal(err)
@@ -112,6 +120,9 @@ func (h *harness) shapeOne(t *testing.T, shape netns.Shape, mode string) ShapeRo
 		t.Fatal(err)
 	}
 	row := ShapeRow{Shape: string(shape), Mode: mode, RatePPS: h.cfg.shapeRate, Sent: sent, Echoed: echoed.Load() - echoesBefore}
+	if probe != nil {
+		probe.read(t).fill(engBefore, &row)
+	}
 	var xdp, all [2]float64
 	for i, dir := range []string{"client_to_peer", "peer_to_client"} {
 		for _, path := range []string{"xdp", "userspace"} {

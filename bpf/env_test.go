@@ -66,8 +66,26 @@ var destTable = func() map[netip.AddrPort]netip.AddrPort {
 	for _, a := range []string{"fd00:100::1", "fd00:202::1", "fd00:203::1", "fd00:204::1", "fd00:100::100", "fd00:100::77"} {
 		d[netip.AddrPortFrom(netip.MustParseAddr(a), listenerPort)] = wildcard6
 	}
+	// NodePorts: the node (and a VIP in front of it) DNATs nodePort to the
+	// wildcard listeners' port; and one translated port inside the relay
+	// range, where the relay port wins (the program takes it as a relay
+	// port).
+	for _, a := range []string{"10.100.0.1", "10.100.0.100"} {
+		d[netip.AddrPortFrom(netip.MustParseAddr(a), nodePort)] = wildcard4
+	}
+	for _, a := range []string{"fd00:100::1", "fd00:100::100"} {
+		d[netip.AddrPortFrom(netip.MustParseAddr(a), nodePort)] = wildcard6
+	}
+	d[netip.AddrPortFrom(netip.MustParseAddr("10.100.0.1"), relayRangeNodePort)] = wildcard4
 	return d
 }()
+
+// nodePort is a port the environment's node DNATs to listenerPort (a
+// kube-proxy NodePort); relayRangeNodePort one inside the relay port range.
+const (
+	nodePort           = 31478
+	relayRangeNodePort = 50000
+)
 
 var (
 	clientMAC = [6]byte{0x02, 0, 0, 0, 0x10, 0x02}
@@ -160,6 +178,7 @@ func newEnv(t testing.TB) *env {
 	t.Cleanup(func() { prog.Close() })
 	e.prog = prog
 	e.maps = channelmap.New(prog.Maps())
+	e.maps.SetCharge(prog.Charge())
 	if err := e.maps.SetDestinations(destTable); err != nil {
 		t.Fatal(err)
 	}
@@ -499,26 +518,28 @@ func (e *env) totals(t testing.TB) channelmap.Stats {
 	return s
 }
 
-// listeners reads every binding's reply source as the kernel has it; "not
-// known" is 0.0.0.0, as in the model.
-func (e *env) listeners(t testing.TB) map[channelmap.Key]netip.Addr {
+// listeners reads every binding's reply source (address and port) as the
+// kernel has it; "not known" is 0.0.0.0:0, as in the model.
+func (e *env) listeners(t testing.TB) map[channelmap.Key]netip.AddrPort {
 	t.Helper()
 	d, err := e.maps.Dump()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make(map[channelmap.Key]netip.Addr, len(d))
+	out := make(map[channelmap.Key]netip.AddrPort, len(d))
 	for k, b := range d {
-		out[k] = knownOrZero(b.ReplySource)
+		out[k] = knownOrZero(b)
 	}
 	return out
 }
 
-func knownOrZero(a netip.Addr) netip.Addr {
-	if !a.IsValid() || a.IsUnspecified() {
-		return netip.IPv4Unspecified()
+// knownOrZero is b's reply source, 0.0.0.0:0 when not known.
+func knownOrZero(b channelmap.Binding) netip.AddrPort {
+	from := b.ReplyFrom()
+	if !from.IsValid() {
+		return netip.AddrPortFrom(netip.IPv4Unspecified(), 0)
 	}
-	return a.Unmap()
+	return netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
 }
 
 // observation is what one BPF_PROG_RUN did, as far as it can be seen.
@@ -610,8 +631,8 @@ func (e *env) checkEffects(t testing.TB, m *model.Model, gained channelmap.Stats
 	}
 	kernel := e.listeners(t)
 	for _, b := range m.Bindings() {
-		if k, ok := kernel[b.Key()]; !ok || k != knownOrZero(b.ReplySource) {
-			t.Errorf("binding %v: reply source %v in the kernel, %v in the model", b.Key(), k, b.ReplySource)
+		if k, ok := kernel[b.Key()]; !ok || k != knownOrZero(b) {
+			t.Errorf("binding %v: reply source %v in the kernel, %v in the model", b.Key(), k, knownOrZero(b))
 		}
 	}
 	if len(kernel) != len(m.Bindings()) {
@@ -625,7 +646,7 @@ func (e *env) restore(t testing.TB, bs []channelmap.Binding) {
 	t.Helper()
 	kernel := e.listeners(t)
 	for _, b := range bs {
-		if kernel[b.Key()] != knownOrZero(b.ReplySource) {
+		if kernel[b.Key()] != knownOrZero(b) {
 			e.teach(t, b)
 		}
 	}
@@ -635,8 +656,8 @@ func (e *env) restore(t testing.TB, bs []channelmap.Binding) {
 func (e *env) slot(t testing.TB, b channelmap.Binding) (uint32, bpf.RelayBindingState) {
 	t.Helper()
 	var k bpf.RelayP2cKey
-	k.PeerAddr.B, k.RelayAddr.B = b.Peer.Addr().As16(), b.Relay.Addr().As16()
-	k.PeerPort, k.RelayPort = htons(b.Peer.Port()), htons(b.Relay.Port())
+	k.PeerAddr.B, k.RelayAddr.B = b.Peer.Addr().As16(), b.OnWire().Addr().As16()
+	k.PeerPort, k.RelayPort = htons(b.Peer.Port()), htons(b.OnWire().Port())
 	var v bpf.RelayP2cVal
 	var st bpf.RelayBindingState
 	if err := e.prog.Maps().P2cBindings.Lookup(k, &v); err != nil {
@@ -648,14 +669,15 @@ func (e *env) slot(t testing.TB, b channelmap.Binding) (uint32, bpf.RelayBinding
 	return v.Bind.BindingId, st
 }
 
-// teach writes b.ReplySource into b's state slot (zero when invalid), as if
-// the program had learned it from a client packet: Upsert never seeds it.
+// teach writes b's reply source (ReplyFrom: address and port) into b's state
+// slot (zero when invalid), as if the program had learned it from a client
+// packet: Upsert never seeds it.
 func (e *env) teach(t testing.TB, b channelmap.Binding) {
 	t.Helper()
 	id, st := e.slot(t, b)
-	st.ListenerAddr.B = [16]byte{}
-	if a := b.ReplySource; a.IsValid() && !a.IsUnspecified() {
-		st.ListenerAddr.B = a.As16()
+	st.ListenerAddr.B, st.ListenerPort = [16]byte{}, 0
+	if from := b.ReplyFrom(); from.IsValid() {
+		st.ListenerAddr.B, st.ListenerPort = from.Addr().As16(), htons(from.Port())
 	}
 	if err := e.prog.Maps().BindingStates.Put(id, st); err != nil {
 		t.Fatalf("teach %v: %v", b, err)

@@ -144,6 +144,16 @@ func FuzzRelayBindingsVsModel(f *testing.F) {
 		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0xc, 0xc, 0}, 0, 0, 1, data(1480)},   // over a0's MTU
 		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0xc, 0x3c, 0}, 1, 0, 0, data(1500)},  // over b0's MTU, peer->client
 		{[]byte{0x80, 0, 0, 0x20, 0x10, 1, 0xc, 0x8, 0}, 0, 0, 1, data(100)}, // v6 client, b0 without XDP_XMIT
+		// NodePort: the client sends to nodePort (dst bit 6), replies from it
+		// (listener byte bit 6).
+		{[]byte{0, 0, 0, 0x20, 0x10, 0}, 0, 0x40, 1, data(10)},     // learn the NodePort
+		{[]byte{0, 0, 0, 0x20, 0x10, 0x41}, 0, 0x40, 1, data(100)}, // c2p to it
+		{[]byte{0, 0, 0, 0x20, 0x10, 0x41}, 1, 0, 0, data(100)},    // p2c from it
+		{[]byte{0, 0, 0, 0x20, 0x10, 0x41}, 0, 0, 1, data(100)},    // back to the listener port: learned
+		{[]byte{0, 0, 0, 0x20, 0x10, 0x41}, 0, 0x42, 1, data(10)},  // a NodePort at an address not translated
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 0x41}, 1, 0, 0, data(100)}, // v6 p2c from it
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 0}, 0, 0x40, 1, data(100)}, // v6 learn it
+		{[]byte{0, 0, 0, 0x20, 0x10, 0x41}, 1, 0, 0x10, data(10)},  // TTL 1 from the peer
 	}
 	for _, s := range seeds {
 		ingress := uint8(0)
@@ -243,7 +253,9 @@ var (
 	fuzzPeerPorts   = []uint16{5001, 5002, 49152, listenerPort}
 	fuzzRelayAddrs  = []string{"10.100.0.1", "10.200.0.1", "10.201.0.1", "10.202.0.1", "10.203.0.1", "10.200.0.99"}
 	fuzzRelayPorts  = []uint16{49152, 50000, 65535}
-	fuzzChannels    = []uint16{0x4000, 0x4001, 0x4FFF, 0x5000, 0x7FFF}
+	// A masquerade's ports: in the relay range or not, and a listener's.
+	fuzzWirePorts = []uint16{50000, 31041, 1024, 49151, listenerPort}
+	fuzzChannels  = []uint16{0x4000, 0x4001, 0x4FFF, 0x5000, 0x7FFF}
 	// Listener addresses: not known (learned from packets), the interfaces', a
 	// VIP in front of the node, unspecified.
 	fuzzListeners  = []string{"", "10.100.0.1", "10.100.0.100", "10.201.0.1", "10.202.0.1", "0.0.0.0"}
@@ -284,10 +296,16 @@ func decodeBindings(spec []byte) []channelmap.Binding {
 			Peer:     netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzHosts, s[3]>>4)), pick(fuzzPeerPorts, s[3]&0xf)),
 			Relay:    netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzRelayAddrs, s[4]>>4)), pick(fuzzRelayPorts, s[4]&0xf)),
 		}
-		if l := pick(listenerPool, s[5]&0x7f); l != "" {
+		if l := pick(listenerPool, s[5]&0x3f); l != "" {
 			b.ReplySource = netip.MustParseAddr(l)
+			if s[5]&0x40 != 0 { // learned through the NodePort
+				b.ReplyPort = nodePort
+			}
 		}
-		pk := [2]netip.AddrPort{b.Peer, b.Relay}
+		if s[4]&0x08 != 0 { // the node source-NATs the flow: another relay on the wire
+			b.Wire = netip.AddrPortFrom(netip.MustParseAddr(pick(fuzzRelayAddrs, s[4]>>4+1)), pick(fuzzWirePorts, s[4]&0x7))
+		}
+		pk := [2]netip.AddrPort{b.Peer, b.OnWire()}
 		if clients[b.Key()] || peers[pk] {
 			continue
 		}
@@ -298,7 +316,9 @@ func decodeBindings(spec []byte) []channelmap.Binding {
 }
 
 // fuzzFrame builds the frame of a fuzz input. pick's low bit is the direction
-// (client->peer or peer->client), the rest the binding; flags: bit 0 wraps the
+// (client->peer or peer->client), the rest the binding; dst picks the
+// destination address, and with bit 6 the client sends to the NodePort
+// (nodePort) instead of the listener port; flags: bit 0 wraps the
 // payload as ChannelData on the binding's channel with (flags>>1)&3 bytes of
 // padding, bit 3 sends no UDP checksum (with bit 7 of dst: a partial one, as a
 // sender with tx checksum offload hands it over), bits 4-5 choose the TTL (hop limit),
@@ -316,6 +336,9 @@ func fuzzFrame(bs []channelmap.Binding, pickB, dst, flags uint8, payload []byte)
 			dsts = fuzzDsts6
 		}
 		f = fromClient(b, pick(dsts, dst), payload)
+		if dst&0x40 != 0 {
+			f = toPort(f, nodePort)
+		}
 		if flags&1 != 0 {
 			f.Payload = packet.ChannelData(b.Channel, payload, bytes.Repeat([]byte{0xEE}, int(flags>>1&3)))
 		}

@@ -65,13 +65,13 @@ struct p2c_key {
 	__be16 relay_port;
 };
 
-/* Where a peer's datagram goes, and whose it is. */
+/* Where a peer's datagram goes, and whose it is. The source it leaves from is
+ * not here: it is what the client's packets arrived at on the wire (address
+ * and port), which the program learns (binding_state). */
 struct p2c_binding {
 	struct addr client_addr;
 	__be16 client_port;
-	__be16 listener_port;
 	__be16 channel;
-	__u16 _pad;
 	__u32 binding_id;
 	__u32 alloc_id;
 	__u32 gen; /* the slot's generation when installed */
@@ -124,6 +124,13 @@ struct binding_state {
 	 * install, never 0), 0 when it takes the slot back: a flow cached for
 	 * another generation is not this binding's. */
 	__u32 gen;
+	/* The port the client's packets arrived at on the wire, learned with
+	 * listener_addr: the listener's own, or the port a DNAT translated to
+	 * it (a NodePort: the client sends to 31478, the listener has 3478, and
+	 * the node's conntrack would send pion's replies from 31478). 0: not
+	 * known. */
+	__be16 listener_port;
+	__u16 _pad;
 	struct next_hop c2p_hop;
 	struct next_hop p2c_hop;
 	/* Added atomically: one copy per binding whatever the number of CPUs (a
@@ -176,6 +183,22 @@ struct config {
 	__u32 flow_shift; /* log2 of the entries per CPU */
 };
 
+/* The ports of relays the node source-NATs (a masquerade maps pion's relay
+ * socket to another address and a port of conntrack's choosing, often outside
+ * the relay port range: natcheck's Translated), as a bitmap indexed by port
+ * (host order): bit port % 64 of word port / 64. The program takes UDP to a
+ * port that is neither a listener's nor a relay port as a peer's datagram only
+ * when its bit is set; only an exact (peer, relay on the wire) in p2c_bindings
+ * is a binding's. Written by userspace (internal/channelmap) as translated
+ * bindings come and go; one array lookup, inlined by the verifier, on the path
+ * of packets that are not the relay's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1024);
+} nat_relay_ports SEC(".maps");
+
 /* Sized by the loader from --max-bindings; max_entries here are the defaults. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -183,6 +206,21 @@ struct {
 	__type(value, struct dst_val);
 	__uint(max_entries, 4096);
 } listener_dsts SEC(".maps");
+
+/* The destination ports a DNAT translates to a listener's port (NodePort
+ * 31478 -> listener 3478), as a bitmap indexed by port (host order) / 64:
+ * bit port % 64 of word port / 64. The program looks at ChannelData to a port
+ * that is neither a listener's nor a relay port only when its bit is set, and
+ * then takes it as any listener port: only a destination in listener_dsts is
+ * a listener's. Written by userspace (internal/channelmap) from the learned
+ * destinations; one array lookup, inlined by the verifier, on the path of
+ * packets that are not the relay's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1024);
+} wire_ports SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -265,7 +303,7 @@ struct p2c_flow {
 	__be16 relay_port;
 	__u32 fib_gen; /* 0: empty */
 	struct p2c_binding bind;
-	__u8 _pad[12]; /* one cache line */
+	__u8 _pad[16]; /* one cache line */
 };
 
 /* Plain arrays, a region of 2^cfg.flow_shift entries per possible CPU (set by

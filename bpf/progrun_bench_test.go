@@ -45,6 +45,12 @@ func BenchmarkProgRun(b *testing.B) {
 		{"c2p-ipv6-redirect-100B", "a0", fromClient(v6, "fd00:100::1", packet.ChannelData(v6.Channel, data(100), nil)), xdpRedirect},
 		{"p2c-ipv6-redirect-100B", "b0", fromPeer(v6, data(100)), xdpRedirect},
 		{"stun-pass", "a0", stunFrame, xdpPass},
+		// UDP that is not the relay's (a port neither a listener's, a relay
+		// port nor a learned NodePort): the pass path every other datagram
+		// of the node takes.
+		{"not-ours-pass", "a0", toPort(fromClient(redirect, "10.100.0.1", data(100)), 8472), xdpPass},
+		{"c2p-nodeport-tx-100B", "a0", toPort(fromClient(bindings["nodeport"], "10.100.0.1",
+			packet.ChannelData(bindings["nodeport"].Channel, data(100), nil)), nodePort), xdpRedirect},
 	}
 	for _, row := range rows {
 		b.Run(row.name, func(b *testing.B) {

@@ -5,11 +5,14 @@
  * channel bindings pion/turn mirrors into the maps. Clients use IPv4 or IPv6;
  * relays and peers are IPv4.
  *
- *   client->peer: ChannelData to a destination a listener accepts, from a bound
- *                 (client, listener, channel): strip the 4-byte header and any
- *                 padding, send relay -> peer.
- *   peer->client: UDP to a relay port from the exact bound peer address:port:
- *                 prepend the header, send listener (as on the wire) -> client.
+ *   client->peer: ChannelData to a destination a listener accepts (its own
+ *                 port, or one a DNAT translates to it: wire_ports), from a
+ *                 bound (client, listener, channel): strip the 4-byte header
+ *                 and any padding, send relay (as the peer sees it) -> peer.
+ *   peer->client: UDP to a relay port (or the port a source NAT gave a relay on
+ *                 the wire: nat_relay_ports) from the exact bound peer
+ *                 address:port: prepend the header, send from the address and
+ *                 port the client's packets arrived at on the wire -> client.
  *
  * What leaves is what pion/turn and the node's kernel would send: TTL less one,
  * a UDP checksum that verifies exactly when the input's did (a full one for a
@@ -31,6 +34,7 @@
 #include "parsing.h"
 #include "csum.h"
 #include "maps.h"
+#include "rate.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -104,6 +108,39 @@ static __always_inline int is_relay_port(__be16 port)
 {
 	__u16 p = bpf_ntohs(port);
 	return cfg.min_relay_port != 0 && p >= cfg.min_relay_port && p <= cfg.max_relay_port;
+}
+
+/* port_bit tells whether port's bit is set in a port bitmap (wire_ports,
+ * nat_relay_ports: bit port % 64 of word port / 64), written by userspace.
+ * One inlined array access. */
+static __always_inline int port_bit(void *bitmap, __be16 port)
+{
+	__u16 p = bpf_ntohs(port);
+	__u32 word = p >> 6;
+	const __u64 *bits = bpf_map_lookup_elem(bitmap, &word);
+	return bits && (*bits >> (p & 63)) & 1;
+}
+
+/* Which path a UDP destination port takes, in this order: a listener port,
+ * a relay port, a port a DNAT translates to a listener port (a NodePort:
+ * wire_ports), the port a source NAT gave a relay on the wire (a masquerade:
+ * nat_relay_ports). A translated port inside the relay range is a relay port.
+ * One answer, so that each engine inlines each path once per family. */
+enum port_kind {
+	PORT_NOT_OURS = 0,
+	PORT_CLIENT, /* client->peer */
+	PORT_PEER,   /* peer->client */
+};
+
+static __always_inline enum port_kind port_kind(__be16 port)
+{
+	if (is_listener_port(port))
+		return PORT_CLIENT;
+	if (is_relay_port(port))
+		return PORT_PEER;
+	if (port_bit(&wire_ports, port))
+		return PORT_CLIENT;
+	return port_bit(&nat_relay_ports, port) ? PORT_PEER : PORT_NOT_OURS;
 }
 
 /* flow_mix folds 8 bytes into a flow cache index hash (a multiplicative hash:
@@ -377,39 +414,6 @@ static __always_inline int emit(struct xdp_md *ctx, __u32 in_ifindex, struct iph
 	else
 		*reason = c2p ? REASON_RELAY_C2P_REDIRECT : REASON_RELAY_P2C_REDIRECT;
 	return action;
-}
-
-/* rate_limited charges a packet of data_len application-data bytes to the
- * allocation's rate limit and tells whether it is over it (then nothing is
- * charged). Only allocations under a limit pay for it. */
-static __always_inline int rate_limited(struct alloc_rate *ar, const struct rate_limit *rl, __u16 data_len)
-{
-	__u64 pkt_cost = rl->pkt_cost_ns, bps = rl->bytes_per_sec;
-	if (!pkt_cost && !bps)
-		return 0;
-	/* bpf_ktime_get_ns may not be called under the lock. */
-	__u64 now = bpf_ktime_get_ns();
-	__u64 byte_cost = bps ? (__u64)data_len * NS_PER_SEC / bps : 0;
-	int over = 0;
-	bpf_spin_lock(&ar->lock);
-	__u64 pkt_tat = ar->pkt_tat > now ? ar->pkt_tat : now;
-	__u64 byte_tat = ar->byte_tat > now ? ar->byte_tat : now;
-	if ((pkt_cost && pkt_tat - now > RATE_LIMIT_BURST_NS) || (bps && byte_tat - now > RATE_LIMIT_BURST_NS)) {
-		over = 1;
-	} else {
-		ar->pkt_tat = pkt_tat + pkt_cost;
-		ar->byte_tat = byte_tat + byte_cost;
-	}
-	bpf_spin_unlock(&ar->lock);
-	return over;
-}
-
-/* limit_on is the rate limit when there is one. */
-static __always_inline const struct rate_limit *limit_on(void)
-{
-	__u32 zero = 0;
-	const struct rate_limit *rl = bpf_map_lookup_elem(&rate_limits, &zero);
-	return rl && (rl->pkt_cost_ns || rl->bytes_per_sec) ? rl : 0;
 }
 
 /* over_limit is next_hop's sequel for a bound packet that would be relayed:
@@ -693,14 +697,20 @@ static __always_inline int c2p_admit(const struct cursor *c, const struct input 
 	return -1;
 }
 
-/* learn_listener_addr learns the address the client's packets arrive at on
- * the wire: replies must come from it (behind a DNAT it is a VIP that
- * userspace never sees). The reply direction's next hop was resolved from
- * the old one. */
-static __always_inline void learn_listener_addr(struct binding_state *st, const struct addr *daddr)
+/* learn_listener_addr learns the address and port the client's packets
+ * arrive at on the wire: replies must come from them (behind a DNAT a VIP
+ * that userspace never sees, and a port a NodePort translated). The port is
+ * written first: a reader that finds the address finds its port (the
+ * program's stores keep their order on TSO machines; elsewhere a packet may
+ * see a half-changed pair while a client moves between destinations, which
+ * its next packet corrects). The reply direction's next hop was resolved
+ * from the old ones. */
+static __always_inline void learn_listener_addr(struct binding_state *st, const struct addr *daddr, __be16 dport)
 {
-	if (!st || addr_eq(&st->listener_addr, daddr))
+	if (!st || (addr_eq(&st->listener_addr, daddr) && st->listener_port == dport))
 		return;
+	st->listener_port = dport;
+	barrier();
 	st->listener_addr = *daddr;
 	bpf_spin_lock(&st->lock);
 	st->p2c_hop.seq++;
@@ -842,7 +852,8 @@ static __always_inline int p2c_admit(const struct cursor *c, const struct input 
 				     const struct binding_state *st, const int to_v4, struct iphdr **ip,
 				     __u16 *data_len)
 {
-	if (!st || (to_v4 ? addr_v4(&st->listener_addr) == 0 : addr_is_zero(&st->listener_addr)))
+	if (!st || (to_v4 ? addr_v4(&st->listener_addr) == 0 : addr_is_zero(&st->listener_addr)) ||
+	    st->listener_port == 0)
 		return REASON_CLIENT_ADDR_UNKNOWN;
 	struct iphdr *old = (void *)udp - sizeof(struct iphdr);
 	if ((void *)(old + 1) > c->end)
@@ -870,7 +881,7 @@ static __always_inline void p2c_rewrite(struct rewrite *rw, const struct input *
 	rw->ttl = in->ttl - 1;
 	rw->saddr = st->listener_addr;
 	rw->daddr = bind->client_addr;
-	rw->sport = bind->listener_port;
+	rw->sport = st->listener_port;
 	rw->dport = bind->client_port;
 	rw->len = (to_v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr)) + sizeof(struct udphdr) +
 		  CHANNEL_DATA_HDR_LEN + data_len;
@@ -945,7 +956,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		return XDP_PASS;
 	}
 	struct binding_state *st = b.st;
-	learn_listener_addr(st, &in->daddr);
+	learn_listener_addr(st, &in->daddr, udp->dest);
 
 	struct rewrite rw = {};
 	c2p_rewrite(&rw, in, &b, data_len);
@@ -1112,19 +1123,27 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 		}
 		/* The paths are inlined once per family, each specialised for it:
 		 * a relayed packet runs (and fetches) only its family's code. */
-		if (is_listener_port(udp->dest))
+		switch (port_kind(udp->dest)) {
+		case PORT_CLIENT:
 			return client_to_peer(ctx, &c, &in, udp, reason);
-		if (is_relay_port(udp->dest))
+		case PORT_PEER:
 			return peer_to_client(ctx, &c, &in, udp, reason);
+		default:
+			break;
+		}
 	} else {
 		if ((r = parse_input_v6(&c, &in, &udp)) >= 0) {
 			*reason = r;
 			return XDP_PASS;
 		}
-		if (is_listener_port(udp->dest))
+		switch (port_kind(udp->dest)) {
+		case PORT_CLIENT:
 			return client_to_peer(ctx, &c, &in, udp, reason);
-		if (is_relay_port(udp->dest))
+		case PORT_PEER:
 			return peer_to_client(ctx, &c, &in, udp, reason);
+		default:
+			break;
+		}
 	}
 	*reason = REASON_NOT_OURS;
 	return XDP_PASS;

@@ -34,10 +34,13 @@ type RelayBindingState struct {
 		_   structs.HostLayout
 		Val uint32
 	}
-	Gen    uint32
-	C2pHop RelayNextHop
-	P2cHop RelayNextHop
-	Stats  RelayBindingStats
+	Gen          uint32
+	ListenerPort uint16
+	Pad          uint16
+	C2pHop       RelayNextHop
+	P2cHop       RelayNextHop
+	_            [4]byte
+	Stats        RelayBindingStats
 }
 
 type RelayBindingStats struct {
@@ -163,13 +166,11 @@ type RelayP2cBinding struct {
 		_ structs.HostLayout
 		B [16]uint8
 	}
-	ClientPort   uint16
-	ListenerPort uint16
-	Channel      uint16
-	Pad          uint16
-	BindingId    uint32
-	AllocId      uint32
-	Gen          uint32
+	ClientPort uint16
+	Channel    uint16
+	BindingId  uint32
+	AllocId    uint32
+	Gen        uint32
 }
 
 type RelayP2cFlow struct {
@@ -180,7 +181,7 @@ type RelayP2cFlow struct {
 	RelayPort uint16
 	FibGen    uint32
 	Bind      RelayP2cBinding
-	Pad       [12]uint8
+	Pad       [16]uint8
 }
 
 type RelayP2cKey struct {
@@ -260,11 +261,13 @@ const (
 	RelayMapDevCaps       = "dev_caps"
 	RelayMapFibGen        = "fib_gen"
 	RelayMapListenerDsts  = "listener_dsts"
+	RelayMapNatRelayPorts = "nat_relay_ports"
 	RelayMapP2cBindings   = "p2c_bindings"
 	RelayMapP2cFlows      = "p2c_flows"
 	RelayMapRateLimits    = "rate_limits"
 	RelayMapTxPorts       = "tx_ports"
 	RelayMapVerdicts      = "verdicts"
+	RelayMapWirePorts     = "wire_ports"
 	RelayProgXdpTurnRelay = "xdp_turn_relay"
 	RelayVarUnusedReason  = "_unused_reason"
 	RelayVarCfg           = "cfg"
@@ -326,11 +329,13 @@ type RelayMapSpecs struct {
 	DevCaps       *ebpf.MapSpec `ebpf:"dev_caps"`
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
+	NatRelayPorts *ebpf.MapSpec `ebpf:"nat_relay_ports"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.MapSpec `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 	Verdicts      *ebpf.MapSpec `ebpf:"verdicts"`
+	WirePorts     *ebpf.MapSpec `ebpf:"wire_ports"`
 }
 
 // RelayVariableSpecs contains global variables before they are loaded into the kernel.
@@ -368,11 +373,13 @@ type RelayMaps struct {
 	DevCaps       *ebpf.Map `ebpf:"dev_caps"`
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
+	NatRelayPorts *ebpf.Map `ebpf:"nat_relay_ports"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.Map `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 	Verdicts      *ebpf.Map `ebpf:"verdicts"`
+	WirePorts     *ebpf.Map `ebpf:"wire_ports"`
 }
 
 func (m *RelayMaps) Close() error {
@@ -384,11 +391,13 @@ func (m *RelayMaps) Close() error {
 		m.DevCaps,
 		m.FibGen,
 		m.ListenerDsts,
+		m.NatRelayPorts,
 		m.P2cBindings,
 		m.P2cFlows,
 		m.RateLimits,
 		m.TxPorts,
 		m.Verdicts,
+		m.WirePorts,
 	)
 }
 

@@ -292,7 +292,7 @@ static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct curso
 		return TC_ACT_OK;
 	}
 	struct binding_state *st = b.st;
-	learn_listener_addr(st, &in->daddr);
+	learn_listener_addr(st, &in->daddr, udp->dest);
 
 	struct rewrite rw = {};
 	c2p_rewrite(&rw, in, &b, data_len);
@@ -496,19 +496,27 @@ static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
 			*reason = r;
 			return TC_ACT_OK;
 		}
-		if (is_listener_port(udp->dest))
+		switch (port_kind(udp->dest)) {
+		case PORT_CLIENT:
 			return tc_client_to_peer(ctx, &c, &in, udp, reason);
-		if (is_relay_port(udp->dest))
+		case PORT_PEER:
 			return tc_peer_to_client(ctx, &c, &in, udp, reason);
+		default:
+			break;
+		}
 	} else {
 		if ((r = parse_input_v6(&c, &in, &udp)) >= 0) {
 			*reason = r;
 			return TC_ACT_OK;
 		}
-		if (is_listener_port(udp->dest))
+		switch (port_kind(udp->dest)) {
+		case PORT_CLIENT:
 			return tc_client_to_peer(ctx, &c, &in, udp, reason);
-		if (is_relay_port(udp->dest))
+		case PORT_PEER:
 			return tc_peer_to_client(ctx, &c, &in, udp, reason);
+		default:
+			break;
+		}
 	}
 	*reason = REASON_NOT_OURS;
 	return TC_ACT_OK;

@@ -44,6 +44,17 @@ var bindings = map[string]channelmap.Binding{
 	"clientsmallmtu": {Client: ap("10.201.0.2:40000"), Listener: wildcard4, Channel: 0x4000,
 		Peer: ap("10.200.0.2:5004"), Relay: ap("10.200.0.1:50008"), ReplySource: netip.MustParseAddr("10.201.0.1")},
 
+	// A relay whose flow the node source-NATs (a masquerade, natcheck's
+	// Translated): on the wire it is 10.200.0.7:51041, not pion's socket.
+	"snat": {Client: ap("10.100.0.2:40000"), Listener: wildcard4, Channel: 0x4006,
+		Peer: ap("10.200.0.2:5040"), Relay: ap("10.100.0.1:50040"), Wire: ap("10.200.0.7:51041"),
+		ReplySource: netip.MustParseAddr("10.100.0.1")},
+	// The same with a port outside the relay range (--random-fully picks
+	// any): its peer's datagrams reach the lookup through nat_relay_ports.
+	"snatport": {Client: ap("10.100.0.2:40000"), Listener: wildcard4, Channel: 0x4007,
+		Peer: ap("10.200.0.2:5041"), Relay: ap("10.100.0.1:50041"), Wire: ap("10.200.0.7:31041"),
+		ReplySource: netip.MustParseAddr("10.100.0.1")},
+
 	// IPv6 clients; relays and peers are IPv4.
 	// client on a0, peer on b0: redirect both ways, v6->v4 and v4->v6.
 	"v6redirect": {Client: ap("[fd00:100::2]:40000"), Listener: wildcard6, Channel: 0x4000,
@@ -91,6 +102,15 @@ var bindings = map[string]channelmap.Binding{
 		Peer: ap("10.200.0.2:5030"), Relay: ap("10.200.0.1:50030"), ReplySource: netip.MustParseAddr("10.100.0.5")},
 	"v6specific": {Client: ap("[fd00:100::2]:40000"), Listener: specific6, Channel: 0x4000,
 		Peer: ap("10.200.0.2:5031"), Relay: ap("10.200.0.1:50031"), ReplySource: netip.MustParseAddr("fd00:100::5")},
+	// A client that reaches the wildcard listener through a NodePort DNAT
+	// (nodePort -> listenerPort): replies leave from the NodePort it sent to.
+	"nodeport": {Client: ap("10.100.0.2:40010"), Listener: wildcard4, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5040"), Relay: ap("10.200.0.1:50040"), ReplySource: netip.MustParseAddr("10.100.0.1"), ReplyPort: nodePort},
+	"v6nodeport": {Client: ap("[fd00:100::2]:40010"), Listener: wildcard6, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5041"), Relay: ap("10.200.0.1:50041"), ReplySource: netip.MustParseAddr("fd00:100::1"), ReplyPort: nodePort},
+	// The same, nothing learned yet: its replies wait for a client packet.
+	"nodeportlearn": {Client: ap("10.100.0.2:40011"), Listener: wildcard4, Channel: 0x4000,
+		Peer: ap("10.200.0.2:5042"), Relay: ap("10.200.0.1:50042")},
 	// IPv6 client behind an unreachable route.
 	"v6unreachable": {Client: ap("[fd00:250::2]:40000"), Listener: wildcard6, Channel: 0x4000,
 		Peer: ap("10.200.0.2:5018"), Relay: ap("10.200.0.1:50019"), ReplySource: netip.MustParseAddr("fd00:100::1")},
@@ -119,7 +139,7 @@ func fromClient(b channelmap.Binding, listener string, payload []byte) packet.Fr
 
 func fromPeer(b channelmap.Binding, payload []byte) packet.Frame {
 	return packet.Frame{DstMAC: [6]byte{0x02, 0xbb}, SrcMAC: peerMAC, TTL: 9, ID: 0x4321,
-		Src: b.Peer, Dst: b.Relay, Payload: payload}
+		Src: b.Peer, Dst: b.OnWire(), Payload: payload}
 }
 
 func data(n int) []byte {
@@ -139,16 +159,26 @@ func toPeer(in packet.Frame, b channelmap.Binding, srcMAC, dstMAC [6]byte, d []b
 		id, frag = 0, 0x4000
 	}
 	return packet.Frame{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: in.TTL - 1, ID: id, FragOff: frag, TOS: in.TOS,
-		Src: b.Relay, Dst: b.Peer, Payload: d, NoUDPChecksum: in.NoUDPChecksum}
+		Src: b.OnWire(), Dst: b.Peer, Payload: d, NoUDPChecksum: in.NoUDPChecksum}
 }
 
 // toClient is what the relay must send to the client for a peer frame. To an
 // IPv6 client (an IPv6 listener address): IPv6, traffic class = the TOS, flow
 // label 0, hop limit = TTL - 1.
 func toClient(in packet.Frame, b channelmap.Binding, listener netip.Addr, srcMAC, dstMAC [6]byte, d []byte) packet.Frame {
+	return toClientFrom(in, b, netip.AddrPortFrom(listener, b.Listener.Port()), srcMAC, dstMAC, d)
+}
+
+// toClientFrom is toClient from another port than the listener's (a NodePort).
+func toClientFrom(in packet.Frame, b channelmap.Binding, from netip.AddrPort, srcMAC, dstMAC [6]byte, d []byte) packet.Frame {
 	return packet.Frame{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: in.TTL - 1, ID: in.ID, FragOff: in.FragOff, TOS: in.TOS,
-		Src: netip.AddrPortFrom(listener, b.Listener.Port()), Dst: b.Client,
-		Payload: packet.ChannelData(b.Channel, d, nil), NoUDPChecksum: in.NoUDPChecksum}
+		Src: from, Dst: b.Client, Payload: packet.ChannelData(b.Channel, d, nil), NoUDPChecksum: in.NoUDPChecksum}
+}
+
+// toPort is f sent to another destination port (a NodePort).
+func toPort(f packet.Frame, port uint16) packet.Frame {
+	f.Dst = netip.AddrPortFrom(f.Dst.Addr(), port)
+	return f
 }
 
 type golden struct {
@@ -237,6 +267,42 @@ func goldenCases(e *env) []golden {
 			verdict: xdpTX, reason: bpf.RelayReasonREASON_RELAY_P2C_TX,
 			out: toClient(in, tx, tx.ReplySource, a0.mac, clientMAC, data(n)).Marshal()})
 	}
+	// A source-NATed relay: client->peer leaves from the translated address
+	// and port, the peer's datagrams to them are the binding's, and those to
+	// pion's socket itself are no binding's (the kernel would not de-NAT them).
+	{
+		snat := bindings["snat"]
+		in := fromClient(snat, "10.100.0.1", packet.ChannelData(snat.Channel, data(100), nil))
+		cases = append(cases, golden{name: "c2p/snat/redirect", ingress: "a0", in: in.Marshal(),
+			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
+			out: toPeer(in, snat, b0.mac, peerMAC, data(100)).Marshal()})
+		in = fromPeer(snat, data(100))
+		cases = append(cases, golden{name: "p2c/snat/redirect", ingress: "b0", in: in.Marshal(),
+			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+			out: toClient(in, snat, snat.ReplySource, a0.mac, clientMAC, data(100)).Marshal()})
+		in.Dst = snat.Relay
+		cases = append(cases, golden{name: "pass/p2c/snat/to-untranslated-relay", ingress: "b0", in: in.Marshal(),
+			verdict: xdpPass, reason: bpf.RelayReasonREASON_NO_PEER_BINDING})
+
+		sp := bindings["snatport"]
+		in = fromClient(sp, "10.100.0.1", packet.ChannelData(sp.Channel, data(100), nil))
+		cases = append(cases, golden{name: "c2p/snat/port-outside-relay-range", ingress: "a0", in: in.Marshal(),
+			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
+			out: toPeer(in, sp, b0.mac, peerMAC, data(100)).Marshal()})
+		in = fromPeer(sp, data(100))
+		cases = append(cases, golden{name: "p2c/snat/port-outside-relay-range", ingress: "b0", in: in.Marshal(),
+			verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+			out: toClient(in, sp, sp.ReplySource, a0.mac, clientMAC, data(100)).Marshal()})
+		// Another sender to that port is no binding's; a port next to it is
+		// not the relay's at all.
+		in.Src = ap("10.200.0.3:5041")
+		cases = append(cases, golden{name: "pass/p2c/snat/port-outside-relay-range/other-peer", ingress: "b0", in: in.Marshal(),
+			verdict: xdpPass, reason: bpf.RelayReasonREASON_NO_PEER_BINDING})
+		in = fromPeer(sp, data(100))
+		in.Dst = netip.AddrPortFrom(sp.Wire.Addr(), sp.Wire.Port()+1)
+		cases = append(cases, golden{name: "pass/p2c/snat/port-outside-relay-range/next-port", ingress: "b0", in: in.Marshal(),
+			verdict: xdpPass, reason: bpf.RelayReasonREASON_NOT_OURS})
+	}
 	// A small result still fits under c0's MTU of 100.
 	{
 		b := bindings["smallmtu"]
@@ -266,7 +332,57 @@ func goldenCases(e *env) []golden {
 	pass("egress-not-attached", "a0", fromClient(b, "10.100.0.1", cd(b, 10)).Marshal(), bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED)
 
 	cases = append(cases, contractCases(e)...)
+	cases = append(cases, nodePortCases(e)...)
 	return append(cases, goldenCases6(e)...)
+}
+
+// nodePortCases: a client that reaches the listener through a DNAT that
+// changes the port (kube-proxy's NodePort: nodeIP:31478 -> nodeIP:3478).
+// The node's conntrack would reverse-NAT pion's replies to come from the
+// NodePort; the program sends them from it, and takes the client's
+// ChannelData to it, only where the destination table says a listener gets
+// it.
+func nodePortCases(e *env) []golden {
+	a0, b0 := e.ifaces["a0"], e.ifaces["b0"]
+	np, np6 := bindings["nodeport"], bindings["v6nodeport"]
+	var cases []golden
+	in := toPort(fromClient(np, "10.100.0.1", packet.ChannelData(np.Channel, data(100), nil)), nodePort)
+	cases = append(cases, golden{name: "nodeport/c2p", ingress: "a0", in: in.Marshal(),
+		verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
+		out: toPeer(in, np, b0.mac, peerMAC, data(100)).Marshal()})
+	p := fromPeer(np, data(100))
+	cases = append(cases, golden{name: "nodeport/p2c", ingress: "b0", in: p.Marshal(),
+		verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+		out: toClientFrom(p, np, netip.AddrPortFrom(np.ReplySource, nodePort), a0.mac, clientMAC, data(100)).Marshal()})
+	in = toPort(fromClient(np6, "fd00:100::1", packet.ChannelData(np6.Channel, data(100), nil)), nodePort)
+	cases = append(cases, golden{name: "nodeport/v6/c2p", ingress: "a0", in: in.Marshal(),
+		verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
+		out: toPeer(in, np6, b0.mac, peerMAC, data(100)).Marshal()})
+	p = fromPeer(np6, data(100))
+	cases = append(cases, golden{name: "nodeport/v6/p2c", ingress: "b0", in: p.Marshal(),
+		verdict: xdpRedirect, reason: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT,
+		out: toClientFrom(p, np6, netip.AddrPortFrom(np6.ReplySource, nodePort), a0.mac, clientMAC, data(100)).Marshal()})
+
+	pass := func(name string, in packet.Frame, reason bpf.RelayReason) {
+		cases = append(cases, golden{name: "nodeport/pass/" + name, ingress: "a0", in: in.Marshal(), verdict: xdpPass, reason: reason})
+	}
+	cd := packet.ChannelData(np.Channel, data(10), nil)
+	// A port no destination translates: not the relay's at all.
+	pass("port-not-translated", toPort(fromClient(np, "10.100.0.1", cd), nodePort+1), bpf.RelayReasonREASON_NOT_OURS)
+	// A translated port at an address whose DNAT was not learned (the
+	// specific listener's address; transit traffic to another host).
+	pass("address-not-translated", toPort(fromClient(np, "10.100.0.5", cd), nodePort), bpf.RelayReasonREASON_NOT_LISTENER_ADDR)
+	pass("transit", toPort(fromClient(np, "10.200.0.2", cd), nodePort), bpf.RelayReasonREASON_NOT_LISTENER_ADDR)
+	// STUN (an Allocate, a Refresh) to the NodePort: pion's.
+	pass("stun", toPort(fromClient(np, "10.100.0.1", []byte{0, 1, 0, 0, 0x21, 0x12, 0xa4, 0x42,
+		1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}), nodePort), bpf.RelayReasonREASON_STUN)
+	// Bound, but a channel the client did not bind.
+	pass("no-channel", toPort(fromClient(np, "10.100.0.1", packet.ChannelData(0x4abc, data(10), nil)), nodePort),
+		bpf.RelayReasonREASON_NO_CHANNEL)
+	// A translated port inside the relay range is a relay port to the
+	// program: the client's ChannelData there goes to pion.
+	pass("relay-range-port", toPort(fromClient(np, "10.100.0.1", cd), relayRangeNodePort), bpf.RelayReasonREASON_NO_PEER_BINDING)
+	return cases
 }
 
 // contractCases: what pion/turn and the node's kernel would do, in the
@@ -639,5 +755,38 @@ func TestLearnListenerAddressIPv6(t *testing.T) {
 	}
 	if got, _ := e.check(t, m, "b0", fromPeer(nb, data(3)).Marshal()); got.reason != bpf.RelayReasonREASON_FIB_NO_NEIGH {
 		t.Fatalf("reply to a client without a neighbour: %s", reasonName(got.reason))
+	}
+}
+
+// TestLearnNodePort: the replies to a client that reaches the listener
+// through a NodePort DNAT wait until its ChannelData shows the address and
+// port it sends to, leave from both, and follow the client when it moves to
+// another destination (the listener's own port, another VIP).
+func TestLearnNodePort(t *testing.T) {
+	e := newEnv(t)
+	m := e.install(t)
+	b := bindings["nodeportlearn"]
+	a0 := e.ifaces["a0"]
+
+	p := fromPeer(b, data(20))
+	if got, _ := e.check(t, m, "b0", p.Marshal()); got.reason != bpf.RelayReasonREASON_CLIENT_ADDR_UNKNOWN {
+		t.Fatalf("before learning: %s, want client_addr_unknown", reasonName(got.reason))
+	}
+	for _, dst := range []netip.AddrPort{ap("10.100.0.100:31478"), ap("10.100.0.1:3478"), ap("10.100.0.1:31478")} {
+		c := toPort(fromClient(b, dst.Addr().String(), packet.ChannelData(b.Channel, data(20), nil)), dst.Port())
+		got, res := e.check(t, m, "a0", c.Marshal())
+		if got.verdict != xdpRedirect || res.Learned == nil || res.Learned.Addr != dst.Addr() || res.Learned.Port != dst.Port() {
+			t.Fatalf("client packet to %v: verdict %d, learned %+v, want REDIRECT and %v learned", dst, got.verdict, res.Learned, dst)
+		}
+		got, _ = e.check(t, m, "b0", p.Marshal())
+		want := toClientFrom(p, b, dst, a0.mac, clientMAC, data(20)).Marshal()
+		if got.verdict != xdpRedirect || !bytes.Equal(got.out, want) {
+			t.Fatalf("reply after a client packet to %v: verdict %d\n got %x\nwant %x", dst, got.verdict, got.out, want)
+		}
+	}
+	// A packet to a destination no listener accepts teaches nothing.
+	c := toPort(fromClient(b, "10.100.0.5", packet.ChannelData(b.Channel, data(20), nil)), nodePort)
+	if _, res := e.check(t, m, "a0", c.Marshal()); res.Learned != nil {
+		t.Fatalf("a packet to 10.100.0.5:%d was learned: %+v", nodePort, res.Learned)
 	}
 }

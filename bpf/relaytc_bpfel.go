@@ -34,8 +34,10 @@ type RelayTcBindingState struct {
 		_   structs.HostLayout
 		Val uint32
 	}
-	Gen    uint32
-	C2pHop struct {
+	Gen          uint32
+	ListenerPort uint16
+	Pad          uint16
+	C2pHop       struct {
 		_         structs.HostLayout
 		Seq       uint32
 		Gen       uint32
@@ -59,6 +61,7 @@ type RelayTcBindingState struct {
 		Dmac      [6]uint8
 		Smac      [6]uint8
 	}
+	_     [4]byte
 	Stats struct {
 		_          structs.HostLayout
 		C2pPackets uint64
@@ -168,15 +171,13 @@ type RelayTcP2cFlow struct {
 			_ structs.HostLayout
 			B [16]uint8
 		}
-		ClientPort   uint16
-		ListenerPort uint16
-		Channel      uint16
-		Pad          uint16
-		BindingId    uint32
-		AllocId      uint32
-		Gen          uint32
+		ClientPort uint16
+		Channel    uint16
+		BindingId  uint32
+		AllocId    uint32
+		Gen        uint32
 	}
-	Pad [12]uint8
+	Pad [16]uint8
 }
 
 type RelayTcP2cKey struct {
@@ -202,13 +203,11 @@ type RelayTcP2cVal struct {
 			_ structs.HostLayout
 			B [16]uint8
 		}
-		ClientPort   uint16
-		ListenerPort uint16
-		Channel      uint16
-		Pad          uint16
-		BindingId    uint32
-		AllocId      uint32
-		Gen          uint32
+		ClientPort uint16
+		Channel    uint16
+		BindingId  uint32
+		AllocId    uint32
+		Gen        uint32
 	}
 }
 
@@ -245,6 +244,7 @@ const (
 	RelayTcMapDevCaps        = "dev_caps"
 	RelayTcMapFibGen         = "fib_gen"
 	RelayTcMapListenerDsts   = "listener_dsts"
+	RelayTcMapNatRelayPorts  = "nat_relay_ports"
 	RelayTcMapP2cBindings    = "p2c_bindings"
 	RelayTcMapP2cFlows       = "p2c_flows"
 	RelayTcMapRateLimits     = "rate_limits"
@@ -252,6 +252,7 @@ const (
 	RelayTcMapTcVerdicts     = "tc_verdicts"
 	RelayTcMapTxPorts        = "tx_ports"
 	RelayTcMapVerdicts       = "verdicts"
+	RelayTcMapWirePorts      = "wire_ports"
 	RelayTcProgTcTurnRelay   = "tc_turn_relay"
 	RelayTcVarUnusedReason   = "_unused_reason"
 	RelayTcVarUnusedTcReason = "_unused_tc_reason"
@@ -314,6 +315,7 @@ type RelayTcMapSpecs struct {
 	DevCaps       *ebpf.MapSpec `ebpf:"dev_caps"`
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
+	NatRelayPorts *ebpf.MapSpec `ebpf:"nat_relay_ports"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.MapSpec `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
@@ -321,6 +323,7 @@ type RelayTcMapSpecs struct {
 	TcVerdicts    *ebpf.MapSpec `ebpf:"tc_verdicts"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 	Verdicts      *ebpf.MapSpec `ebpf:"verdicts"`
+	WirePorts     *ebpf.MapSpec `ebpf:"wire_ports"`
 }
 
 // RelayTcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -359,6 +362,7 @@ type RelayTcMaps struct {
 	DevCaps       *ebpf.Map `ebpf:"dev_caps"`
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
+	NatRelayPorts *ebpf.Map `ebpf:"nat_relay_ports"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.Map `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
@@ -366,6 +370,7 @@ type RelayTcMaps struct {
 	TcVerdicts    *ebpf.Map `ebpf:"tc_verdicts"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 	Verdicts      *ebpf.Map `ebpf:"verdicts"`
+	WirePorts     *ebpf.Map `ebpf:"wire_ports"`
 }
 
 func (m *RelayTcMaps) Close() error {
@@ -377,6 +382,7 @@ func (m *RelayTcMaps) Close() error {
 		m.DevCaps,
 		m.FibGen,
 		m.ListenerDsts,
+		m.NatRelayPorts,
 		m.P2cBindings,
 		m.P2cFlows,
 		m.RateLimits,
@@ -384,6 +390,7 @@ func (m *RelayTcMaps) Close() error {
 		m.TcVerdicts,
 		m.TxPorts,
 		m.Verdicts,
+		m.WirePorts,
 	)
 }
 

@@ -227,6 +227,22 @@ func livePodPeer(t *testing.T, egressSums, v6, wire bool) liveCost {
 				t.Fatal(err)
 			}
 		}
+		// The loader learns that n0 and p0 now transmit XDP frames from
+		// the netdev family's notifications, asynchronously: until then
+		// XDP rightly passes what would go into them (and TC relays it).
+		for _, dev := range []string{"n0", "p0"} {
+			var idx int
+			if err := node.Do(func() error {
+				l, err := netlink.LinkByName(dev)
+				if err == nil {
+					idx = l.Attrs().Index
+				}
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			waitXmit(t, prog, idx)
+		}
 	}
 	maps := channelmap.New(prog.Maps())
 	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{ap(listenerAddr): ap(wildcard)}); err != nil {
@@ -352,6 +368,21 @@ func attachXDPPass(t *testing.T, dev string) error {
 	}
 	t.Cleanup(func() { l.Close() })
 	return nil
+}
+
+// waitXmit waits up to 5 s for the program's dev_caps to say that ifindex
+// transmits XDP frames.
+func waitXmit(t *testing.T, prog *loader.Program, ifindex int) {
+	t.Helper()
+	var v bpf.RelayDevCap
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if err := prog.Maps().DevCaps.Lookup(uint32(ifindex), &v); err == nil && v.Flags&bpf.RelayDevFlagDEV_XDP_XMIT != 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ifindex %d: dev_caps %+v after 5 s, want XDP_XMIT", ifindex, v)
+		}
+	}
 }
 
 // addNoDAD adds an IPv6 address usable at once.

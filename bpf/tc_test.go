@@ -413,16 +413,19 @@ func FuzzTCBindingsVsModel(f *testing.F) {
 		pick, dst, flags uint8
 		complete         bool
 	}{
-		{[]byte{0, 0, 0, 0x20, 0x10, 1}, 0, 0, 1, false},        // redirect c2p
-		{[]byte{0, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, true},         // redirect p2c
-		{[]byte{0, 0, 0, 0x70, 0x40, 1}, 0, 0, 1, false},        // egress not attached: TC relays
-		{[]byte{0x85, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, true},      // v6 client behind e0
-		{[]byte{0x80, 0, 0, 0x20, 0x10, 1}, 0, 0, 1, true},      // v6 c2p
-		{[]byte{0, 0, 0, 0x20, 0x10, 1, 1 | 4}, 0, 0, 1, false}, // over a dropping limit: shot
-		{[]byte{0, 0, 0, 0x20, 0x10, 1, 2 | 4}, 1, 0, 0, false}, // over a passing limit
-		{[]byte{0, 0, 0, 0x50, 0x20, 1, 1 | 4}, 0, 0, 1, false}, // over it, no neighbour: the FIB first
-		{[]byte{0, 0, 4, 0x20, 0x10, 1}, 0, 0, 1 | 3<<1, true},  // padding 3
-		{[]byte{0x80, 0, 0, 0x20, 0x10, 1}, 1, 0x80, 8, false},  // field = pseudo-header sum: no PARTIAL guess
+		{[]byte{0, 0, 0, 0x20, 0x10, 1}, 0, 0, 1, false},         // redirect c2p
+		{[]byte{0, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, true},          // redirect p2c
+		{[]byte{0, 0, 0, 0x70, 0x40, 1}, 0, 0, 1, false},         // egress not attached: TC relays
+		{[]byte{0x85, 0, 0, 0x20, 0x10, 1}, 1, 0, 0, true},       // v6 client behind e0
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1}, 0, 0, 1, true},       // v6 c2p
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 1 | 4}, 0, 0, 1, false},  // over a dropping limit: shot
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 2 | 4}, 1, 0, 0, false},  // over a passing limit
+		{[]byte{0, 0, 0, 0x50, 0x20, 1, 1 | 4}, 0, 0, 1, false},  // over it, no neighbour: the FIB first
+		{[]byte{0, 0, 4, 0x20, 0x10, 1}, 0, 0, 1 | 3<<1, true},   // padding 3
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1}, 1, 0x80, 8, false},   // field = pseudo-header sum: no PARTIAL guess
+		{[]byte{0, 0, 0, 0x20, 0x10, 0}, 0, 0x40, 1, false},      // learn a NodePort
+		{[]byte{0, 0, 0, 0x20, 0x10, 0x41}, 1, 0, 0, true},       // p2c from a NodePort
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 0x41}, 0, 0x40, 1, true}, // v6 c2p to a NodePort
 	}
 	for _, s := range seeds {
 		f.Add(s.spec, uint8(0), s.pick, s.dst, s.flags, s.complete, data(100))

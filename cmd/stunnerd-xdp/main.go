@@ -12,7 +12,6 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -193,8 +192,9 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
 	fs.BoolVar(&o.tcEngine, "tc-engine", true, "load the TC engine beside XDP: it relays on the skb path what XDP cannot transmit (into a pod's veth,\n"+
 		"a bridge, a VXLAN/Geneve device) and what local pods send to relay ports (on the interfaces --tc-iface matches)")
-	fs.StringVar(&o.tcIfaces, "tc-iface", "lxc*,cali*,veth*", "`PATTERN[,PATTERN]` (shell patterns) of interfaces the TC engine attaches to as they come and go, while XDP is\n"+
-		"attached: pods' host-side veths (Cilium lxc*, Calico cali*, bridge CNIs veth*); empty: only beside XDP")
+	fs.StringVar(&o.tcIfaces, "tc-iface", "lxc*,cali*,veth*,kind:vxlan,kind:geneve", "`PATTERN[,PATTERN]` (shell patterns) of interfaces the TC engine attaches to as they come and go, while XDP is\n"+
+		"attached: pods' host-side veths (Cilium lxc*, Calico cali*, bridge CNIs veth*), and by link kind (kind:vxlan,\n"+
+		"kind:geneve: overlay devices such as flannel.1, where a masqueraded peer's replies come back); empty: only beside XDP")
 	fs.BoolVar(&o.shortcut, "channeldata-shortcut", true, "in userspace, relay ChannelData on pion/turn's channels in the read loop: the write pion/turn\n"+
 		"would make, without its per-datagram handling (7 allocations); false: pion/turn handles every datagram")
 	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
@@ -224,8 +224,8 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.Uint64Var(&o.maxAllocBPS, "max-alloc-bps", 0, "application-data BYTES (not bits) per second one allocation may relay, all its channels and\n"+
 		"both directions together, like coturn's max-bps (a burst of 50 ms worth); 0: no limit")
 	fs.StringVar(&o.overLimit, "over-limit", "drop", "what the XDP program does with a datagram over --max-alloc-pps/-bps: drop (XDP_DROP,\n"+
-		"counted as rate_limited) or pass (to the stack and pion/turn, whose own limiter sees only the excess:\n"+
-		"a binding may then reach twice the limit; drop holds it)")
+		"counted as rate_limited) or pass (to the stack and pion/turn, whose relay socket charges the same\n"+
+		"bucket and drops it there: the limit holds either way)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "`ADDR` for Prometheus metrics at /metrics (empty: off); without a host it listens on the pod's\n"+
 		"address ($POD_IP, else $STUNNER_ADDR) and loopback, not on every address of the node")
 	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live, /ready and /status (empty: off); without a host, as --metrics-addr")
@@ -403,7 +403,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 		if p = strings.TrimSpace(p); p == "" {
 			continue
 		}
-		if _, err := path.Match(p, ""); err != nil {
+		if err := loader.CheckIfacePatterns([]string{p}); err != nil {
 			return cfg, fmt.Errorf("--tc-iface %q: %w", p, err)
 		}
 		cfg.TCPatterns = append(cfg.TCPatterns, p)

@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	"github.com/l7mp/stunnerd-xdp/internal/kube"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 )
 
@@ -36,7 +36,7 @@ func watchNode(d *daemon.Daemon, logger *logging.Factory, node, kubeconfig strin
 	if err != nil {
 		return fmt.Errorf("client config for the Kubernetes API: %w", err)
 	}
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kube.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("client for the Kubernetes API: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -30,7 +31,15 @@ type Binding struct {
 	Listener netip.AddrPort
 	Channel  uint16
 	Peer     netip.AddrPort
-	Relay    netip.AddrPort
+	// Relay is pion/turn's relay socket: the allocation (its rate limit and
+	// accounting go by it).
+	Relay netip.AddrPort
+	// Wire is the relay's address and port as the peer sees them, when the
+	// node's netfilter source-NATs the relay<->peer flow (a masquerade, see
+	// natcheck.Translated): client->peer packets leave from Wire, and the
+	// peer's packets to Wire are the binding's. Zero (or Relay): not
+	// translated.
+	Wire netip.AddrPort
 	// ReplySource is the source of packets to the client: the address the
 	// client's packets arrived at on the wire (a VIP in front of the node, the
 	// local address a wildcard listener was reached at). The program learns it
@@ -38,6 +47,24 @@ type Binding struct {
 	// userspace. Only Dump fills it in: Upsert never seeds or overwrites it,
 	// because a DNAT that userspace cannot see may stand in between.
 	ReplySource netip.Addr
+	// ReplyPort is ReplySource's port, learned with it: the port the
+	// client's packets arrived at on the wire, the listener's own or the one
+	// a DNAT translated to it (a NodePort). Dump and Live fill it in; 0 with
+	// a valid ReplySource stands for the listener's port (see ReplyFrom).
+	ReplyPort uint16
+}
+
+// ReplyFrom is the source of packets to the client, address and port (see
+// ReplySource, ReplyPort); invalid while the program has not learned it.
+func (b Binding) ReplyFrom() netip.AddrPort {
+	if !b.ReplySource.IsValid() || b.ReplySource.IsUnspecified() {
+		return netip.AddrPort{}
+	}
+	port := b.ReplyPort
+	if port == 0 {
+		port = b.Listener.Port()
+	}
+	return netip.AddrPortFrom(b.ReplySource, port)
 }
 
 // Key identifies a binding: one client's channel on one listener.
@@ -52,8 +79,20 @@ func (b Binding) Key() Key {
 	return Key{Client: b.Client, Listener: b.Listener, Channel: b.Channel}
 }
 
+// OnWire is the relay's address and port on the wire: Wire when set, else Relay.
+func (b Binding) OnWire() netip.AddrPort {
+	if b.Wire.IsValid() {
+		return b.Wire
+	}
+	return b.Relay
+}
+
 func (b Binding) String() string {
-	return fmt.Sprintf("%s ch=%#x listener=%s <-> relay=%s peer=%s", b.Client, b.Channel, b.Listener, b.Relay, b.Peer)
+	relay := b.Relay.String()
+	if b.Wire.IsValid() && b.Wire != b.Relay {
+		relay += " (on the wire " + b.Wire.String() + ")"
+	}
+	return fmt.Sprintf("%s ch=%#x listener=%s <-> relay=%s peer=%s", b.Client, b.Channel, b.Listener, relay, b.Peer)
 }
 
 // Stats are the packets and application-data bytes the XDP program relayed.
@@ -104,12 +143,19 @@ type bindingMap interface {
 type Maps struct {
 	c2p, p2c               bindingMap
 	verdicts, dsts, fibGen *ebpf.Map
+	// wirePorts is the program's bitmap of the destination ports a DNAT
+	// translates to a listener's (see SetDestinations); wireBits what it
+	// holds.
+	wirePorts *ebpf.Map
+	wireBits  [wirePortWords]uint64
 	// states are the per-binding slots: learned reply source, cached next
 	// hops and the binding's counters.
 	states *ebpf.Map
 	// rateLimits holds the one rate limit of every allocation; allocRates
 	// the allocations' buckets, by alloc id.
 	rateLimits, allocRates *ebpf.Map
+	// charge is the charge program over them (charge.go).
+	charge atomic.Pointer[ebpf.Program]
 
 	mu       sync.Mutex
 	bindings map[Key]entry
@@ -141,12 +187,17 @@ type Maps struct {
 	allocFree []uint32
 	nextAlloc uint32
 	now       func() time.Time
+	// natPorts is the program's nat_relay_ports bitmap, natRefs how many
+	// installed bindings have a translated relay (Binding.Wire) on each port.
+	natPorts *ebpf.Map
+	natRefs  map[uint16]int
 }
 
 // allocRef is an allocation's id and how many installed bindings hold it.
 type allocRef struct {
 	id   uint32
 	refs int
+	held bool // one of refs is its relay socket's (HoldAlloc)
 }
 
 type entry struct {
@@ -177,6 +228,7 @@ func New(m *bpf.RelayMaps) *Maps {
 		p2c:          m.P2cBindings,
 		verdicts:     m.Verdicts,
 		dsts:         m.ListenerDsts,
+		wirePorts:    m.WirePorts,
 		states:       m.BindingStates,
 		fibGen:       m.FibGen,
 		rateLimits:   m.RateLimits,
@@ -188,7 +240,59 @@ func New(m *bpf.RelayMaps) *Maps {
 		listenerAddr: make(map[uint32]netip.AddrPort),
 		dstTable:     make(map[bpf.RelayDstKey]uint32),
 		now:          time.Now,
+		natPorts:     m.NatRelayPorts,
+		natRefs:      make(map[uint16]int),
 	}
+}
+
+// wirePortWords is the size of the wire_ports bitmap: a bit per port.
+const wirePortWords = 65536 / 64
+
+// learned is the reply source a binding's state slot holds (invalid, 0:
+// nothing learned yet).
+func learned(st *bpf.RelayBindingState) (netip.Addr, uint16) {
+	if st.ListenerAddr.B == [16]uint8{} {
+		return netip.Addr{}, 0
+	}
+	return fromAddr16(st.ListenerAddr.B), byteorder.Htons(st.ListenerPort)
+}
+
+// natPortRef counts (delta +1) or stops counting (-1) b's translated relay
+// port, and sets or clears its bit in the program's nat_relay_ports on the
+// first reference and after the last: the program takes UDP to a port outside
+// the relay range as a peer's only while its bit is set. Untranslated
+// bindings have nothing to count. Called with mu held.
+func (m *Maps) natPortRef(b Binding, delta int) error {
+	if !b.Wire.IsValid() || b.Wire == b.Relay {
+		return nil
+	}
+	p := b.Wire.Port()
+	before := m.natRefs[p]
+	after := max(before+delta, 0)
+	if after == 0 {
+		delete(m.natRefs, p)
+	} else {
+		m.natRefs[p] = after
+	}
+	if (before == 0) == (after == 0) || m.natPorts == nil {
+		return nil
+	}
+	word := uint32(p / 64)
+	var bits uint64
+	if err := m.natPorts.Lookup(word, &bits); err != nil {
+		m.natRefs[p] = before
+		return fmt.Errorf("nat relay port %d: %w", p, err)
+	}
+	if after > 0 {
+		bits |= 1 << (p % 64)
+	} else {
+		bits &^= 1 << (p % 64)
+	}
+	if err := m.natPorts.Put(word, bits); err != nil {
+		m.natRefs[p] = before
+		return fmt.Errorf("nat relay port %d: %w", p, err)
+	}
+	return nil
 }
 
 // addr16 is the maps' address form: IPv4 as ::ffff:a.b.c.d, IPv6 as is, and
@@ -231,12 +335,15 @@ func (m *Maps) c2pKey(k Key) bpf.RelayC2pKey {
 	return key
 }
 
+// p2cKey is where the peer's datagrams are looked up: from the peer to the
+// relay as the peer sees it.
 func p2cKey(b Binding) bpf.RelayP2cKey {
 	var key bpf.RelayP2cKey
+	wire := b.OnWire()
 	key.PeerAddr.B = addr16(b.Peer.Addr())
-	key.RelayAddr.B = addr16(b.Relay.Addr())
+	key.RelayAddr.B = addr16(wire.Addr())
 	key.PeerPort = byteorder.Htons(b.Peer.Port())
-	key.RelayPort = byteorder.Htons(b.Relay.Port())
+	key.RelayPort = byteorder.Htons(wire.Port())
 	return key
 }
 
@@ -248,13 +355,15 @@ func validate(b Binding) error {
 		return fmt.Errorf("invalid peer address %v", b.Peer)
 	case !b.Relay.IsValid() || b.Relay.Port() == 0 || b.Relay.Addr().IsUnspecified():
 		return fmt.Errorf("invalid relay address %v", b.Relay)
+	case b.Wire.IsValid() && (b.Wire.Port() == 0 || b.Wire.Addr().IsUnspecified()):
+		return fmt.Errorf("invalid relay address on the wire %v", b.Wire)
 	case !b.Listener.IsValid() || b.Listener.Port() == 0:
 		return fmt.Errorf("invalid listener address %v", b.Listener)
 	case b.Channel < 0x4000 || b.Channel > 0x7FFF:
 		return fmt.Errorf("invalid channel number %#x", b.Channel)
 	}
 	// Clients may be IPv4 or IPv6; relays and peers are IPv4.
-	for _, a := range []netip.Addr{b.Peer.Addr(), b.Relay.Addr()} {
+	for _, a := range []netip.Addr{b.Peer.Addr(), b.Relay.Addr(), b.OnWire().Addr()} {
 		if !a.Unmap().Is4() {
 			return fmt.Errorf("address %v: relays and peers are IPv4 in the kernel", a)
 		}
@@ -267,13 +376,20 @@ func validate(b Binding) error {
 // socket d maps it to, and ChannelData to any other destination is passed to
 // the kernel untouched (which forwards transit traffic and delivers the rest).
 // Whoever computes d answers for it being what the kernel would deliver to
-// each listener socket (see internal/destinations).
+// each listener socket (see internal/destinations). A destination whose port
+// is not its listener's (a DNAT translated the port: a NodePort) also puts
+// its port into the program's wire_ports, without which the program takes
+// only listener ports for client traffic.
 func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.retryInvalidate()
 	want := make(map[bpf.RelayDstKey]uint32, len(d))
+	var bits [wirePortWords]uint64
 	for wire, l := range d {
+		if wire.IsValid() && l.IsValid() && wire.Port() != l.Port() {
+			bits[wire.Port()/64] |= 1 << (wire.Port() % 64)
+		}
 		if !wire.IsValid() || wire.Addr().IsUnspecified() || wire.Port() == 0 {
 			return fmt.Errorf("destination %v: not a unicast address and port", wire)
 		}
@@ -308,6 +424,19 @@ func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 			continue
 		}
 		delete(m.dstTable, k)
+	}
+	// The ports after the table: a port's bit without its destination (or
+	// the reverse) passes the packet, as no bit does.
+	for w := range bits {
+		if bits[w] == m.wireBits[w] {
+			continue
+		}
+		changed = true
+		if err := m.wirePorts.Put(uint32(w), bits[w]); err != nil {
+			errs = append(errs, fmt.Errorf("destination ports %d-%d: %w", w*64, w*64+63, err))
+			continue
+		}
+		m.wireBits[w] = bits[w]
 	}
 	if changed {
 		// Flows the program cached went through the old table (after the
@@ -345,7 +474,10 @@ func (m *Maps) Upsert(b Binding) error {
 		return fmt.Errorf("binding %v: %w", b, err)
 	}
 	b.Client, b.Listener, b.Peer, b.Relay = unmap(b.Client), unmap(b.Listener), unmap(b.Peer), unmap(b.Relay)
-	b.ReplySource = netip.Addr{}
+	if b.Wire = unmap(b.Wire); b.Wire == b.Relay {
+		b.Wire = netip.AddrPort{} // one spelling of "not translated"
+	}
+	b.ReplySource, b.ReplyPort = netip.Addr{}, 0
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.retryInvalidate()
@@ -378,6 +510,20 @@ func (m *Maps) Upsert(b Binding) error {
 			m.releaseAlloc(b.Relay)
 		}
 	}()
+	// The translated relay's port is taken before the peer->client entry
+	// can match (a port outside the relay range reaches the lookup only
+	// with its bit set), and given back on every failure.
+	if err := m.natPortRef(b, +1); err != nil {
+		if !exists {
+			m.free(id)
+		}
+		return fmt.Errorf("binding %v: %w", b, err)
+	}
+	defer func() {
+		if !installed {
+			_ = m.natPortRef(b, -1)
+		}
+	}()
 	pk := p2cKey(b)
 	slotGen := old.slotGen
 	if !exists {
@@ -397,9 +543,11 @@ func (m *Maps) Upsert(b Binding) error {
 	var cv bpf.RelayC2pVal
 	cv.Key = m.c2pKey(k)
 	cv.PeerAddr.B = addr16(b.Peer.Addr())
-	cv.RelayAddr.B = addr16(b.Relay.Addr())
+	// The source client->peer packets leave from: the relay as the peer
+	// sees it (the translation netfilter would have applied).
+	cv.RelayAddr.B = addr16(b.OnWire().Addr())
 	cv.PeerPort = byteorder.Htons(b.Peer.Port())
-	cv.RelayPort = byteorder.Htons(b.Relay.Port())
+	cv.RelayPort = byteorder.Htons(b.OnWire().Port())
 	cv.BindingId = id
 	cv.AllocId = allocID
 	cv.Gen = slotGen
@@ -408,7 +556,6 @@ func (m *Maps) Upsert(b Binding) error {
 	pv.Key = pk
 	pv.Bind.ClientAddr.B = addr16(b.Client.Addr())
 	pv.Bind.ClientPort = byteorder.Htons(b.Client.Port())
-	pv.Bind.ListenerPort = byteorder.Htons(b.Listener.Port())
 	pv.Bind.Channel = byteorder.Htons(b.Channel)
 	pv.Bind.BindingId = id
 	pv.Bind.AllocId = allocID
@@ -439,6 +586,11 @@ func (m *Maps) Upsert(b Binding) error {
 	installed = true
 	if exists && newAlloc {
 		m.releaseAlloc(old.binding.Relay)
+	}
+	if exists {
+		// A failure leaves a bit set for nothing: the program then looks
+		// up peer->client entries on that port and finds none.
+		_ = m.natPortRef(old.binding, -1)
 	}
 	e := entry{binding: b, id: id, allocID: allocID, gen: old.gen, slotGen: slotGen, account: m.accountOf(b), base: old.base}
 	if exists && e.account != old.account {
@@ -603,6 +755,7 @@ func (m *Maps) free(id uint32) {
 // quarantine. Called with mu held, after both map entries are gone.
 func (m *Maps) retire(e entry) {
 	m.releaseAlloc(e.binding.Relay)
+	_ = m.natPortRef(e.binding, -1) // a bit left set only costs lookups that miss
 	m.fold(e.id, e.account, e.base)
 	if err := m.states.Put(e.id, bpf.RelayBindingState{}); err != nil {
 		// The slot keeps the generation its cached flows were made in.
@@ -769,6 +922,10 @@ func (m *Maps) Verdicts() ([]uint64, error) {
 func (m *Maps) Dump() (map[Key]Binding, error) {
 	m.mu.Lock()
 	listeners := maps.Clone(m.listenerAddr)
+	recorded := make(map[Key]Binding, len(m.bindings))
+	for k, e := range m.bindings {
+		recorded[k] = e.binding
+	}
 	m.mu.Unlock()
 	out := make(map[Key]Binding)
 	var (
@@ -790,12 +947,17 @@ func (m *Maps) Dump() (map[Key]Binding, error) {
 			Peer:     netip.AddrPortFrom(fromAddr16(v.PeerAddr.B), byteorder.Htons(v.PeerPort)),
 			Relay:    netip.AddrPortFrom(fromAddr16(v.RelayAddr.B), byteorder.Htons(v.RelayPort)),
 		}
+		// The kernel holds the relay on the wire; pion's relay socket is
+		// this process's record of it.
+		if r, ok := recorded[b.Key()]; ok && r.OnWire() == b.Relay {
+			b.Relay, b.Wire = r.Relay, r.Wire
+		}
 		if err := m.p2c.Lookup(p2cKey(b), &pv); err != nil || pv.Bind.BindingId != v.BindingId ||
 			pv.Bind.ClientAddr.B != k.ClientAddr.B || pv.Bind.ClientPort != k.ClientPort || pv.Bind.Channel != k.Channel {
 			continue
 		}
-		if err := m.states.Lookup(v.BindingId, &st); err == nil && st.ListenerAddr.B != [16]uint8{} {
-			b.ReplySource = fromAddr16(st.ListenerAddr.B)
+		if err := m.states.Lookup(v.BindingId, &st); err == nil {
+			b.ReplySource, b.ReplyPort = learned(&st)
 		}
 		out[b.Key()] = b
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/byteorder"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
@@ -50,9 +51,15 @@ var testBinding = Binding{
 	Relay:    netip.MustParseAddrPort("10.200.0.1:50000"),
 }
 
-// learn writes a reply source into b's state slot, as the program does from a
-// client packet.
+// learn writes a reply source on the listener's port into b's state slot,
+// as the program does from a client packet.
 func learn(t *testing.T, raw *bpf.RelayMaps, b Binding, a netip.Addr) {
+	t.Helper()
+	learnFrom(t, raw, b, netip.AddrPortFrom(a, b.Listener.Port()))
+}
+
+// learnFrom is learn with another port (a NodePort's).
+func learnFrom(t *testing.T, raw *bpf.RelayMaps, b Binding, from netip.AddrPort) {
 	t.Helper()
 	var v bpf.RelayP2cVal
 	var st bpf.RelayBindingState
@@ -62,7 +69,7 @@ func learn(t *testing.T, raw *bpf.RelayMaps, b Binding, a netip.Addr) {
 	if err := raw.BindingStates.Lookup(v.Bind.BindingId, &st); err != nil {
 		t.Fatal(err)
 	}
-	st.ListenerAddr.B = a.As16()
+	st.ListenerAddr.B, st.ListenerPort = from.Addr().As16(), byteorder.Htons(from.Port())
 	if err := raw.BindingStates.Put(v.Bind.BindingId, st); err != nil {
 		t.Fatal(err)
 	}
@@ -250,6 +257,90 @@ func TestSetDestinations(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(nil)
+}
+
+// TestSetDestinationsWirePorts: a destination whose port is not its
+// listener's (a NodePort) puts its port into the program's wire_ports
+// bitmap, and takes it out when the last such destination goes; listener
+// ports stay out of it.
+func TestSetDestinationsWirePorts(t *testing.T) {
+	m, raw := newTestMaps(t, 64)
+	wild := netip.MustParseAddrPort("0.0.0.0:3478")
+	bits := func() map[uint16]bool {
+		t.Helper()
+		out := map[uint16]bool{}
+		for w := uint32(0); w < wirePortWords; w++ {
+			var v uint64
+			if err := raw.WirePorts.Lookup(w, &v); err != nil {
+				t.Fatal(err)
+			}
+			for b := range 64 {
+				if v>>b&1 != 0 {
+					out[uint16(w*64)+uint16(b)] = true
+				}
+			}
+		}
+		return out
+	}
+	check := func(what string, want ...uint16) {
+		t.Helper()
+		got := bits()
+		if len(got) != len(want) {
+			t.Fatalf("%s: wire ports %v, want %v", what, got, want)
+		}
+		for _, p := range want {
+			if !got[p] {
+				t.Fatalf("%s: wire ports %v, want %v", what, got, want)
+			}
+		}
+	}
+	d := map[netip.AddrPort]netip.AddrPort{
+		netip.MustParseAddrPort("10.0.0.1:3478"):   wild,
+		netip.MustParseAddrPort("10.0.0.1:31478"):  wild,
+		netip.MustParseAddrPort("10.0.0.2:31478"):  wild,
+		netip.MustParseAddrPort("192.0.2.1:443"):   wild,
+		netip.MustParseAddrPort("192.0.2.1:65535"): wild,
+	}
+	if err := m.SetDestinations(d); err != nil {
+		t.Fatal(err)
+	}
+	check("set", 31478, 443, 65535)
+	delete(d, netip.MustParseAddrPort("10.0.0.1:31478"))
+	delete(d, netip.MustParseAddrPort("192.0.2.1:443"))
+	if err := m.SetDestinations(d); err != nil {
+		t.Fatal(err)
+	}
+	check("one of two NodePort destinations and a VIP gone", 31478, 65535)
+	if err := m.SetDestinations(map[netip.AddrPort]netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:3478"): wild}); err != nil {
+		t.Fatal(err)
+	}
+	check("none left")
+}
+
+// TestDumpReportsLearnedPort: Dump reports the port the program learned with
+// the reply source (a NodePort), and ReplyFrom both.
+func TestDumpReportsLearnedPort(t *testing.T) {
+	m, raw := newTestMaps(t, 64)
+	b := testBinding
+	if err := m.Upsert(b); err != nil {
+		t.Fatal(err)
+	}
+	np := netip.MustParseAddrPort("10.100.0.1:31478")
+	learnFrom(t, raw, b, np)
+	got, _ := dumpOne(t, m, b.Key())
+	if got.ReplySource != np.Addr() || got.ReplyPort != np.Port() || got.ReplyFrom() != np {
+		t.Fatalf("dumped reply source %v port %d (from %v), want %v", got.ReplySource, got.ReplyPort, got.ReplyFrom(), np)
+	}
+	live, err := m.Live()
+	if err != nil || len(live) != 1 || live[0].Binding.ReplyFrom() != np {
+		t.Fatalf("live %+v (%v), want the reply source %v", live, err, np)
+	}
+	if err := m.Upsert(b); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := dumpOne(t, m, b.Key()); got.ReplyFrom() != np {
+		t.Fatalf("after a second Upsert the reply source is %v, want the learned %v", got.ReplyFrom(), np)
+	}
 }
 
 // TestAccountTotalsMonotonicUnderChurn: scrapes read the live counters
@@ -467,5 +558,61 @@ func TestInvalidateRetried(t *testing.T) {
 	}
 	if gen() == g1 {
 		t.Fatal("RemoveStray removed an entry without a new FIB generation")
+	}
+}
+
+// TestTranslatedRelay: a binding with a translated relay (Binding.Wire) is
+// keyed and sourced by it in the kernel, Dump gives pion's relay back beside
+// it, and its port's bit in nat_relay_ports stands while any installed binding
+// has a translated relay on that port.
+func TestTranslatedRelay(t *testing.T) {
+	m, raw := newTestMaps(t, 16)
+	natBit := func(port uint16) bool {
+		t.Helper()
+		var v uint64
+		if err := raw.NatRelayPorts.Lookup(uint32(port/64), &v); err != nil {
+			t.Fatal(err)
+		}
+		return v>>(port%64)&1 == 1
+	}
+	a := testBinding
+	a.Wire = netip.MustParseAddrPort("10.244.0.0:31000")
+	b := testBinding
+	b.Channel, b.Peer, b.Relay = 0x4001, netip.MustParseAddrPort("10.200.0.3:5001"), netip.MustParseAddrPort("10.200.0.1:50001")
+	b.Wire = netip.MustParseAddrPort("10.244.0.1:31000") // another address, the same port
+	for _, x := range []Binding{a, b} {
+		if err := m.Upsert(x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var cv bpf.RelayC2pVal
+	if err := raw.C2pBindings.Lookup(m.c2pKey(a.Key()), &cv); err != nil {
+		t.Fatal(err)
+	}
+	if got := netip.AddrPortFrom(fromAddr16(cv.RelayAddr.B), byteorder.Htons(cv.RelayPort)); got != a.Wire {
+		t.Fatalf("client->peer source %v, want the translated relay %v", got, a.Wire)
+	}
+	if got, ok := dumpOne(t, m, a.Key()); !ok || got.Relay != a.Relay || got.Wire != a.Wire {
+		t.Fatalf("dump %v (%v), want relay %v on the wire %v", got, ok, a.Relay, a.Wire)
+	}
+	if !natBit(31000) || natBit(31001) {
+		t.Fatal("nat_relay_ports: want port 31000 alone")
+	}
+	if err := m.Delete(a.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if !natBit(31000) {
+		t.Fatal("port 31000 cleared while another binding has it")
+	}
+	// Moved to an untranslated relay: the port's last reference goes.
+	b.Wire = netip.AddrPort{}
+	if err := m.Upsert(b); err != nil {
+		t.Fatal(err)
+	}
+	if natBit(31000) {
+		t.Fatal("port 31000 still set with no translated relay on it")
+	}
+	if got, ok := dumpOne(t, m, b.Key()); !ok || got.Relay != b.Relay || got.Wire.IsValid() {
+		t.Fatalf("dump %v (%v), want relay %v untranslated", got, ok, b.Relay)
 	}
 }

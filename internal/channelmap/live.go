@@ -9,8 +9,8 @@ import (
 
 // Live is an installed binding with what the program keeps in its slot.
 type Live struct {
-	// Binding's ReplySource is what the program learned (invalid: nothing
-	// yet), as Dump reports it.
+	// Binding's ReplySource and ReplyPort are what the program learned
+	// (invalid: nothing yet), as Dump reports them.
 	Binding Binding
 	// Stats are what the program relayed for the binding since its slot was
 	// given to it; they only grow while the binding stays installed.
@@ -44,9 +44,7 @@ func (m *Maps) Live() ([]Live, error) {
 			continue
 		}
 		b := e.binding
-		if st.ListenerAddr.B != [16]uint8{} {
-			b.ReplySource = fromAddr16(st.ListenerAddr.B)
-		}
+		b.ReplySource, b.ReplyPort = learned(&st)
 		out = append(out, Live{Binding: b, Stats: statsOf(st.Stats)})
 	}
 	return out, errors.Join(errs...)

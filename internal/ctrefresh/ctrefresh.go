@@ -326,6 +326,9 @@ type want struct {
 	// listener is the client side's listener socket: the entry must lead
 	// there.
 	listener netip.AddrPort
+	// wire is the peer side's relay as the peer sees it: the entry must
+	// map the relay there (itself when untranslated).
+	wire netip.AddrPort
 }
 
 // Round is one look: the bindings' counters against the previous look's, and
@@ -381,10 +384,10 @@ func (r *Refresher) Round(bindings []channelmap.Live, to Timeouts) error {
 func (r *Refresher) advanced(bindings []channelmap.Live) map[tuple]*want {
 	next := make(map[channelmap.Key]channelmap.Stats, len(bindings))
 	wants := map[tuple]*want{}
-	add := func(tp tuple, c2p, p2c bool, listener netip.AddrPort) {
+	add := func(tp tuple, c2p, p2c bool, listener, wire netip.AddrPort) {
 		w := wants[tp]
 		if w == nil {
-			w = &want{listener: listener}
+			w = &want{listener: listener, wire: wire}
 			wants[tp] = w
 		}
 		w.fwd = w.fwd || c2p
@@ -400,13 +403,15 @@ func (r *Refresher) advanced(bindings []channelmap.Live) map[tuple]*want {
 			continue
 		}
 		// The client's entry: the program learns where the client's
-		// packets arrive on the wire (a VIP) from its first accepted
-		// ChannelData, and relays neither direction before it knows.
-		if b.ReplySource.IsValid() {
-			wire := netip.AddrPortFrom(b.ReplySource.Unmap(), b.Listener.Port())
-			add(tuple{clientSide, unmap(b.Client), wire}, c2p, p2c, unmap(b.Listener))
+		// packets arrive on the wire (a VIP, a NodePort: address and port)
+		// from its first accepted ChannelData, and relays neither
+		// direction before it knows.
+		if wire := b.ReplyFrom(); wire.IsValid() {
+			add(tuple{clientSide, unmap(b.Client), unmap(wire)}, c2p, p2c, unmap(b.Listener), netip.AddrPort{})
 		}
-		add(tuple{peerSide, unmap(b.Relay), unmap(b.Peer)}, c2p, p2c, netip.AddrPort{})
+		// The peer's entry is pion's flow (relay -> peer) whatever the
+		// node translates it to.
+		add(tuple{peerSide, unmap(b.Relay), unmap(b.Peer)}, c2p, p2c, netip.AddrPort{}, unmap(b.OnWire()))
 	}
 	r.last = next
 	return wants
@@ -509,11 +514,20 @@ func sameTuple(t conntrack.Tuple, src, dst netip.AddrPort) bool {
 // leadsHere tells whether the entry still translates the flow as the kernel
 // path relays it. The client's: its replies come from the listener socket
 // (the DNAT target is this node's listener) to the client itself. The
-// peer's: not translated at all (natcheck let only such flows into the
-// kernel path).
+// peer's: not translated at all, or a source NAT of the relay to the
+// address and port the binding relays from (natcheck let only such flows
+// into the kernel path). An entry that maps the relay elsewhere is another
+// flow's mapping: the mirror's gate moves the binding.
 func (r *Refresher) leadsHere(tp tuple, w *want, e conntrack.Flow) bool {
 	if tp.side == peerSide {
-		return natcheck.Classify(e).Verdict == natcheck.Direct
+		res := natcheck.ClassifyRelay(e, tp.src, tp.dst)
+		switch res.Verdict {
+		case natcheck.Direct:
+			return !w.wire.IsValid() || w.wire == tp.src
+		case natcheck.Translated:
+			return res.Wire == w.wire
+		}
+		return false
 	}
 	// The reply direction of the client's entry runs listener -> client.
 	rep := e.TupleReply

@@ -116,6 +116,9 @@ type fakeTable struct {
 	// from these sources fail with ENOENT (the entry re-created elsewhere).
 	status  conntrack.Status
 	noReply map[netip.AddrPort]bool
+	// snat translates sources as a masquerade would: the reply goes to the
+	// target, and the entry has IPS_SRC_NAT.
+	snat map[netip.AddrPort]netip.AddrPort
 }
 
 func (f *fakeTable) Get(q conntrack.Flow) (conntrack.Flow, error) {
@@ -128,6 +131,11 @@ func (f *fakeTable) Get(q conntrack.Flow) (conntrack.Flow, error) {
 		q.TupleReply.IP.SourceAddress, q.TupleReply.Proto.SourcePort = to.Addr(), to.Port()
 	}
 	q.Status = f.status
+	src := netip.AddrPortFrom(q.TupleOrig.IP.SourceAddress, q.TupleOrig.Proto.SourcePort)
+	if to, ok := f.snat[src]; ok {
+		q.TupleReply.IP.DestinationAddress, q.TupleReply.Proto.DestinationPort = to.Addr(), to.Port()
+		q.Status |= conntrack.StatusSrcNAT | conntrack.StatusSrcNATDone
+	}
 	return q, nil
 }
 
@@ -299,5 +307,50 @@ func TestRun(t *testing.T) {
 	}
 	if dials.Load() != 1 || r.Stats().Refreshed == 0 {
 		t.Errorf("%d dials, stats %+v: want one dial and refreshes once attached", dials.Load(), r.Stats())
+	}
+}
+
+// TestRoundTranslated: a source-NATed relay<->peer flow (a masquerade) the
+// kernel path relays from its translated relay is refreshed while its entry
+// maps the relay there, and left alone once it maps it elsewhere (the
+// mirror's gate moves the binding) or the binding relays untranslated.
+func TestRoundTranslated(t *testing.T) {
+	relay, wire := netip.MustParseAddrPort("192.168.77.10:50000"), netip.MustParseAddrPort("10.244.0.0:31000")
+	ft := &fakeTable{snat: map[netip.AddrPort]netip.AddrPort{relay: wire}, status: conntrack.StatusConfirmed}
+	r := New(Config{Dial: func() (Table, func() error, error) { return ft, nil, nil }})
+	b := channelmap.Binding{
+		Client: netip.MustParseAddrPort("10.1.0.2:40000"), Listener: netip.MustParseAddrPort("192.168.77.10:3478"),
+		Channel: 0x4000, Peer: netip.MustParseAddrPort("10.244.1.5:5002"), Relay: relay, Wire: wire,
+	}
+	var n uint64
+	round := func(b channelmap.Binding) {
+		t.Helper()
+		ft.got, ft.updates = nil, nil
+		n++
+		if err := r.Round([]channelmap.Live{{Binding: b, Stats: channelmap.Stats{ClientToPeerPackets: n}}}, defaults); err != nil {
+			t.Fatal(err)
+		}
+	}
+	round(b)
+	if len(ft.got) != 1 || !sameTuple(ft.got[0].TupleOrig, relay, b.Peer) || len(ft.updates) != 1 {
+		t.Fatalf("look-ups %v, updates %v; want pion's relay->peer entry looked up and refreshed", ft.got, ft.updates)
+	}
+	// The entry maps the relay to another port now: not this binding's mapping.
+	ft.snat[relay] = netip.MustParseAddrPort("10.244.0.0:42000")
+	round(b)
+	if len(ft.updates) != 0 || r.Stats().Elsewhere != 1 {
+		t.Fatalf("updates %v, %d elsewhere; want none and 1", ft.updates, r.Stats().Elsewhere)
+	}
+	// A binding relaying untranslated while the node translates: elsewhere too.
+	b.Wire = netip.AddrPort{}
+	round(b)
+	if len(ft.updates) != 0 || r.Stats().Elsewhere != 2 {
+		t.Fatalf("updates %v, %d elsewhere; want none and 2", ft.updates, r.Stats().Elsewhere)
+	}
+	// Untranslated on both sides: refreshed.
+	delete(ft.snat, relay)
+	round(b)
+	if len(ft.updates) != 1 || r.Stats().Elsewhere != 2 {
+		t.Fatalf("updates %v, %d elsewhere; want one and still 2", ft.updates, r.Stats().Elsewhere)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"strconv"
 	"testing"
 	"time"
 
@@ -20,13 +21,15 @@ import (
 // The rig: one namespace with the node's addresses on its loopback and
 // kube-proxy-like DNAT rules for locally generated traffic (nat OUTPUT): the
 // VIP 10.96.1.1:3478 to the listener 10.0.0.1:3478, the VIP 10.96.1.2:3478 to
-// another node's listener (10.0.0.9, nothing listens). Clients send from
+// another node's listener (10.0.0.9, nothing listens), and a NodePort
+// 10.0.0.1:31478 to the listener (the port translated). Clients send from
 // 10.0.0.2, the relay from 10.0.0.1, the peer is 10.0.0.3. UDP timeouts of 3 s
 // (unreplied) and 5 s (stream), so entries expire within the test.
 const (
 	listenerAddr = "10.0.0.1:3478"
 	vipHere      = "10.96.1.1:3478"
 	vipElsewhere = "10.96.1.2:3478"
+	nodePort     = "10.0.0.1:31478"
 )
 
 var short = ctrefresh.Timeouts{Unreplied: 3 * time.Second, Stream: 5 * time.Second}
@@ -41,10 +44,10 @@ func TestRefreshRoot(t *testing.T) {
 		}
 		// The VIPs need a route before OUTPUT's DNAT reroutes to the target.
 		ns.IP(t, "route", "add", "10.96.1.0/24", "dev", "lo")
-		for vip, to := range map[string]string{vipHere: listenerAddr, vipElsewhere: "10.0.0.9:3478"} {
+		for vip, to := range map[string]string{vipHere: listenerAddr, vipElsewhere: "10.0.0.9:3478", nodePort: listenerAddr} {
 			ap := netip.MustParseAddrPort(vip)
-			ns.Run(t, "iptables", "-t", "nat", "-A", "OUTPUT", "-p", "udp", "-d", ap.Addr().String(), "--dport", "3478",
-				"-j", "DNAT", "--to-destination", to)
+			ns.Run(t, "iptables", "-t", "nat", "-A", "OUTPUT", "-p", "udp", "-d", ap.Addr().String(),
+				"--dport", strconv.Itoa(int(ap.Port())), "-j", "DNAT", "--to-destination", to)
 		}
 		ns.Run(t, "sysctl", "-q", "-w", "net.netfilter.nf_conntrack_udp_timeout=3", "net.netfilter.nf_conntrack_udp_timeout_stream=5")
 		testenv.RunInNetns(t, ns.Name, 2*time.Minute)
@@ -62,11 +65,13 @@ func TestRefreshRoot(t *testing.T) {
 
 	listener := udp(t, listenerAddr)
 	// b1 relays all along; b2, its control, went idle; b3 came through the
-	// VIP that leads elsewhere.
+	// VIP that leads elsewhere; b4 relays all along through the NodePort.
+	// (The replied ones first: the listener answers what it reads first.)
 	b1 := flows(t, listener, vipHere, true)
+	b4 := flows(t, listener, nodePort, true)
 	b2 := flows(t, listener, vipHere, false)
 	b3 := flows(t, listener, vipElsewhere, false)
-	for _, f := range []*flow{b1, b2} {
+	for _, f := range []*flow{b1, b2, b4} {
 		if e := get(t, conn, f.clientTuple()); e == nil || e.Status.SeenReply() != f.replied {
 			t.Fatalf("client entry %v, want one (seen reply: %v)", e, f.replied)
 		}
@@ -85,6 +90,7 @@ func TestRefreshRoot(t *testing.T) {
 			{Binding: b1.binding, Stats: channelmap.Stats{ClientToPeerPackets: c2p, PeerToClientPackets: p2c}},
 			{Binding: b2.binding, Stats: channelmap.Stats{ClientToPeerPackets: 7}},
 			{Binding: b3.binding, Stats: channelmap.Stats{ClientToPeerPackets: c2p}},
+			{Binding: b4.binding, Stats: channelmap.Stats{ClientToPeerPackets: c2p, PeerToClientPackets: p2c}},
 		}
 		if err := r.Round(live, to); err != nil {
 			t.Fatal(err)
@@ -94,17 +100,18 @@ func TestRefreshRoot(t *testing.T) {
 	st := r.Stats()
 	t.Logf("after %v: %+v", 2*short.Stream+time.Second, st)
 
-	// b1 outlived every timeout, as a flow relayed in the stack would have:
-	// both entries are streams now (the peer's saw the kernel-relayed
-	// replies).
-	for what, tp := range map[string]conntrack.Flow{"client": b1.clientTuple(), "peer": b1.peerTuple()} {
+	// b1 and b4 outlived every timeout, as flows relayed in the stack would
+	// have: their entries are streams now (the peer's saw the
+	// kernel-relayed replies).
+	for what, tp := range map[string]conntrack.Flow{"b1's client": b1.clientTuple(), "b1's peer": b1.peerTuple(),
+		"b4's client (the NodePort's)": b4.clientTuple(), "b4's peer": b4.peerTuple()} {
 		e := get(t, conn, tp)
 		if e == nil {
-			t.Fatalf("b1's %s entry expired while its counters advanced", what)
+			t.Fatalf("%s entry expired while its counters advanced", what)
 		}
-		t.Logf("b1's %s entry: %v, timeout %d s", what, e.Status, e.Timeout)
+		t.Logf("%s entry: %v, timeout %d s", what, e.Status, e.Timeout)
 		if !e.Status.SeenReply() || !e.Status.Assured() || e.Timeout <= 3 || e.Timeout > 5 {
-			t.Errorf("b1's %s entry: %v, timeout %d s; want SEEN_REPLY|ASSURED and the stream timeout", what, e.Status, e.Timeout)
+			t.Errorf("%s entry: %v, timeout %d s; want SEEN_REPLY|ASSURED and the stream timeout", what, e.Status, e.Timeout)
 		}
 	}
 	// b2's counters stopped after the first look, and b3's entry leads to
@@ -203,7 +210,7 @@ func flows(t *testing.T, listener *net.UDPConn, vip string, replied bool) *flow 
 	}
 	send(t, f.relayC, f.peer)
 	f.binding = channelmap.Binding{Client: f.client, Listener: netip.MustParseAddrPort(listenerAddr), Channel: 0x4000,
-		Peer: f.peer, Relay: f.relay, ReplySource: f.wire.Addr()}
+		Peer: f.peer, Relay: f.relay, ReplySource: f.wire.Addr(), ReplyPort: f.wire.Port()}
 	return f
 }
 

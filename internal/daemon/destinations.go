@@ -43,11 +43,17 @@ func (s *destinationSync) push(t destinations.Table) error {
 // since the last call. Called after every input to the manager and retry.
 func (d *Daemon) syncDestinations() {
 	if m := d.xdp.Maps(); d.dests.maps.Swap(m) != m {
+		// pion's relay sockets charge their allocations' buckets in the
+		// kernel's maps from now on (one bucket per allocation for both
+		// paths), or their own while there are none.
+		d.rateLimit.SetKernel(nil)
 		if m != nil {
 			m.SetAccount(d.traffic.Account)
 			// New maps start without a limit; a reload keeps them, and this.
 			if err := m.SetRateLimit(d.config().RateLimit); err != nil {
 				d.log.Warn("XDP rate limit not set: the kernel relays without it", "error", err)
+			} else {
+				d.rateLimit.SetKernel(m)
 			}
 		}
 		d.dests.tracker.Resync()
@@ -57,6 +63,7 @@ func (d *Daemon) syncDestinations() {
 // closeDestinations stops the tracker before the offload manager frees the maps.
 func (d *Daemon) closeDestinations() {
 	d.dests.maps.Store(nil)
+	d.rateLimit.SetKernel(nil)
 	d.dests.tracker.Close()
 }
 

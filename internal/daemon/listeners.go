@@ -188,6 +188,10 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		// Outermost, so that every hook above sees one allocation per
 		// five-tuple at a time.
 		scs[i].EventHandler = new(replacements).wrap(scs[i].EventHandler)
+		// pion's own events, as it reports them: the relay sockets charge
+		// the rate limit only for what pion relays (its permissions and
+		// channels), whatever the hooks above do with them.
+		scs[i].EventHandler = relays.PeerHooks(scs[i].EventHandler)
 		for j, c := range scs[i].PacketConnConfigs {
 			scs[i].PacketConnConfigs[j].PermissionHandler = d.limitPermissions(qs, c.PermissionHandler)
 		}

@@ -6,8 +6,7 @@ import (
 	"slices"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
+	"github.com/l7mp/stunnerd-xdp/internal/kube"
 	"github.com/l7mp/stunnerd-xdp/internal/natcheck"
 	"github.com/l7mp/stunnerd-xdp/internal/servicecidr"
 )
@@ -38,10 +37,10 @@ func (f failedChecker) Check(_, _ netip.AddrPort) (natcheck.Result, error) {
 // followServiceCIDRs keeps the cluster's Service CIDRs out of the kernel
 // path, beside --no-offload-peer, and refuses them as peers unless an allow
 // prefix inside them admits them (peerpolicy), until the daemon closes.
-func (d *Daemon) followServiceCIDRs(client kubernetes.Interface, timeout time.Duration) {
+func (d *Daemon) followServiceCIDRs(api kube.API, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	stop := servicecidr.Follow(ctx, client, d.config().Logger.Slog("k8s"), func(cidrs []netip.Prefix) {
+	stop := servicecidr.Follow(ctx, api, d.config().Logger.Slog("k8s"), func(cidrs []netip.Prefix) {
 		d.clusterNets.Set(cidrs)
 		d.recheckPeers()
 		d.mirror.SetNoOffloadPeers(append(slices.Clone(d.config().NoOffloadPeers), cidrs...))

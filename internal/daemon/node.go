@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
+	"github.com/l7mp/stunnerd-xdp/internal/kube"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 )
 
@@ -34,8 +33,8 @@ func (d *Daemon) FollowNode(_ context.Context, want nodelabel.Offload) error {
 // WatchNode follows the node's stunner.l7mp.io/xdp-offload label until the
 // daemon closes. It returns once the node was first listed, or gives up with
 // ErrNodeNotListed when that takes longer than timeout.
-func (d *Daemon) WatchNode(client kubernetes.Interface, node string, timeout time.Duration) error {
-	return d.watchNode(client, node, timeout, false)
+func (d *Daemon) WatchNode(api kube.API, node string, timeout time.Duration) error {
+	return d.watchNode(api, node, timeout, false)
 }
 
 // WatchNodePatiently is WatchNode for an API server that may not answer yet
@@ -43,12 +42,12 @@ func (d *Daemon) WatchNode(client kubernetes.Interface, node string, timeout tim
 // configured mode meanwhile (the label counts as absent). After wait it
 // returns ErrNodeNotListed and keeps the watch trying in the background (the
 // informer retries with backoff); the label applies when the API answers.
-func (d *Daemon) WatchNodePatiently(client kubernetes.Interface, node string, wait time.Duration) error {
-	return d.watchNode(client, node, wait, true)
+func (d *Daemon) WatchNodePatiently(api kube.API, node string, wait time.Duration) error {
+	return d.watchNode(api, node, wait, true)
 }
 
-func (d *Daemon) watchNode(client kubernetes.Interface, node string, wait time.Duration, patient bool) error {
-	w := nodelabel.NewWatcher(client, node, d.FollowNode, d.config().Logger.Slog("k8s"))
+func (d *Daemon) watchNode(api kube.API, node string, wait time.Duration, patient bool) error {
+	w := nodelabel.NewWatcher(api, node, d.FollowNode, d.config().Logger.Slog("k8s"))
 	// ctx bounds the first list: the daemon's life when patient.
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan error, 1)
@@ -68,7 +67,7 @@ func (d *Daemon) watchNode(client kubernetes.Interface, node string, wait time.D
 			return fmt.Errorf("watch node %q: %w", node, ErrClosed)
 		}
 		d.nodeWatcher.Store(w)
-		d.followServiceCIDRs(client, 30*time.Second)
+		d.followServiceCIDRs(api, 30*time.Second)
 		return nil
 	}
 	timer := time.NewTimer(wait)

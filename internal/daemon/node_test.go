@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/internal/kube/kubetest"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 )
@@ -40,8 +41,8 @@ func TestWatchNodeAfterClose(t *testing.T) {
 	}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	for name, watch := range map[string]func() error{
-		"once":      func() error { return d.WatchNode(client, "n1", 5*time.Second) },
-		"patiently": func() error { return d.WatchNodePatiently(client, "n1", 5*time.Second) },
+		"once":      func() error { return d.WatchNode(kubetest.FromClientset(client), "n1", 5*time.Second) },
+		"patiently": func() error { return d.WatchNodePatiently(kubetest.FromClientset(client), "n1", 5*time.Second) },
 	} {
 		if err := watch(); !errors.Is(err, ErrClosed) {
 			t.Errorf("%s: watch after Close: %v, want ErrClosed", name, err)

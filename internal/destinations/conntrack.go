@@ -109,10 +109,22 @@ func (t *Tracker) learn(a allocation, listeners []netip.AddrPort) netip.AddrPort
 		}
 		orig := f.TupleOrig
 		wire := netip.AddrPortFrom(orig.IP.DestinationAddress.Unmap(), orig.Proto.DestinationPort)
-		if wire == local || wire.Port() != a.listener.Port() {
-			// Not translated, or translated from another port, which the
-			// XDP program does not take as a listener port.
-			return netip.AddrPort{}
+		if wire == local {
+			return netip.AddrPort{} // not translated
+		}
+		if wire.Port() != a.listener.Port() {
+			// A NodePort: the wire port is the node's own; a socket
+			// bound there makes it a second claimant (sockets.go).
+			other, bound, err := t.socks.bound(wire)
+			t.report(problemSockets, err)
+			if err != nil {
+				return netip.AddrPort{}
+			}
+			if bound {
+				t.log.Debug("not learning a port-translated destination: a local socket is bound to it",
+					"dest", wire.String(), "socket", other.String(), "listener", a.listener.String())
+				return netip.AddrPort{}
+			}
 		}
 		t.log.Debug("learned a VIP from conntrack", "vip", wire.String(), "listener", a.listener.String(),
 			"local", local.String(), "client", a.client.String())

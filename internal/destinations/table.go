@@ -12,10 +12,15 @@
 //     kernel's socket lookup prefers the exact bind); loopback addresses
 //     never arrive from the wire, and the kernel drops them as martians;
 //   - VIPs the node DNATs to a listener, learned from conntrack when an
-//     allocation arrives through one.
+//     allocation arrives through one, also with another port (a NodePort
+//     31478 in front of listener port 3478: the XDP program takes the port
+//     too, and replies from it).
 //
 // A destination with two claimants is left out, so its packets go to
-// userspace where the kernel decides per flow. What stays on the userspace
+// userspace where the kernel decides per flow: a VIP learned for two
+// listeners, a listener's own destination DNATed to another (a NodePort on
+// another listener's port at an address it takes), and a NodePort a local
+// socket is bound to (not learned: sockets.go). What stays on the userspace
 // path, and why learned VIPs outlive their DNAT rule: docs/internals.md.
 package destinations
 
@@ -67,7 +72,7 @@ func Compute(listeners []netip.AddrPort, local []netip.Addr, learned []Learned) 
 	claims := map[netip.AddrPort]netip.AddrPort{}
 	for _, e := range learned {
 		d, l := normalize(e.Dest), normalize(e.Listener)
-		if !known(l) || !d.IsValid() || d.Port() != l.Port() || d.Addr().Is4() != l.Addr().Is4() || !acceptable(d.Addr()) {
+		if !known(l) || !d.IsValid() || d.Port() == 0 || d.Addr().Is4() != l.Addr().Is4() || !acceptable(d.Addr()) {
 			continue
 		}
 		if prev, ok := claims[d]; ok && prev != l {

@@ -70,7 +70,7 @@ func TestCompute(t *testing.T) {
 		{name: "learned entries the XDP program cannot use are ignored",
 			listeners: []netip.AddrPort{spec1}, local: nodeAddr,
 			learned: []Learned{
-				{Dest: ap("192.0.2.10:80"), Listener: spec1},            // another port
+				{Dest: ap("192.0.2.10:0"), Listener: spec1},             // no port
 				{Dest: ap("192.0.2.11:3478"), Listener: spec3},          // no such listener
 				{Dest: ap("[fd00::10]:3478"), Listener: spec1},          // another family
 				{Dest: ap("127.0.0.2:3478"), Listener: spec1},           // loopback
@@ -93,6 +93,19 @@ func TestCompute(t *testing.T) {
 			listeners: []netip.AddrPort{wild4, spec1}, local: nodeAddr,
 			learned: []Learned{{Dest: ap("10.0.0.2:3478"), Listener: spec1}},
 			want:    Table{spec1: spec1, spec3: wild4}},
+		{name: "a NodePort learned for a wildcard listener",
+			listeners: []netip.AddrPort{wild4}, local: []netip.Addr{a("10.0.0.2")},
+			learned: []Learned{{Dest: ap("10.0.0.2:31478"), Listener: wild4}, {Dest: ap("192.0.2.10:443"), Listener: wild4}},
+			want:    Table{ap("10.0.0.2:3478"): wild4, ap("10.0.0.2:31478"): wild4, ap("192.0.2.10:443"): wild4}},
+		{name: "a NodePort on another listener's port at an address it takes goes to userspace",
+			listeners: []netip.AddrPort{wild4, ap("0.0.0.0:3479")}, local: []netip.Addr{a("10.0.0.2")},
+			learned: []Learned{{Dest: ap("10.0.0.2:3479"), Listener: wild4}},
+			want:    Table{ap("10.0.0.2:3478"): wild4}},
+		{name: "a VIP on another listener's port at an address it does not take",
+			listeners: []netip.AddrPort{wild4, ap("10.0.0.3:3479")}, local: []netip.Addr{a("10.0.0.2"), a("10.0.0.3")},
+			learned: []Learned{{Dest: ap("192.0.2.10:3479"), Listener: wild4}},
+			want: Table{ap("10.0.0.2:3478"): wild4, spec3: wild4, ap("10.0.0.3:3479"): ap("10.0.0.3:3479"),
+				ap("192.0.2.10:3479"): wild4}},
 		{name: "a learned entry agreeing with the static one changes nothing",
 			listeners: []netip.AddrPort{wild4}, local: []netip.Addr{a("10.0.0.2"), a("10.0.0.3")},
 			learned: []Learned{{Dest: ap("10.0.0.2:3478"), Listener: wild4}},

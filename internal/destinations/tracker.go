@@ -70,6 +70,7 @@ type Tracker struct {
 	pushed   Table
 	pushErr  error
 	conn     *conntrackConn
+	socks    *sockDiag
 	reported map[string]string // what -> last error logged, to log each error once
 }
 
@@ -118,6 +119,7 @@ func New(cfg Config, listeners []netip.AddrPort) *Tracker {
 		reported:  map[string]string{},
 	}
 	t.conn = &conntrackConn{netNS: cfg.NetNS}
+	t.socks = &sockDiag{netNS: cfg.NetNS}
 	go t.run()
 	return t
 }
@@ -189,6 +191,7 @@ func (t *Tracker) poke() {
 func (t *Tracker) run() {
 	defer close(t.stopped)
 	defer t.conn.close()
+	defer t.socks.close()
 
 	var updates chan netlink.AddrUpdate
 	var subDone chan struct{}
@@ -398,6 +401,7 @@ var (
 	problemSubscribe = problem{"subscribing to address changes", "the table follows the node's addresses only as often as it is re-listed"}
 	problemList      = problem{"listing the node's addresses", "the wildcard listeners' entries may be stale"}
 	problemConntrack = problem{"conntrack look-up", "VIPs go unlearned and their ChannelData stays on the userspace path"}
+	problemSockets   = problem{"listing the sockets on a NodePort", "port-translated destinations go unlearned and stay on the userspace path"}
 	problemLearn     = problem{"learning a VIP", "new VIPs stay on the userspace path"}
 	problemPush      = problem{"pushing the table", "the XDP program's table is stale until a push succeeds"}
 )

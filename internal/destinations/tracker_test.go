@@ -405,3 +405,100 @@ func TestTrackerRelistsAfterLoss(t *testing.T) {
 	want[ap("10.40.0.1:3478")] = w4
 	rec.waitFor(t, "an address after the loss", want)
 }
+
+// TestTrackerLearnsNodePorts: an allocation that came through a DNAT that
+// changes the port (a NodePort: the node's address, port 31478, to the
+// listener's 3478) teaches the NodePort, forgotten with the allocation;
+// while a local socket is bound to the NodePort (on its address or a
+// wildcard) the destination has two claimants and is not learned; a socket
+// on another address of that port is no claimant.
+func TestTrackerLearnsNodePorts(t *testing.T) {
+	for _, ipv6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "IPv4", true: "IPv6"}[ipv6], func(t *testing.T) {
+			testTrackerLearnsNodePorts(t, newVIPRig(t, ipv6))
+		})
+	}
+}
+
+func testTrackerLearnsNodePorts(t *testing.T, r *vipRig) {
+	const nodePort = 31478
+	iptables, wild, any, other, bits := "iptables", ap("0.0.0.0:3478"), ap("0.0.0.0:31478"), netip.MustParseAddr("192.0.2.77"), "/32"
+	if r.vip.Is6() {
+		iptables, wild, any, other, bits = "ip6tables", ap("[::]:3478"), ap("[::]:31478"), netip.MustParseAddr("fd00:100::77"), "/128"
+	}
+	// Another address of the node's, for a socket on the NodePort that does
+	// not take what is sent to the listener's address (deprecated: the echo's
+	// unbound replies keep the listener's address as their source).
+	r.Server.IP(t, "addr", "add", other.String()+bits, "dev", r.ServerClientIf.Name, "nodad", "preferred_lft", "0")
+	// kube-proxy's NodePort rule: any local address, the port translated.
+	r.Server.Run(t, iptables, "-t", "nat", "-A", "PREROUTING", "-m", "addrtype", "--dst-type", "LOCAL", "-p", "udp",
+		"--dport", strconv.Itoa(nodePort), "-j", "DNAT", "--to-destination", netip.AddrPortFrom(r.local, 3478).String())
+	r.Server.ServeUDPEcho(t, wild)
+	rec := &recorder{}
+	tr, logs := newTracker(t, r.Server, rec, Config{}, wild)
+	static := Table{netip.AddrPortFrom(other, 3478): wild}
+	for _, a := range r.locals {
+		static[netip.AddrPortFrom(a, 3478)] = wild
+	}
+	rec.waitFor(t, "start", static)
+
+	np := netip.AddrPortFrom(r.local, nodePort)
+	viaNodePort := func() netip.AddrPort {
+		client, from := exchange(t, r.Rig, np)
+		if from != np {
+			t.Fatalf("the answer through the NodePort came from %v, want %v", from, np)
+		}
+		tr.AllocationCreated(client, wild)
+		return client
+	}
+	// A socket on another address of the port takes nothing sent to np.
+	closeOther := bindUDP(t, r.Server, netip.AddrPortFrom(other, nodePort))
+	c1 := viaNodePort()
+	learned := maps.Clone(static)
+	learned[np] = wild
+	rec.waitFor(t, "NodePort learned", learned)
+	closeOther()
+	tr.AllocationDeleted(c1, wild)
+	rec.waitFor(t, "NodePort forgotten with its allocation", static)
+
+	// A socket bound to the port on a wildcard: a second claimant.
+	closeAny := bindUDP(t, r.Server, any)
+	c2 := viaNodePort()
+	waitLog(t, logs, "a local socket is bound to it")
+	if got, _ := rec.get(); !maps.Equal(got, static) {
+		t.Fatalf("with a socket on %v: the sink has %v, want %v", any, got, static)
+	}
+	tr.AllocationDeleted(c2, wild)
+	closeAny()
+	c3 := viaNodePort()
+	rec.waitFor(t, "NodePort learned once the socket is gone", learned)
+	tr.AllocationDeleted(c3, wild)
+	rec.waitFor(t, "and forgotten", static)
+	noFailures(t, logs)
+}
+
+// bindUDP binds a UDP socket to addr in ns, and returns its close.
+func bindUDP(t *testing.T, ns *netns.NS, addr netip.AddrPort) func() {
+	t.Helper()
+	var conn *net.UDPConn
+	if err := ns.Do(func() (err error) {
+		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	closeIt := func() { once.Do(func() { conn.Close() }) }
+	t.Cleanup(closeIt)
+	return closeIt
+}
+
+// waitLog waits until the tracker logged s.
+func waitLog(t *testing.T, logs *testenv.LockedBuffer, s string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 5*time.Second, true,
+		func(context.Context) (bool, error) { return strings.Contains(logs.String(), s), nil })
+	if err != nil {
+		t.Fatalf("the tracker never logged %q", s)
+	}
+}

@@ -87,14 +87,16 @@ func relayedData(p []byte) (int, bool) {
 
 // relayConn wraps a relay socket (the innermost wrapper): what pion writes
 // there is client->peer traffic it relayed (from ChannelData or Send
-// indications), what it reads peer->client traffic; both are charged to the
-// allocation's rate limit, and both carry the IP header fields across (see
-// fields.go).
+// indications, after its permission check), what it reads peer->client
+// traffic; both are charged to the allocation's rate limit (what it reads
+// only when pion will relay it: permissions.go), and both carry the IP header
+// fields across (see fields.go).
 type relayConn struct {
 	net.PacketConn
 	raw      fieldsConn // PacketConn when it takes fields, else nil
 	counters *Counters
 	budget   allocBucket
+	peers    peers // what pion relays from (PeerHooks)
 
 	owner atomic.Pointer[owner] // set when pion reports the allocation
 	last  atomic.Uint64         // packLast of the datagram ReadFrom returned
@@ -107,10 +109,27 @@ type fieldsConn interface {
 	WriteToFields(p []byte, addr net.Addr, f udpio.Fields) (int, error)
 }
 
-func newRelayConn(c net.PacketConn, counters *Counters, limiter *RateLimiter) *relayConn {
+// newRelayConn wraps c, the relay socket of the allocation relayed at relay
+// (as pion reports it).
+func newRelayConn(c net.PacketConn, relay net.Addr, counters *Counters, limiter *RateLimiter) *relayConn {
 	r := &relayConn{PacketConn: c, counters: counters, budget: allocBucket{limiter: limiter}}
+	r.budget.relay, _ = udpAddrPort(relay)
 	r.raw, _ = c.(fieldsConn)
 	return r
+}
+
+// Close closes the socket and lets go of the allocation's kernel bucket.
+func (c *relayConn) Close() error {
+	err := c.PacketConn.Close()
+	c.budget.release()
+	return err
+}
+
+// charge charges a datagram of n bytes read from src to the allocation's
+// budget when pion will relay it, and tells whether it may go on to pion; a
+// datagram pion drops (no permission for src) costs nothing.
+func (c *relayConn) charge(src net.Addr, n int) bool {
+	return !c.peers.relays(src) || c.budget.allow(n)
 }
 
 func (c *relayConn) WriteTo(p []byte, addr net.Addr) (int, error) {
@@ -148,7 +167,7 @@ func (c *relayConn) ReadFrom(p []byte) (int, net.Addr, error) {
 	if c.raw == nil {
 		for {
 			n, addr, err := c.PacketConn.ReadFrom(p)
-			if err != nil || c.budget.allow(n) {
+			if err != nil || c.charge(addr, n) {
 				return n, addr, err
 			}
 		}
@@ -162,7 +181,7 @@ func (c *relayConn) ReadFrom(p []byte) (int, net.Addr, error) {
 			c.counters.TTLExpired.Add(1)
 			continue
 		}
-		if c.budget.allow(n) {
+		if c.charge(addr, n) {
 			c.last.Store(packLast(n, f))
 			return n, addr, nil
 		}
@@ -194,7 +213,7 @@ func (g *RelayAddressGenerator) AllocatePacketConn(network string, requestedPort
 	if w, err := udpio.NewConn(conn); err == nil {
 		conn = w
 	}
-	rc := newRelayConn(conn, g.Counters, g.RateLimiter)
+	rc := newRelayConn(conn, addr, g.Counters, g.RateLimiter)
 	if g.Sockets != nil {
 		g.Sockets.addRaw(addr, rc)
 	}

@@ -243,7 +243,7 @@ func NewRelaySockets() *RelaySockets {
 
 // addRaw records the innermost wrapper of the relay socket at a.
 func (s *RelaySockets) addRaw(a net.Addr, c *relayConn) {
-	k, ok := relayKey(a)
+	k, ok := udpAddrPort(a)
 	if !ok {
 		return
 	}
@@ -252,7 +252,9 @@ func (s *RelaySockets) addRaw(a net.Addr, c *relayConn) {
 	s.mu.Unlock()
 }
 
-func relayKey(a net.Addr) (netip.AddrPort, bool) {
+// udpAddrPort is a UDP address as the tables here key it: IPv4 unmapped,
+// no zone (a relay socket, a peer).
+func udpAddrPort(a net.Addr) (netip.AddrPort, bool) {
 	u, ok := a.(*net.UDPAddr)
 	if !ok {
 		return netip.AddrPort{}, false
@@ -267,7 +269,7 @@ func relayKey(a net.Addr) (netip.AddrPort, bool) {
 // get returns the relay socket at a as pion holds it and its innermost
 // wrapper (nil: not known).
 func (s *RelaySockets) get(a net.Addr) (net.PacketConn, *relayConn) {
-	k, ok := relayKey(a)
+	k, ok := udpAddrPort(a)
 	if !ok {
 		return nil, nil
 	}
@@ -294,7 +296,7 @@ func (g *socketsGenerator) AllocatePacketConn(network string, requestedPort int)
 	if err != nil {
 		return c, a, err
 	}
-	k, ok := relayKey(a)
+	k, ok := udpAddrPort(a)
 	if !ok {
 		return c, a, nil
 	}

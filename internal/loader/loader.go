@@ -72,6 +72,7 @@ type Config struct {
 // Program is the loaded relay program and its maps.
 type Program struct {
 	objs        bpf.RelayObjects
+	charge      *ebpf.Program // bpf/charge.c over objs' rate-limit maps
 	log         *slog.Logger
 	ipv6Clients bool
 
@@ -111,6 +112,14 @@ func Load(cfg Config, log *slog.Logger) (*Program, error) {
 	if err := load(cfg, &p.objs, nil); err != nil {
 		return nil, err
 	}
+	// Without it userspace could not charge the engines' buckets, and an
+	// allocation would have two budgets: no kernel path rather than that.
+	charge, err := loadCharge(&p.objs.RelayMaps)
+	if err != nil {
+		p.objs.Close()
+		return nil, err
+	}
+	p.charge = charge
 	return p, nil
 }
 
@@ -177,6 +186,8 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			bpf.RelayMapVerdicts:      reuse.Verdicts,
 			bpf.RelayMapTxPorts:       reuse.TxPorts,
 			bpf.RelayMapListenerDsts:  reuse.ListenerDsts,
+			bpf.RelayMapWirePorts:     reuse.WirePorts,
+			bpf.RelayMapNatRelayPorts: reuse.NatRelayPorts,
 			bpf.RelayMapBindingStates: reuse.BindingStates,
 			bpf.RelayMapFibGen:        reuse.FibGen,
 			bpf.RelayMapRateLimits:    reuse.RateLimits,
@@ -279,6 +290,10 @@ func maxListenerPorts() uint16 { return uint16(len(bpf.RelayConfig{}.ListenerPor
 
 // Maps returns the program's maps.
 func (p *Program) Maps() *bpf.RelayMaps { return &p.objs.RelayMaps }
+
+// Charge returns the charge program (bpf/charge.c), which userspace runs to
+// charge an allocation's bucket in alloc_rates (channelmap.Maps.SetCharge).
+func (p *Program) Charge() *ebpf.Program { return p.charge }
 
 // XDP returns the program itself (for BPF_PROG_RUN in tests and benchmarks).
 func (p *Program) XDP() *ebpf.Program { return p.objs.XdpTurnRelay }
@@ -503,7 +518,7 @@ func (p *Program) Close() error {
 		p.caps = nil
 	}
 	bpf.ForgetFibGen(p.objs.FibGen)
-	errs = append(errs, p.objs.Close())
+	errs = append(errs, p.charge.Close(), p.objs.Close())
 	return errors.Join(errs...)
 }
 

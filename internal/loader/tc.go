@@ -3,14 +3,13 @@ package loader
 import (
 	"errors"
 	"fmt"
-	"net"
-	"path"
 	"reflect"
 	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 )
@@ -207,34 +206,30 @@ func (t *TC) Close() error {
 	return errors.Join(errs...)
 }
 
-// AttachMatching attaches the engine to every interface whose name matches
-// one of the patterns (path.Match: "lxc*", "cali*", "veth*"): pods' host-side
-// veths and tunnel devices, where the media of local pods and overlays
-// enters. It returns the names it attached to now. Interfaces that appear
-// later need another call (netlink-driven discovery is not built yet).
+// AttachMatching attaches the engine to every interface that matches one of
+// the patterns (see MatchIface: names such as "lxc*", "cali*", "veth*", or
+// link kinds such as "kind:vxlan"): pods' host-side veths and tunnel
+// devices, where the media of local pods and overlays enters. It returns the
+// names it attached to now; Discover follows the interfaces that come later.
 func (t *TC) AttachMatching(patterns ...string) ([]string, error) {
-	for _, p := range patterns {
-		if _, err := path.Match(p, ""); err != nil {
-			return nil, fmt.Errorf("interface pattern %q: %w", p, err)
-		}
+	if err := CheckIfacePatterns(patterns); err != nil {
+		return nil, err
 	}
-	ifcs, err := net.Interfaces()
+	links, err := netlink.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("list interfaces: %w", err)
 	}
 	var attached []string
 	var errs []error
-	for _, ifc := range ifcs {
-		for _, p := range patterns {
-			if ok, _ := path.Match(p, ifc.Name); !ok {
-				continue
-			}
-			if err := t.Attach(ifc.Name); err != nil {
-				errs = append(errs, err)
-			} else {
-				attached = append(attached, ifc.Name)
-			}
-			break
+	for _, l := range links {
+		name := l.Attrs().Name
+		if !MatchIface(patterns, name, l.Type()) {
+			continue
+		}
+		if err := t.Attach(name); err != nil {
+			errs = append(errs, err)
+		} else {
+			attached = append(attached, name)
 		}
 	}
 	return attached, errors.Join(errs...)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -13,8 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Discover keeps the engine attached to the interfaces whose names match the
-// patterns (pods' host-side veths: "lxc*", "cali*", "veth*"; tunnels) as they
+// Discover keeps the engine attached to the interfaces that match the
+// patterns (MatchIface: pods' host-side veths "lxc*", "cali*", "veth*"; tunnel
+// devices by kind, "kind:vxlan", "kind:geneve") as they
 // come and go, until stop is closed: it attaches to those present now, then
 // follows the namespace's link events (a new or renamed device that matches
 // is attached; a deleted one's link is forgotten, so that a device reusing its
@@ -101,26 +103,62 @@ func (t *TC) linkEvent(u netlink.LinkUpdate, patterns []string, log *slog.Logger
 		t.forget(attrs.Index)
 		return
 	}
-	for _, p := range patterns {
-		if ok, _ := path.Match(p, attrs.Name); !ok {
-			continue
-		}
-		// A device just created may not be registered under its name for
-		// every lookup yet: a few tries.
-		var err error
-		for try := 0; try < 5; try++ {
-			if err = t.Attach(attrs.Name); err == nil || errors.Is(err, unix.ENODEV) {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err != nil {
-			log.Warn("TC engine: cannot attach to a new interface", "iface", attrs.Name, "error", err)
-		} else {
-			log.Debug("TC engine attached", "iface", attrs.Name)
-		}
+	if !MatchIface(patterns, attrs.Name, u.Link.Type()) {
 		return
 	}
+	// A device just created may not be registered under its name for
+	// every lookup yet: a few tries.
+	var err error
+	for try := 0; try < 5; try++ {
+		if err = t.Attach(attrs.Name); err == nil || errors.Is(err, unix.ENODEV) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		log.Warn("TC engine: cannot attach to a new interface", "iface", attrs.Name, "error", err)
+	} else {
+		log.Debug("TC engine attached", "iface", attrs.Name)
+	}
+}
+
+// KindPrefix starts a pattern that matches an interface by its link kind
+// (rtnetlink's IFLA_INFO_KIND, `ip -d link` shows it) instead of its name:
+// "kind:vxlan" matches every VXLAN device whatever its name (flannel.1,
+// vxlan.calico, cilium_vxlan), "kind:geneve" every Geneve device. The media
+// of a peer on another node comes back through such a device, decapsulated,
+// when the node's overlay masquerades the relay's packets into the pod
+// network (flannel's default): see docs/internals.md, "NAT check".
+const KindPrefix = "kind:"
+
+// MatchIface tells whether an interface with this name and link kind
+// matches one of the patterns: a shell pattern (path.Match) of the name, or
+// KindPrefix and a shell pattern of the kind.
+func MatchIface(patterns []string, name, kind string) bool {
+	for _, p := range patterns {
+		subject := name
+		if k, ok := strings.CutPrefix(p, KindPrefix); ok {
+			p, subject = k, kind
+		}
+		if ok, _ := path.Match(p, subject); ok && subject != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckIfacePatterns returns an error for a pattern MatchIface cannot use.
+func CheckIfacePatterns(patterns []string) error {
+	for _, p := range patterns {
+		k, isKind := strings.CutPrefix(p, KindPrefix)
+		if _, err := path.Match(k, ""); err != nil {
+			return fmt.Errorf("interface pattern %q: %w", p, err)
+		}
+		if isKind && k == "" {
+			return fmt.Errorf("interface pattern %q: no kind: %w", p, path.ErrBadPattern)
+		}
+	}
+	return nil
 }
 
 // forget closes the link of a device that is gone (the kernel detached the

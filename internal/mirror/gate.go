@@ -54,11 +54,35 @@ const (
 	gateNAT
 	gateNoOffload
 	gatePending
+	// gateTranslated: the node source-NATs the flow (natcheck.Translated):
+	// offloaded from the translated relay, and checked again every
+	// RecheckInterval (see revalidate).
+	gateTranslated
 )
+
+func (s gateState) String() string {
+	switch s {
+	case gateDirect:
+		return "direct"
+	case gateNAT:
+		return "nat"
+	case gateNoOffload:
+		return "no_offload_peer"
+	case gatePending:
+		return "pending"
+	case gateTranslated:
+		return "translated"
+	}
+	return "none"
+}
+
+// offloadable tells the states whose bindings go to the kernel path.
+func (s gateState) offloadable() bool { return s == gateDirect || s == gateTranslated }
 
 // gateEntry is the verdict for one binding pion holds with a permission.
 type gateEntry struct {
 	relay, peer netip.AddrPort
+	wire        netip.AddrPort // gateTranslated: the relay as the peer sees it
 	state       gateState
 	gen         uint64 // tells a queued recheck of this entry from one of a predecessor
 	backoff     time.Duration
@@ -81,7 +105,11 @@ type gate struct {
 
 	entries map[channelmap.Key]*gateEntry
 	queue   []queuedCheck // pending entries, checked round robin
-	gen     uint64
+	// translated are the entries offloaded with a translation, checked
+	// again round robin: the kernel keeps a NAT mapping only while its
+	// conntrack entry lives, and the next one may map the relay elsewhere.
+	translated []queuedCheck
+	gen        uint64
 
 	loggedNAT map[netip.AddrPort]bool // peers logged as NATed
 
@@ -100,29 +128,45 @@ func newGate(log *slog.Logger) *gate {
 	return &gate{log: log, now: time.Now, entries: map[channelmap.Key]*gateEntry{}, loggedNAT: map[netip.AddrPort]bool{}}
 }
 
-// admit reports whether binding b may be offloaded, deciding (and caching)
-// its verdict when b is new or its relay or peer changed.
-func (g *gate) admit(b channelmap.Binding) bool {
+// admit reports whether binding b may be offloaded, and returns it as it is
+// to be installed (with the relay on the wire when the node translates it),
+// deciding (and caching) its verdict when b is new or its relay or peer
+// changed.
+func (g *gate) admit(b channelmap.Binding) (channelmap.Binding, bool) {
 	k := b.Key()
-	if e := g.entries[k]; e != nil && e.relay == b.Relay && e.peer == b.Peer {
-		return e.state == gateDirect
+	e := g.entries[k]
+	if e == nil || e.relay != b.Relay || e.peer != b.Peer {
+		g.forget(k)
+		g.gen++
+		e = &gateEntry{relay: b.Relay, peer: b.Peer, gen: g.gen}
+		g.entries[k] = e
+		g.classify(k, e)
 	}
-	g.forget(k)
-	g.gen++
-	e := &gateEntry{relay: b.Relay, peer: b.Peer, gen: g.gen}
-	g.entries[k] = e
-	g.classify(k, e)
-	return e.state == gateDirect
+	b.Wire = netip.AddrPort{}
+	if e.state == gateTranslated {
+		b.Wire = e.wire
+	}
+	return b, e.state.offloadable()
 }
 
-// classify sets a fresh entry's state; a pending entry joins the queue.
+// classify sets a fresh entry's state; a pending entry joins the queue, a
+// translated one the revalidation.
 func (g *gate) classify(k channelmap.Key, e *gateEntry) {
 	if g.noOffloadPeer(e.peer.Addr()) {
 		e.state = gateNoOffload
 		return
 	}
-	if e.state = g.check(e); e.state == gatePending {
+	g.setState(k, e, g.check(e))
+}
+
+// setState moves e to state s and into the queue that follows s.
+func (g *gate) setState(k channelmap.Key, e *gateEntry, s gateState) {
+	e.state = s
+	switch s {
+	case gatePending:
 		g.queue = append(g.queue, queuedCheck{key: k, gen: e.gen})
+	case gateTranslated:
+		g.translated = append(g.translated, queuedCheck{key: k, gen: e.gen})
 	}
 }
 
@@ -145,6 +189,14 @@ func (g *gate) check(e *gateEntry) gateState {
 	switch r.Verdict {
 	case natcheck.Direct:
 		return gateDirect
+	case natcheck.Translated:
+		if e.wire != r.Wire {
+			g.log.Debug("the kernel source-NATs this flow: offloaded from the translated relay",
+				"peer", e.peer.String(), "relay", e.relay.String(), "on the wire", r.Wire.String(), "evidence", r.Why)
+		}
+		e.wire = r.Wire
+		e.backoff = 0
+		return gateTranslated
 	case natcheck.NATed:
 		if !g.loggedNAT[e.peer] {
 			if len(g.loggedNAT) >= maxLoggedNAT {
@@ -187,7 +239,7 @@ func (g *gate) forget(k channelmap.Key) {
 }
 
 // recheck checks up to budget pending entries that are due again, round
-// robin, and returns the keys that turned direct.
+// robin, and returns the keys that turned offloadable.
 func (g *gate) recheck(budget int) []channelmap.Key {
 	var direct []channelmap.Key
 	now := g.now()
@@ -205,15 +257,54 @@ func (g *gate) recheck(budget int) []channelmap.Key {
 			continue
 		}
 		budget--
-		switch e.state = g.check(e); e.state {
+		switch s := g.check(e); s {
 		case gatePending:
+			e.state = s
 			seen = append(seen, q)
-		case gateDirect:
-			direct = append(direct, q.key)
+		default:
+			g.setState(q.key, e, s)
+			if s.offloadable() {
+				direct = append(direct, q.key)
+			}
 		}
 	}
 	g.queue = append(slices.Clip(queue), seen...)
 	return direct
+}
+
+// revalidate checks up to budget translated entries again, round robin, and
+// returns the keys whose verdict changed: their entry is gone (flushed,
+// deleted, expired: the kernel would map the relay afresh on pion's next
+// packet, so the old mapping must not be used), or maps the relay elsewhere,
+// or no longer translates as the kernel path can. Their bindings are to be
+// removed and admitted again (installed from the new mapping, or kept in
+// userspace while there is none: pending).
+func (g *gate) revalidate(budget int) []channelmap.Key {
+	var changed []channelmap.Key
+	queue := g.translated
+	g.translated = nil // setState queues those translated anew here
+	var kept []queuedCheck
+	for len(queue) > 0 && budget > 0 {
+		q := queue[0]
+		queue = queue[1:]
+		e := g.entries[q.key]
+		if e == nil || e.gen != q.gen || e.state != gateTranslated {
+			continue // forgotten or replaced since
+		}
+		budget--
+		wire := e.wire
+		s := g.check(e)
+		if s == gateTranslated && e.wire == wire {
+			kept = append(kept, q)
+			continue
+		}
+		g.log.Debug("the NAT mapping of an offloaded flow changed: its binding is admitted again",
+			"peer", e.peer.String(), "relay", e.relay.String(), "was on the wire", wire.String(), "now", s)
+		g.setState(q.key, e, s)
+		changed = append(changed, q.key)
+	}
+	g.translated = append(append(g.translated, queue...), kept...)
+	return changed
 }
 
 // setNoOffload replaces the no-offload prefixes and returns the keys of
@@ -225,7 +316,7 @@ func (g *gate) setNoOffload(prefixes []netip.Prefix) (readmit, evict []channelma
 		in := g.noOffloadPeer(e.peer.Addr())
 		switch {
 		case in && e.state != gateNoOffload:
-			if e.state == gateDirect {
+			if e.state.offloadable() {
 				evict = append(evict, k)
 			}
 			g.setFull(e, false)

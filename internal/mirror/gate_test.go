@@ -20,18 +20,35 @@ import (
 type fakeChecker struct {
 	mu      sync.Mutex
 	verdict map[netip.AddrPort]natcheck.Verdict
+	wire    map[netip.AddrPort]netip.AddrPort // Translated peers: the relay on the wire
 	calls   map[netip.AddrPort]int
 }
 
 func newChecker() *fakeChecker {
-	return &fakeChecker{verdict: map[netip.AddrPort]natcheck.Verdict{}, calls: map[netip.AddrPort]int{}}
+	return &fakeChecker{verdict: map[netip.AddrPort]natcheck.Verdict{}, wire: map[netip.AddrPort]netip.AddrPort{},
+		calls: map[netip.AddrPort]int{}}
 }
 
-func (c *fakeChecker) Check(_, peer netip.AddrPort) (natcheck.Result, error) {
+func (c *fakeChecker) Check(relay, peer netip.AddrPort) (natcheck.Result, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls[peer]++
-	return natcheck.Result{Verdict: c.verdict[peer], Why: "fake"}, nil
+	r := natcheck.Result{Verdict: c.verdict[peer], Why: "fake"}
+	switch r.Verdict {
+	case natcheck.Direct:
+		r.Wire = relay
+	case natcheck.Translated:
+		r.Wire = c.wire[peer]
+	}
+	return r, nil
+}
+
+// translate makes the checker find peer's flow source-NATed to wire.
+func (c *fakeChecker) translate(peer *net.UDPAddr, wire string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.verdict[addrPort(peer)] = natcheck.Translated
+	c.wire[addrPort(peer)] = netip.MustParseAddrPort(wire)
 }
 
 func (c *fakeChecker) set(peer *net.UDPAddr, v natcheck.Verdict) {
@@ -312,4 +329,56 @@ func TestGateRecheckBackoff(t *testing.T) {
 	if !slices.Equal(checkedAt, want) {
 		t.Fatalf("rechecked at %v after the first check, want at %v", checkedAt, want)
 	}
+}
+
+// A source-NATed flow is offloaded from its relay on the wire, checked again
+// on every recheck, and leaves the kernel path as soon as its mapping is gone
+// (the kernel would map the relay afresh): back from the new mapping once
+// pion's packets made one.
+func TestGateTranslated(t *testing.T) {
+	m, f, c, _ := newGatedMirror(t)
+	c.translate(peerA, "10.244.0.0:31000")
+	c.set(peerB, natcheck.Direct)
+	bind(m, listener, peerA, 0x4000)
+	bind(m, listener, peerB, 0x4001)
+	settle(t, m)
+	wire := func() netip.AddrPort { return f.keys()[chKey(0x4000)].Wire }
+	if got := f.keys(); len(got) != 2 || wire() != netip.MustParseAddrPort("10.244.0.0:31000") || got[chKey(0x4001)].Wire.IsValid() {
+		t.Fatalf("offloaded %v, want channel 0x4000 from 10.244.0.0:31000 and 0x4001 untranslated", got)
+	}
+	wantUserspace(t, m, nil)
+
+	// Every recheck asks about the translated flow again, not the direct one.
+	callsA, callsB := c.callsFor(peerA), c.callsFor(peerB)
+	if n := m.RecheckPending(); n != 0 || c.callsFor(peerA) != callsA+1 || c.callsFor(peerB) != callsB {
+		t.Fatalf("recheck: offloaded %d, asked %d and %d times, want 0, once and never",
+			n, c.callsFor(peerA)-callsA, c.callsFor(peerB)-callsB)
+	}
+
+	// The entry is gone (conntrack -D, a flush, expiry): out of the kernel
+	// path at the next recheck, pending in userspace.
+	c.set(peerA, natcheck.Unknown)
+	m.RecheckPending()
+	onlyOffloaded(t, f, 0x4001, peerB)
+	wantUserspace(t, m, map[string]int{ReasonPending: 1})
+
+	// pion's next packet made a new mapping: offloaded from it.
+	c.translate(peerA, "10.244.0.0:42000")
+	if n := m.RecheckPending(); n != 1 || wire() != netip.MustParseAddrPort("10.244.0.0:42000") {
+		t.Fatalf("recheck offloaded %d, channel 0x4000 from %v; want 1, from 10.244.0.0:42000", n, wire())
+	}
+	// Re-mapped between two looks: moved at once.
+	c.translate(peerA, "10.244.0.0:43000")
+	if n := m.RecheckPending(); n != 1 || wire() != netip.MustParseAddrPort("10.244.0.0:43000") {
+		t.Fatalf("recheck offloaded %d, channel 0x4000 from %v; want 1, from 10.244.0.0:43000", n, wire())
+	}
+	// A reconcile keeps the translation.
+	if n, err := m.Reconcile(); err != nil || n != 0 {
+		t.Fatalf("reconcile repaired %d (%v), want nothing", n, err)
+	}
+	// Translated otherwise now (a DNAT came in): userspace for good.
+	c.set(peerA, natcheck.NATed)
+	m.RecheckPending()
+	onlyOffloaded(t, f, 0x4001, peerB)
+	wantUserspace(t, m, map[string]int{ReasonNAT: 1})
 }

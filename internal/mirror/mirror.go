@@ -439,7 +439,7 @@ func (m *Mirror) desired() map[channelmap.Key]channelmap.Binding {
 	for k, a := range m.allocs {
 		for ch, peer := range a.channels {
 			if a.permissions[peer.Addr().Unmap()] {
-				if b := m.binding(k, a, ch); m.gate.admit(b) {
+				if b, ok := m.gate.admit(m.binding(k, a, ch)); ok {
 					out[b.Key()] = b
 				}
 			}
@@ -454,9 +454,14 @@ func (m *Mirror) forEachInstalled(f func(channelmap.Binding)) {
 	}
 }
 
-// install offloads b if the gate admits it and reports whether it did.
+// install offloads b if the gate admits it (as the gate says: from the
+// relay on the wire) and reports whether it did.
 func (m *Mirror) install(b channelmap.Binding) bool {
-	if m.offload == nil || !m.gate.admit(b) {
+	if m.offload == nil {
+		return false
+	}
+	b, ok := m.gate.admit(b)
+	if !ok {
 		return false
 	}
 	if err := m.offload.Upsert(b); err != nil {
@@ -505,7 +510,7 @@ func (m *Mirror) Reconcile() (int, error) {
 	repaired := 0
 	var errs []error
 	for k, b := range want {
-		if hb, ok := have[k]; !ok || hb.Peer != b.Peer || hb.Relay != b.Relay {
+		if hb, ok := have[k]; !ok || hb.Peer != b.Peer || hb.Relay != b.Relay || hb.OnWire() != b.OnWire() {
 			if err := m.offload.Upsert(b); err != nil {
 				// Full maps are no drift: the gate counts the waiting bindings
 				// and logs once, not one error per binding per interval.
@@ -542,8 +547,11 @@ func (m *Mirror) Reconcile() (int, error) {
 }
 
 // RecheckPending asks the NAT checker again about up to RecheckBudget
-// bindings that had no evidence yet and offloads those found direct. It
-// returns how many it offloaded.
+// bindings that had no evidence yet and offloads those found offloadable. It
+// also checks up to RecheckBudget bindings offloaded with a translation
+// again, and moves those whose mapping is gone or changed: out of the kernel
+// path, and back in from the new mapping when there is one. It returns how
+// many it offloaded.
 func (m *Mirror) RecheckPending() int {
 	m.smu.Lock()
 	defer m.smu.Unlock()
@@ -551,6 +559,14 @@ func (m *Mirror) RecheckPending() int {
 		return 0 // they wait: SetOffload admits them when it comes
 	}
 	n := 0
+	for _, k := range m.gate.revalidate(RecheckBudget) {
+		// The old mapping's entries go first: the peer's datagrams to it
+		// are no longer this binding's once the kernel has forgotten it.
+		m.remove(k)
+		if b, ok := m.held(k); ok && m.install(b) {
+			n++
+		}
+	}
 	for _, k := range m.gate.recheck(RecheckBudget) {
 		if b, ok := m.held(k); ok && m.install(b) {
 			n++

@@ -13,19 +13,30 @@
 //     length fits the frame, and whose UDP length agrees with it, is looked at;
 //     bytes after the IP packet are an Ethernet trailer. Everything else passes
 //     untouched.
-//  2. UDP to a listener port must be ChannelData (first two bits 01) with its
+//  2. UDP to a listener port, or to a port that a destination the listeners
+//     accept carries in place of its listener's port (a DNAT translated it: a
+//     NodePort 31478 in front of listener port 3478; the program keeps such
+//     ports in wire_ports), must be ChannelData (first two bits 01) with its
 //     length inside the payload and at most 3 bytes of padding after it, sent to
 //     a destination (address:port on the wire) that a listener accepts -- what
 //     the kernel would deliver to that listener's socket: never transit traffic,
 //     never another listener's address -- by a bound (client address:port,
 //     listener, channel). It must be what the kernel would take (IPv4 header
 //     checksum right; IPv6 with a UDP checksum) and have a TTL (hop limit) of 2
-//     or more. Such a packet shows the address the client sends to, which
-//     becomes the source of replies: nothing else teaches it.
-//  3. UDP to a relay port must come from exactly the bound peer address:port to
-//     the bound relay address:port, the reply source must be known, and the
-//     packet must be what the kernel would take, with a TTL of 2 or more.
-//  4. The rewritten packet (client->peer: the data alone, relay -> peer;
+//     or more. Such a packet shows the address and port the client sends to,
+//     which become the source of replies: nothing else teaches them. A port
+//     that is both a relay port and a translated one is taken as a relay port.
+//  3. UDP to a relay port, or to the port a bound relay has on the wire when
+//     the node source-NATs it (Binding.Wire: a masquerade's port may lie
+//     outside the relay range; the program keeps such ports in
+//     nat_relay_ports), must come from exactly the bound peer address:port to
+//     the bound relay address:port as the peer sees it (Wire when set), the
+//     reply source (address and port) must be known, and the packet must be
+//     what the kernel would take, with a TTL of 2 or more. Ports are told
+//     apart in this order: a listener's, a relay port, a translated listener
+//     port (point 2), a translated relay port.
+//  4. The rewritten packet (client->peer: the data alone, relay (as the peer
+//     sees it) -> peer;
 //     peer->client: ChannelData header + data, listener -> client) leaves through
 //     the next hop the kernel's FIB gives for it, looked up as if forwarded from the
 //     ingress interface; when the FIB cannot give one the original packet passes.
@@ -223,12 +234,13 @@ const RateBurst = uint64(50 * time.Millisecond)
 // for. Zero: nothing.
 type RateState struct{ PacketTAT, ByteTAT uint64 }
 
-// Learned is a side effect of a client packet: the address it was sent to
-// becomes the source of the binding's replies. The unspecified address means
-// "not known": replies wait in userspace.
+// Learned is a side effect of a client packet: the address and port it was
+// sent to become the source of the binding's replies. The unspecified address
+// means "not known": replies wait in userspace.
 type Learned struct {
 	Binding channelmap.Key
 	Addr    netip.Addr
+	Port    uint16
 }
 
 // Result is what the fast path does with one frame.
@@ -276,6 +288,16 @@ func (m *Model) RateState(relay netip.AddrPort) RateState { return m.rate[unmapP
 // the program's bucket.
 func (m *Model) SetRateState(relay netip.AddrPort, s RateState) { m.rate[unmapPort(relay)] = s }
 
+// Charge is what userspace does with a datagram of dataLen bytes of
+// application data that pion/turn would relay for the allocation relayed at
+// relay (bpf/charge.c): it charges the allocation's bucket, the one its
+// bindings' packets are charged to, or tells that it is over the limit (and
+// charges nothing). Over the limit userspace drops it, whatever the limit's
+// Pass says: pion/turn is the last to decide.
+func (m *Model) Charge(relay netip.AddrPort, dataLen int) (over bool) {
+	return m.overLimit(unmapPort(relay), dataLen)
+}
+
 // overLimit charges a packet with dataLen bytes of application data to the
 // allocation relayed at k, or tells that it is over the limit (and charges
 // nothing).
@@ -307,8 +329,8 @@ func (m *Model) overLimit(k netip.AddrPort, dataLen int) bool {
 type peerKey struct{ peer, relay netip.AddrPort }
 
 // New returns a model of the program loaded with env's configuration and the
-// given bindings, whose ReplySource is what the program has learned so far
-// (invalid: nothing). Bindings must be consistent, as pion/turn's are: one
+// given bindings, whose ReplySource and ReplyPort are what the program has
+// learned so far (invalid: nothing; port 0: the listener's). Bindings must be consistent, as pion/turn's are: one
 // binding per (client, listener, channel) and one per (peer, relay); relays and
 // peers IPv4, clients IPv4 or IPv6 with a reply source (when known) of the
 // client's family.
@@ -320,16 +342,21 @@ func New(env Env, bindings []channelmap.Binding) (*Model, error) {
 		b.Listener = unmapPort(b.Listener)
 		b.Peer = unmapPort(b.Peer)
 		b.Relay = unmapPort(b.Relay)
-		if !b.Peer.Addr().Is4() || !b.Relay.Addr().Is4() {
+		b.Wire = unmapPort(b.Wire)
+		if !b.Peer.Addr().Is4() || !b.Relay.Addr().Is4() || !b.OnWire().Addr().Is4() {
 			return nil, fmt.Errorf("binding %v: relays and peers are IPv4 only", b)
 		}
 		b.ReplySource = b.ReplySource.Unmap()
-		if !b.ReplySource.IsValid() || b.ReplySource.IsUnspecified() {
-			b.ReplySource = netip.IPv4Unspecified()
+		if from := b.ReplyFrom(); !from.IsValid() {
+			b.ReplySource, b.ReplyPort = netip.IPv4Unspecified(), 0
 		} else if b.ReplySource.Is6() != b.Client.Addr().Is6() {
 			return nil, fmt.Errorf("binding %v: reply source %v is not of the client's family", b, b.ReplySource)
+		} else {
+			b.ReplyPort = from.Port()
 		}
-		pk := peerKey{b.Peer, b.Relay}
+		// The relay as the peer sees it (translated when netfilter
+		// source-NATs the flow): where the peer's datagrams go.
+		pk := peerKey{b.Peer, b.OnWire()}
 		if _, dup := m.client[b.Key()]; dup {
 			return nil, fmt.Errorf("binding %v: client key bound twice", b)
 		}
@@ -437,6 +464,10 @@ func (m *Model) Process(ingress int, frame []byte) Result {
 		return m.fromClient(ingress, frame, in)
 	case in.dst.Port() >= m.env.MinRelayPort && in.dst.Port() <= m.env.MaxRelayPort && m.env.MinRelayPort != 0:
 		return m.fromPeer(ingress, frame, in)
+	case m.isWirePort(in.dst.Port()):
+		return m.fromClient(ingress, frame, in)
+	case m.isNATRelayPort(in.dst.Port()):
+		return m.fromPeer(ingress, frame, in)
 	}
 	return pass(bpf.RelayReasonREASON_NOT_OURS)
 }
@@ -477,6 +508,28 @@ func (in datagram) kernelTakes() bpf.RelayReason {
 func (m *Model) isListenerPort(p uint16) bool {
 	for _, l := range m.env.ListenerPorts {
 		if l == p {
+			return true
+		}
+	}
+	return false
+}
+
+// isWirePort tells a port that some accepted destination carries in place of
+// its listener's port (point 2).
+func (m *Model) isWirePort(p uint16) bool {
+	for d, l := range m.env.Destinations {
+		if d.Port() == p && l.Port() != p {
+			return true
+		}
+	}
+	return false
+}
+
+// isNATRelayPort tells a port that some binding's translated relay has on
+// the wire (point 3).
+func (m *Model) isNATRelayPort(p uint16) bool {
+	for _, b := range m.order {
+		if b.Wire.IsValid() && b.Wire != b.Relay && b.Wire.Port() == p {
 			return true
 		}
 	}
@@ -527,13 +580,14 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 
 	res := Result{Verdict: Pass, Frame: frame}
 	// Learned before the next hop is known: the packet is bound either way, and
-	// a VIP in front of us is what it was sent to.
-	if d := in.dst.Addr(); b.ReplySource != d {
-		b.ReplySource = d
-		res.Learned = &Learned{Binding: key, Addr: d}
+	// a VIP (and NodePort) in front of us is what it was sent to.
+	if d := in.dst; b.ReplySource != d.Addr() || b.ReplyPort != d.Port() {
+		b.ReplySource, b.ReplyPort = d.Addr(), d.Port()
+		res.Learned = &Learned{Binding: key, Addr: d.Addr(), Port: d.Port()}
 	}
 	data := msg[4 : 4+n]
-	out := outPacket{src: b.Relay, dst: b.Peer, payload: data, dataLen: n}
+	// From the relay as netfilter would have translated it (Binding.Wire).
+	out := outPacket{src: b.OnWire(), dst: b.Peer, payload: data, dataLen: n}
 	return m.send(ingress, in, out, res, key, b.Relay, bpf.RelayReasonREASON_RELAY_C2P_TX, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT)
 }
 
@@ -568,7 +622,7 @@ func (m *Model) fromPeer(ingress int, frame []byte, in datagram) Result {
 	binary.BigEndian.PutUint16(msg[0:], b.Channel)
 	binary.BigEndian.PutUint16(msg[2:], uint16(len(data)))
 	copy(msg[4:], data)
-	out := outPacket{src: netip.AddrPortFrom(b.ReplySource, b.Listener.Port()), dst: b.Client, payload: msg, dataLen: len(data)}
+	out := outPacket{src: netip.AddrPortFrom(b.ReplySource, b.ReplyPort), dst: b.Client, payload: msg, dataLen: len(data)}
 	return m.send(ingress, in, out, Result{Verdict: Pass, Frame: frame}, b.Key(), b.Relay,
 		bpf.RelayReasonREASON_RELAY_P2C_TX, bpf.RelayReasonREASON_RELAY_P2C_REDIRECT)
 }

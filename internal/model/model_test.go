@@ -106,6 +106,46 @@ func TestPeerToClientWaitsForListener(t *testing.T) {
 	}
 }
 
+// TestNodePort: a destination the node DNATs to the listener with another
+// port (a NodePort) takes the client's ChannelData on that port; the port is
+// learned with the address, and the replies leave from both. A port no
+// destination translates stays the kernel's.
+func TestNodePort(t *testing.T) {
+	env := testEnv()
+	np := netip.MustParseAddrPort("10.100.0.1:31478")
+	env.Destinations[np] = listener
+	m, err := model.New(env, []channelmap.Binding{binding})
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := func(port uint16) []byte {
+		f := clientFrame("10.100.0.1", packet.ChannelData(0x4000, []byte{1}, nil))
+		f.Dst = netip.AddrPortFrom(f.Dst.Addr(), port)
+		return f.Marshal()
+	}
+	if res := m.Process(2, to(31479)); res.Reason != bpf.RelayReasonREASON_NOT_OURS || res.Learned != nil {
+		t.Fatalf("to a port nothing translates: %v, learned %+v", res.Reason, res.Learned)
+	}
+	res := m.Process(2, to(np.Port()))
+	if res.Verdict != model.Redirect || res.Learned == nil || res.Learned.Addr != np.Addr() || res.Learned.Port != np.Port() {
+		t.Fatalf("to the NodePort: %v %v, learned %+v", res.Verdict, res.Reason, res.Learned)
+	}
+	in := packet.Frame{SrcMAC: peerMAC, TTL: 9, Src: binding.Peer, Dst: binding.Relay, Payload: []byte{1, 2, 3}}
+	res = m.Process(3, in.Marshal())
+	want := packet.Frame{DstMAC: clientMAC, SrcMAC: aMAC, TTL: 8,
+		Src: np, Dst: binding.Client, Payload: packet.ChannelData(0x4000, []byte{1, 2, 3}, nil)}.Marshal()
+	if res.Verdict != model.Redirect || !bytes.Equal(res.Frame, want) {
+		t.Fatalf("reply: %v %v\n got %x\nwant %x", res.Verdict, res.Reason, res.Frame, want)
+	}
+	if got := m.Bindings()[0].ReplyFrom(); got != np {
+		t.Fatalf("reply source %v, want %v", got, np)
+	}
+	// Back on the listener's own port: learned again.
+	if res := m.Process(2, to(3478)); res.Learned == nil || res.Learned.Port != 3478 {
+		t.Fatalf("back to the listener port: learned %+v", res.Learned)
+	}
+}
+
 // A wrong UDP checksum stays wrong by the same amount; an absent one stays absent.
 func TestChecksumErrorCarriedOver(t *testing.T) {
 	m := newModel(t, binding)

@@ -3,7 +3,11 @@
 // relay program rewrites and redirects never meets the DNAT that kube-proxy
 // applies to a Service ClusterIP in OUTPUT, nor a SNAT or masquerade rule.
 // pion/turn's socket does meet them, so a binding whose flow the kernel NATs
-// has to stay on the userspace path.
+// has to stay on the userspace path, with one exception: a flow whose only
+// translation is a source NAT of the relay address (flannel's masquerade of
+// what the node sends into the pod network) is Translated, and the kernel
+// path may relay it as netfilter would have rewritten it, from the address
+// and port the entry maps the relay to (its reply tuple's destination).
 //
 // The evidence is the namespace's conntrack table, read through ctnetlink:
 // NAT status bits, or a reply tuple that does not mirror the original, mean
@@ -17,6 +21,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/mdlayher/netlink"
@@ -36,6 +41,13 @@ const (
 	Direct
 	// NATed: the kernel translates the flow: relay it in userspace.
 	NATed
+	// Translated: the flow was made by the relay (pion sent first) and the
+	// kernel's only change is the relay's source address and port (SNAT,
+	// MASQUERADE) to Result.Wire; the peer is not translated. The kernel path
+	// may relay it from Wire, for as long as the entry stands (conntrack
+	// keeps the mapping only while the entry lives: a new entry may map the
+	// relay elsewhere).
+	Translated
 )
 
 func (v Verdict) String() string {
@@ -44,6 +56,8 @@ func (v Verdict) String() string {
 		return "direct"
 	case NATed:
 		return "nat"
+	case Translated:
+		return "snat"
 	default:
 		return "unknown"
 	}
@@ -53,6 +67,10 @@ func (v Verdict) String() string {
 type Result struct {
 	Verdict Verdict
 	Why     string
+	// Wire is the relay's address and port as the peer sees them: the
+	// relay's own for Direct, the translated source for Translated; zero
+	// otherwise.
+	Wire netip.AddrPort
 }
 
 // ErrClosed is returned by Check after Close.
@@ -130,7 +148,7 @@ func (c *Checker) Check(relay, peer netip.AddrPort) (Result, error) {
 		return Result{}, err
 	}
 	if conn == nil {
-		return Result{Direct, "conntrack is not loaded: nothing can NAT the flow"}, nil
+		return Result{Direct, "conntrack is not loaded: nothing can NAT the flow", relay}, nil
 	}
 	// The kernel looks a tuple up in both directions, so relay->peer also
 	// finds a flow the peer started when nothing translated it.
@@ -142,7 +160,7 @@ func (c *Checker) Check(relay, peer netip.AddrPort) (Result, error) {
 		if err != nil {
 			return Result{}, fmt.Errorf("natcheck: conntrack get %v->%v: %w", t[0], t[1], err)
 		}
-		return Classify(f), nil
+		return ClassifyRelay(f, relay, peer), nil
 	}
 	// Conntrack is loaded but may not be hooked into this namespace (it is
 	// only once a rule needs it). The binding's own TURN traffic passed the
@@ -152,9 +170,9 @@ func (c *Checker) Check(relay, peer netip.AddrPort) (Result, error) {
 		return Result{}, fmt.Errorf("natcheck: conntrack stats: %w", err)
 	}
 	if st.Entries == 0 {
-		return Result{Direct, "conntrack tracks nothing in this network namespace: nothing can NAT the flow"}, nil
+		return Result{Direct, "conntrack tracks nothing in this network namespace: nothing can NAT the flow", relay}, nil
 	}
-	return Result{Unknown, "no conntrack entry for the flow yet"}, nil
+	return Result{Verdict: Unknown, Why: "no conntrack entry for the flow yet"}, nil
 }
 
 func flow(src, dst netip.AddrPort) conntrack.Flow {
@@ -170,14 +188,52 @@ func Classify(f conntrack.Flow) Result {
 		r.IP.SourceAddress, r.Proto.SourcePort, r.IP.DestinationAddress, r.Proto.DestinationPort)
 	switch {
 	case f.Status.DstNAT() && f.Status.SrcNAT():
-		return Result{NATed, "SNAT and DNAT: " + desc}
+		return Result{Verdict: NATed, Why: "SNAT and DNAT: " + desc}
 	case f.Status.DstNAT():
-		return Result{NATed, "DNAT: " + desc}
+		return Result{Verdict: NATed, Why: "DNAT: " + desc}
 	case f.Status.SrcNAT():
-		return Result{NATed, "SNAT: " + desc}
+		return Result{Verdict: NATed, Why: "SNAT: " + desc}
 	case r.IP.SourceAddress != o.IP.DestinationAddress || r.IP.DestinationAddress != o.IP.SourceAddress ||
 		r.Proto.SourcePort != o.Proto.DestinationPort || r.Proto.DestinationPort != o.Proto.SourcePort:
-		return Result{NATed, "reply tuple does not mirror the original: " + desc}
+		return Result{Verdict: NATed, Why: "reply tuple does not mirror the original: " + desc}
 	}
-	return Result{Direct, "not translated: " + desc}
+	return Result{Direct, "not translated: " + desc, endpoint(o.IP.SourceAddress, o.Proto.SourcePort)}
+}
+
+// ClassifyRelay sorts the entry of the flow between relay and peer as
+// Classify does, and tells a source NAT of the relay alone (Translated) from
+// other translations. Translated needs all of:
+//   - the entry's original direction is relay -> peer: pion sent first, and
+//     the NAT binding was made for its packets in POSTROUTING (a SNAT of a
+//     flow the peer started would rewrite the peer, not the relay);
+//   - IPS_SRC_NAT without IPS_DST_NAT, and the reply comes from the peer
+//     itself (address and port: nothing rewrites where pion sends);
+//   - the reply goes to an IPv4 address and port other than the relay's:
+//     that is where netfilter rewrote pion's source to, and where the peer's
+//     replies arrive.
+//
+// Direct's Wire is the relay; a Direct entry found the other way round (the
+// peer sent first) is Direct too.
+func ClassifyRelay(f conntrack.Flow, relay, peer netip.AddrPort) Result {
+	res := Classify(f)
+	o, r := f.TupleOrig, f.TupleReply
+	origSrc, origDst := endpoint(o.IP.SourceAddress, o.Proto.SourcePort), endpoint(o.IP.DestinationAddress, o.Proto.DestinationPort)
+	replySrc, replyDst := endpoint(r.IP.SourceAddress, r.Proto.SourcePort), endpoint(r.IP.DestinationAddress, r.Proto.DestinationPort)
+	switch res.Verdict {
+	case Direct:
+		res.Wire = relay
+		return res
+	case NATed:
+	default:
+		return res
+	}
+	if origSrc != relay || origDst != peer || f.Status.DstNAT() || !f.Status.SrcNAT() ||
+		replySrc != peer || replyDst == relay || !replyDst.Addr().Is4() || replyDst.Port() == 0 {
+		return res
+	}
+	return Result{Translated, "source NAT of the relay to " + replyDst.String() + ": " + strings.TrimPrefix(res.Why, "SNAT: "), replyDst}
+}
+
+func endpoint(a netip.Addr, port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(a.Unmap(), port)
 }

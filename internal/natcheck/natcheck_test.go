@@ -69,8 +69,54 @@ func TestCheckWithoutConntrack(t *testing.T) {
 	}
 }
 
+// ClassifyRelay offloads a source NAT of the relay alone (flannel's
+// masquerade) and nothing else that translates.
+func TestClassifyRelay(t *testing.T) {
+	const relay, pod, clusterIP, wire = "192.168.77.10:50000", "10.244.1.5:5002", "10.96.0.10:5002", "10.244.0.0:31337"
+	seen := conntrack.StatusConfirmed | conntrack.StatusSeenReply
+	snat := seen | conntrack.StatusSrcNAT | conntrack.StatusSrcNATDone
+	ap := netip.MustParseAddrPort
+	for _, tc := range []struct {
+		name     string
+		flow     conntrack.Flow
+		want     Verdict
+		wantWire string
+	}{
+		{"masquerade of pion's flow", udpFlow(snat, [2]string{relay, pod}, [2]string{pod, wire}), Translated, wire},
+		{"masquerade keeping the port", udpFlow(snat, [2]string{relay, pod}, [2]string{pod, "10.244.0.0:50000"}), Translated, "10.244.0.0:50000"},
+		{"SNAT of the port alone", udpFlow(snat, [2]string{relay, pod}, [2]string{pod, "192.168.77.10:1024"}), Translated, "192.168.77.10:1024"},
+		{"untranslated", udpFlow(seen, [2]string{relay, pod}, [2]string{pod, relay}), Direct, relay},
+		{"untranslated, the peer sent first", udpFlow(seen, [2]string{pod, relay}, [2]string{relay, pod}), Direct, relay},
+		// A SNAT of a flow the peer started rewrites the peer as pion sees it.
+		{"the peer's flow, source NATed", udpFlow(snat, [2]string{pod, relay}, [2]string{relay, "10.244.0.0:40000"}), NATed, ""},
+		{"DNAT of the peer (a ClusterIP)", udpFlow(seen|conntrack.StatusDstNAT|conntrack.StatusDstNATDone,
+			[2]string{relay, clusterIP}, [2]string{pod, relay}), NATed, ""},
+		{"masquerade and DNAT", udpFlow(snat|conntrack.StatusDstNAT|conntrack.StatusDstNATDone,
+			[2]string{relay, clusterIP}, [2]string{pod, wire}), NATed, ""},
+		// IPVS and other rewrites without the bits stay in userspace.
+		{"reply altered without NAT bits", udpFlow(seen, [2]string{relay, pod}, [2]string{pod, wire}), NATed, ""},
+		{"peer's port rewritten", udpFlow(snat, [2]string{relay, pod}, [2]string{"10.244.1.5:6002", wire}), NATed, ""},
+		{"SNAT bit on a mirrored tuple", udpFlow(snat, [2]string{relay, pod}, [2]string{pod, relay}), NATed, ""},
+		{"another relay's entry", udpFlow(snat, [2]string{"192.168.77.10:50001", pod}, [2]string{pod, wire}), NATed, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := ClassifyRelay(tc.flow, ap(relay), ap(pod))
+			if tc.name == "DNAT of the peer (a ClusterIP)" || tc.name == "masquerade and DNAT" {
+				got = ClassifyRelay(tc.flow, ap(relay), ap(clusterIP))
+			}
+			var wantWire netip.AddrPort
+			if tc.wantWire != "" {
+				wantWire = ap(tc.wantWire)
+			}
+			if got.Verdict != tc.want || got.Wire != wantWire {
+				t.Fatalf("ClassifyRelay = %v wire %v (%s), want %v wire %v", got.Verdict, got.Wire, got.Why, tc.want, wantWire)
+			}
+		})
+	}
+}
+
 func TestVerdictString(t *testing.T) {
-	for v, want := range map[Verdict]string{Unknown: "unknown", Direct: "direct", NATed: "nat", Verdict(9): "unknown"} {
+	for v, want := range map[Verdict]string{Unknown: "unknown", Direct: "direct", NATed: "nat", Translated: "snat", Verdict(9): "unknown"} {
 		if v.String() != want {
 			t.Errorf("%d.String() = %q, want %q", v, v.String(), want)
 		}

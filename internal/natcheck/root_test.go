@@ -155,7 +155,8 @@ func checkWithNAT(t *testing.T) {
 	}{
 		{clusterIP, "nat", "DNAT"},
 		{plainPeer, "direct", "not translated"},
-		{snatPeer, "nat", "SNAT"},
+		// pion's flow source NATed (to 10.210.0.9): translatable, from there.
+		{snatPeer, "snat", "source NAT of the relay to 10.210.0.9:"},
 	} {
 		// The allocation's own TURN traffic is tracked, so before pion relays
 		// anything there is no evidence either way.
@@ -167,6 +168,9 @@ func checkWithNAT(t *testing.T) {
 		t.Logf("%s: %v (%s)", tc.peer, r.Verdict, r.Why)
 		if r.Verdict.String() != tc.want || !strings.HasPrefix(r.Why, tc.why) {
 			t.Errorf("%s after pion's first datagram: %v (%s); want %s (%s...)", tc.peer, r.Verdict, r.Why, tc.want, tc.why)
+		}
+		if r.Verdict == natcheck.Translated && r.Wire.Addr() != netip.MustParseAddr("10.210.0.9") {
+			t.Errorf("%s: translated to %v, want 10.210.0.9", tc.peer, r.Wire)
 		}
 	}
 

@@ -7,11 +7,9 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/l7mp/stunnerd-xdp/internal/kube"
 )
 
 // OffloadLabel is the node label that switches the XDP offload on one node.
@@ -127,13 +125,11 @@ type OffloadFunc func(ctx context.Context, want Offload) error
 // logged and the state still counts as delivered: the watcher does not retry,
 // the callback decides how to fall back (the userspace path keeps working).
 //
-// Only the own Node is fetched: the informer lists and watches with the field
-// selector metadata.name=<node>. RBAC cannot limit list/watch to one name, so
-// the ClusterRole still grants them on all nodes; the selector keeps the
-// traffic and the cache to one object. Events for other names are ignored
-// anyway, in case a server (or a fake) does not apply the selector.
+// Only the own Node is fetched (kube.API's Node source selects it by name).
+// Events for other names are ignored anyway, in case a server (or a fake)
+// does not apply the selector.
 type Watcher struct {
-	client   kubernetes.Interface
+	source   cache.ListerWatcher
 	node     string
 	onChange OffloadFunc
 	log      *slog.Logger
@@ -143,9 +139,9 @@ type Watcher struct {
 	want      Offload // latest desired, maybe not delivered yet
 	delivered Offload // last handed to onChange
 
-	life     sync.Mutex // guards started, factory and cancel
+	life     sync.Mutex // guards started, informer and cancel
 	started  bool
-	factory  informers.SharedInformerFactory
+	informer chan struct{}      // closed when the informer's Run returned; nil before Start
 	cancel   context.CancelFunc // cancels the worker and a running callback
 	stopOnce sync.Once
 
@@ -154,11 +150,11 @@ type Watcher struct {
 	done    chan struct{} // closed when the worker exits
 }
 
-// NewWatcher makes a watcher for the Node named node. It does nothing
-// until Start or Run.
-func NewWatcher(client kubernetes.Interface, node string, onChange OffloadFunc, log *slog.Logger) *Watcher {
+// NewWatcher makes a watcher for the Node named node, listed and watched
+// through api. It does nothing until Start or Run.
+func NewWatcher(api kube.API, node string, onChange OffloadFunc, log *slog.Logger) *Watcher {
 	return &Watcher{
-		client:   client,
+		source:   api.Node(node),
 		node:     node,
 		onChange: onChange,
 		log:      log,
@@ -192,11 +188,7 @@ func (w *Watcher) Start(ctx context.Context) error {
 		return ErrWatcherStopped
 	default:
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(w.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", w.node).String()
-		}))
-	informer := factory.Core().V1().Nodes().Informer()
+	informer := cache.NewSharedIndexInformer(w.source, &corev1.Node{}, 0, cache.Indexers{})
 	// The informer calls a handler's funcs from one goroutine; they only
 	// record the state and wake the worker, so a slow attach never holds up
 	// the informer.
@@ -209,9 +201,13 @@ func (w *Watcher) Start(ctx context.Context) error {
 		return err
 	}
 	workerCtx, cancel := context.WithCancel(context.Background())
-	w.factory, w.cancel = factory, cancel
+	ran := make(chan struct{})
+	w.informer, w.cancel = ran, cancel
 	go w.worker(workerCtx)
-	factory.Start(w.stopped)
+	go func() {
+		defer close(ran)
+		informer.Run(w.stopped)
+	}()
 	w.life.Unlock()
 
 	synced := make(chan bool, 1)
@@ -235,13 +231,13 @@ func (w *Watcher) Start(ctx context.Context) error {
 func (w *Watcher) Stop() {
 	w.stopOnce.Do(func() { close(w.stopped) })
 	w.life.Lock()
-	factory, cancel := w.factory, w.cancel
+	ran, cancel := w.informer, w.cancel
 	w.life.Unlock()
-	if factory == nil {
+	if ran == nil {
 		return
 	}
 	cancel()
-	factory.Shutdown()
+	<-ran
 	<-w.done
 }
 

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/l7mp/stunnerd-xdp/internal/kube/kubetest"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
@@ -112,7 +113,7 @@ func setLabel(t *testing.T, client *fake.Clientset, name, key, value string) {
 func startWatcher(t *testing.T, client *fake.Clientset, name string, rec *recorder, logs *testenv.LockedBuffer) *nodelabel.Watcher {
 	t.Helper()
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	w := nodelabel.NewWatcher(client, name, rec.fn, log)
+	w := nodelabel.NewWatcher(kubetest.FromClientset(client), name, rec.fn, log)
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	if err := w.Start(ctx); err != nil {
@@ -332,7 +333,7 @@ func TestNodeWatcherLifecycle(t *testing.T) {
 
 	t.Run("Run returns when ctx ends", func(t *testing.T) {
 		rec := &recorder{}
-		w := nodelabel.NewWatcher(fake.NewClientset(node("n1", map[string]string{nodelabel.OffloadLabel: "enabled"})),
+		w := nodelabel.NewWatcher(kubetest.FromClientset(fake.NewClientset(node("n1", map[string]string{nodelabel.OffloadLabel: "enabled"}))),
 			"n1", rec.fn, log)
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
@@ -353,7 +354,7 @@ func TestNodeWatcherLifecycle(t *testing.T) {
 		w.Stop() // again: a no-op
 	})
 	t.Run("Stop before Start", func(t *testing.T) {
-		w := nodelabel.NewWatcher(fake.NewClientset(), "n1", noop, log)
+		w := nodelabel.NewWatcher(kubetest.FromClientset(fake.NewClientset()), "n1", noop, log)
 		w.Stop()
 		if err := w.Start(context.Background()); !errors.Is(err, nodelabel.ErrWatcherStopped) {
 			t.Fatalf("Start after Stop: %v, want ErrWatcherStopped", err)
@@ -365,7 +366,7 @@ func TestNodeWatcherLifecycle(t *testing.T) {
 		client.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
 			return true, nil, errors.New("apiserver unreachable")
 		})
-		w := nodelabel.NewWatcher(client, "n1", noop, log)
+		w := nodelabel.NewWatcher(kubetest.FromClientset(client), "n1", noop, log)
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
 		if err := w.Start(ctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -376,7 +377,7 @@ func TestNodeWatcherLifecycle(t *testing.T) {
 	t.Run("Stop cancels a running callback", func(t *testing.T) {
 		client := fake.NewClientset(node("n1", nil))
 		entered := make(chan struct{})
-		w := nodelabel.NewWatcher(client, "n1", func(ctx context.Context, _ nodelabel.Offload) error {
+		w := nodelabel.NewWatcher(kubetest.FromClientset(client), "n1", func(ctx context.Context, _ nodelabel.Offload) error {
 			close(entered)
 			<-ctx.Done()
 			return ctx.Err()

@@ -3,7 +3,6 @@ package offload
 import (
 	"log/slog"
 
-	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 )
@@ -34,8 +33,8 @@ func LoadEngines(log *slog.Logger, podPatterns []string) LoadFunc {
 		e, err := p.WithTC(podPatterns, log)
 		if err != nil {
 			log.Warn("TC engine not loaded: the kernel path is XDP alone", "error", err)
-			return p, channelmap.New(p.Maps()), nil
+			return p, mapsOf(p), nil
 		}
-		return e, channelmap.New(p.Maps()), nil
+		return e, mapsOf(p), nil
 	}
 }

@@ -87,8 +87,16 @@ func LoadXDP(log *slog.Logger) LoadFunc {
 		if err != nil {
 			return nil, nil, err
 		}
-		return p, channelmap.New(p.Maps()), nil
+		return p, mapsOf(p), nil
 	}
+}
+
+// mapsOf is channelmap over p's maps, with p's charge program: userspace
+// charges what it relays to the buckets the engines charge.
+func mapsOf(p *loader.Program) *channelmap.Maps {
+	m := channelmap.New(p.Maps())
+	m.SetCharge(p.Charge())
+	return m
 }
 
 // Options configure a Manager.

@@ -11,10 +11,9 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/l7mp/stunnerd-xdp/internal/kube"
 	"github.com/l7mp/stunnerd-xdp/internal/prefix"
 )
 
@@ -31,9 +30,10 @@ import (
 // the informer, which retries. onChange is called from one goroutine at a
 // time; stop ends the watch and waits for its goroutines. ctx bounds the
 // first list only.
-func Follow(ctx context.Context, client kubernetes.Interface, log *slog.Logger, onChange func([]netip.Prefix)) (stop func()) {
+func Follow(ctx context.Context, api kube.API, log *slog.Logger, onChange func([]netip.Prefix)) (stop func()) {
 	w := &serviceCIDRs{log: log, onChange: onChange}
-	list, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+	source := api.ServiceCIDRs()
+	obj, err := cache.ToListerWatcherWithContext(source).ListWithContext(ctx, metav1.ListOptions{})
 	switch {
 	case apierrors.IsNotFound(err), apierrors.IsForbidden(err), apierrors.IsMethodNotSupported(err):
 		log.Info("cannot list the cluster's Service CIDRs; ClusterIP peers are kept in userspace by conntrack evidence and --no-offload-peer only",
@@ -42,15 +42,16 @@ func Follow(ctx context.Context, client kubernetes.Interface, log *slog.Logger, 
 	case err != nil:
 		log.Warn("listing the cluster's Service CIDRs failed; retrying", "error", err)
 	default:
-		objs := make([]any, len(list.Items))
-		for i := range list.Items {
-			objs[i] = &list.Items[i]
+		if list, ok := obj.(*networkingv1.ServiceCIDRList); ok {
+			objs := make([]any, len(list.Items))
+			for i := range list.Items {
+				objs[i] = &list.Items[i]
+			}
+			w.update(objs)
 		}
-		w.update(objs)
 	}
 
-	factory := informers.NewSharedInformerFactory(client, 0)
-	informer := factory.Networking().V1().ServiceCIDRs().Informer()
+	informer := cache.NewSharedIndexInformer(source, &networkingv1.ServiceCIDR{}, 0, cache.Indexers{})
 	refresh := func(any) { w.update(informer.GetStore().List()) }
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    refresh,
@@ -60,13 +61,16 @@ func Follow(ctx context.Context, client kubernetes.Interface, log *slog.Logger, 
 		log.Warn("cannot follow the cluster's Service CIDRs", "error", err)
 		return func() {}
 	}
-	done := make(chan struct{})
-	factory.Start(done)
+	done, ran := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ran)
+		informer.Run(done)
+	}()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			close(done)
-			factory.Shutdown()
+			<-ran
 		})
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/l7mp/stunnerd-xdp/internal/kube/kubetest"
 	"github.com/l7mp/stunnerd-xdp/internal/servicecidr"
 	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 )
@@ -61,7 +62,7 @@ func TestFollowServiceCIDRs(t *testing.T) {
 	)
 	var logs testenv.LockedBuffer
 	var rec cidrRecorder
-	stop := servicecidr.Follow(context.Background(), client, slog.New(slog.NewTextHandler(&logs, nil)), rec.fn)
+	stop := servicecidr.Follow(context.Background(), kubetest.FromClientset(client), slog.New(slog.NewTextHandler(&logs, nil)), rec.fn)
 	defer stop()
 
 	// The first list is delivered before Follow returns.
@@ -115,7 +116,7 @@ func TestFollowServiceCIDRsUnavailable(t *testing.T) {
 			})
 			var logs testenv.LockedBuffer
 			var rec cidrRecorder
-			stop := servicecidr.Follow(context.Background(), client, slog.New(slog.NewTextHandler(&logs, nil)), rec.fn)
+			stop := servicecidr.Follow(context.Background(), kubetest.FromClientset(client), slog.New(slog.NewTextHandler(&logs, nil)), rec.fn)
 			stop()
 			if lines := strings.Count(logs.String(), "\n"); lines != 1 || !strings.Contains(logs.String(), "level=INFO") {
 				t.Errorf("want one INFO line, have:\n%s", logs.String())

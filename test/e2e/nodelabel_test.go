@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	"github.com/l7mp/stunnerd-xdp/internal/kube/kubetest"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
@@ -26,7 +27,7 @@ func TestNodeLabelToggle(t *testing.T) {
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "media-1", Labels: map[string]string{}}}
 		client := fake.NewSimpleClientset(node,
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "media-2", Labels: map[string]string{nodelabel.OffloadLabel: "enabled"}}})
-		if err := d.WatchNode(client, "media-1", 5*time.Second); err != nil {
+		if err := d.WatchNode(kubetest.FromClientset(client), "media-1", 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		startEcho(t, r.peer, echoPeer)

@@ -75,7 +75,12 @@ var shapeCases = []shapeCase{
 		engagesC2P: true, engagesP2C: true,
 		why: "the pod is behind cni0, which XDP does not transmit to: the TC engine on the NIC redirects client->peer into the bridge; peer->client: the TC engine on the pod's bridge port (veth*)"},
 	{name: "vxlan-masq", shape: netns.VXLANMasq,
-		why: "flannel masquerades the relay's packets to the pod: the conntrack NAT gate keeps the binding in userspace"},
+		engagesC2P: true, engagesP2C: true,
+		why: "flannel masquerades the relay's packets to the pod (to flannel.1's 10.244.0.0, a --random-fully port): the NAT gate " +
+			"finds a source NAT of the relay alone in conntrack (natcheck Translated) and installs the binding from the translated " +
+			"relay; client->peer: XDP passes (flannel.1 not attached), the TC engine on the NIC redirects into flannel.1 from " +
+			"10.244.0.0:port; peer->client comes back decapsulated on flannel.1, where the TC engine is attached by link kind " +
+			"(kind:vxlan), and reaches the lookup through nat_relay_ports (the port is mostly outside the relay range)"},
 	{name: "vxlan", shape: netns.VXLAN,
 		engagesC2P: true, engagesP2C: true,
 		why: "client->peer leaves through flannel.1, which XDP cannot transmit into: the TC engine on the NIC redirects the skb into the VXLAN device; the pod's replies to the node IP come back on the NIC, outside the overlay, and are XDP_TXed"},
@@ -83,8 +88,12 @@ var shapeCases = []shapeCase{
 		why: "both directions enter and leave through the NIC: XDP_TX"},
 	{name: "remote-hostnet", shape: netns.RemoteHost, engagesC2P: true, engagesP2C: true,
 		why: "both directions enter and leave through the NIC: XDP_TX"},
-	{name: "nodeport", shape: netns.NodePort,
-		why: "the client's packets arrive for port 31478, which no listener has (the DNAT comes after XDP): userspace both ways"},
+	{name: "nodeport", shape: netns.NodePort, engagesC2P: true, engagesP2C: true,
+		why: "the client sends to nodeIP:31478, which kube-proxy DNATs to the listener's 3478 after XDP: the daemon learns " +
+			"the NodePort from the allocation's conntrack entry (no local socket on 31478), puts nodeIP:31478 into the " +
+			"destination table and 31478 into wire_ports; XDP takes the client's ChannelData there and XDP_TXes it to the " +
+			"peer, learns address and port, and sends the peer's replies from nodeIP:31478 (XDP_TX), as conntrack would " +
+			"have reverse-NATed pion's"},
 	// The acceptance rigs of issue 23: an egress that cannot take XDP frames sits in the devmap.
 	{name: "mixed-native-generic", shape: netns.MacvlanNIC, offload: egressToo,
 		attach:     map[string]string{"eth0": "native", "mv0": "generic"},

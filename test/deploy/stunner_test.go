@@ -1,7 +1,4 @@
-// Package stunner_test checks the manifests that switch a STUNner Gateway to
-// stunnerd-xdp against what the operator does with them and what the image
-// holds.
-package stunner_test
+package deploy_test
 
 import (
 	"os"
@@ -13,6 +10,11 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 )
+
+// stunnerDir holds the manifests that switch a STUNner Gateway to stunnerd-xdp;
+// this file checks them against what the operator does with them and what the
+// image holds.
+const stunnerDir = "../../deploy/stunner"
 
 // dataplaneSpec is the part of the operator's Dataplane spec (api/v1) these
 // manifests set; the fields this test does not name must not be there either.
@@ -46,7 +48,7 @@ var (
 )
 
 func TestDataplane(t *testing.T) {
-	b, err := os.ReadFile("dataplane.yaml")
+	b, err := os.ReadFile(stunnerDir + "/dataplane.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +97,7 @@ func TestImageAnswersToStunnerd(t *testing.T) {
 }
 
 func TestHelmValues(t *testing.T) {
-	b, err := os.ReadFile("helm-values.yaml")
+	b, err := os.ReadFile(stunnerDir + "/helm-values.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,8 +139,8 @@ func TestHelmValues(t *testing.T) {
 	}
 }
 
-func TestRBAC(t *testing.T) {
-	b, err := os.ReadFile("rbac.yaml")
+func TestStunnerRBAC(t *testing.T) {
+	b, err := os.ReadFile(stunnerDir + "/rbac.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package daemonset_test
+package deploy_test
 
 import (
 	"encoding/json"
@@ -48,7 +48,7 @@ type podMonitor struct {
 // port of the shipped config; the dashboard ConfigMap holds valid JSON for
 // Grafana's sidecar.
 func TestMonitoring(t *testing.T) {
-	ds := one(t, "DaemonSet", render(t, ".").daemonSets)
+	ds := one(t, "DaemonSet", render(t, daemonsetDir).daemonSets)
 	labels := ds.Spec.Template.Labels
 	for k, v := range map[string]string{"app": "stunner", "stunner.l7mp.io/related-gateway-namespace": ds.Namespace} {
 		if labels[k] != v {
@@ -59,9 +59,9 @@ func TestMonitoring(t *testing.T) {
 		t.Error("no stunner.l7mp.io/related-gateway-name pod label")
 	}
 
-	resMap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), "../monitoring")
+	resMap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), "../../deploy/monitoring")
 	if err != nil {
-		t.Fatalf("kustomize ../monitoring: %v", err)
+		t.Fatalf("kustomize deploy/monitoring: %v", err)
 	}
 	var pm *podMonitor
 	dashboards := 0
@@ -107,7 +107,7 @@ func TestMonitoring(t *testing.T) {
 		t.Fatalf("%d endpoints, want 1", len(pm.Spec.PodMetricsEndpoints))
 	}
 	ep := pm.Spec.PodMetricsEndpoints[0]
-	metricsURL := stunnerConf(t, render(t, ".")).Admin.MetricsEndpoint
+	metricsURL := stunnerConf(t, render(t, daemonsetDir)).Admin.MetricsEndpoint
 	port := metricsURL[strings.LastIndex(metricsURL, ":")+1 : strings.Index(metricsURL, "/metrics")]
 	want := fmt.Sprintf("$1:%s", port)
 	found := false

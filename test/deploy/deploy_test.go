@@ -1,9 +1,10 @@
-// Package daemonset_test renders the kustomization the way kubectl apply -k
-// does and checks the properties production depends on: kubectl is not
+// Package deploy_test renders the project's kustomizations (deploy/daemonset,
+// deploy/monitoring) the way kubectl apply -k does and checks the properties production depends on: kubectl is not
 // needed, and every document must decode strictly into the Kubernetes API
 // types, so a misspelt field fails here instead of being dropped by the API
-// server.
-package daemonset_test
+// server. It is a module of its own so that kustomize stays out of the main
+// module.
+package deploy_test
 
 import (
 	"bufio"
@@ -26,6 +27,9 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 )
+
+// daemonsetDir is the kustomization under test: the project's DaemonSet.
+const daemonsetDir = "../../deploy/daemonset"
 
 // manifests are the decoded objects of one rendering.
 type manifests struct {
@@ -94,7 +98,7 @@ func container(t *testing.T, ds *appsv1.DaemonSet) *corev1.Container {
 }
 
 func TestDaemonSet(t *testing.T) {
-	m := render(t, ".")
+	m := render(t, daemonsetDir)
 	ds := one(t, "DaemonSet", m.daemonSets)
 	pod := ds.Spec.Template.Spec
 	c := container(t, ds)
@@ -295,7 +299,7 @@ func TestDaemonSet(t *testing.T) {
 }
 
 func TestRBAC(t *testing.T) {
-	m := render(t, ".")
+	m := render(t, daemonsetDir)
 	role := one(t, "ClusterRole", m.clusterRoles)
 	if len(role.Rules) != 2 {
 		t.Fatalf("%d rules, want nodes and servicecidrs: %+v", len(role.Rules), role.Rules)
@@ -388,7 +392,7 @@ func stunnerConf(t *testing.T, m manifests) stunnerConfig {
 }
 
 func TestStunnerConfig(t *testing.T) {
-	conf := stunnerConf(t, render(t, "."))
+	conf := stunnerConf(t, render(t, daemonsetDir))
 	if conf.Version != "v1" {
 		t.Errorf("version %q, want v1", conf.Version)
 	}
@@ -432,7 +436,7 @@ func deref(s *string) string {
 }
 
 func TestPrivilegedComponent(t *testing.T) {
-	base, err := filepath.Abs(".")
+	base, err := filepath.Abs(daemonsetDir)
 	if err != nil {
 		t.Fatal(err)
 	}
