@@ -40,7 +40,9 @@ func daemonSpec(name, mode string, steered bool) serverSpec {
 			handover += h.pins
 		}
 		return []string{h.daemonBin, "--log=all:WARN", "--xdp-mode=" + mode, "--relay-address=" + relayIP.String(),
-			handover, "--metrics-addr=127.0.0.1:8080", "--health-addr=", turnURI}
+			// The peer is in a private network the defaults refuse: opened
+			// for it alone, as coturn's --allowed-peer-ip below.
+			handover, "--allow-peer=" + peerIP.String() + "/32", "--metrics-addr=127.0.0.1:8080", "--health-addr=", turnURI}
 	}}
 }
 

@@ -30,6 +30,13 @@ type originRun struct {
 // startOrigin runs runOrigin in the background; the test ends it with stop.
 func startOrigin(t *testing.T, args ...string) *originRun {
 	t.Helper()
+	return startRun(t, args, func(o options, log io.Writer, sigs chan os.Signal) int { return runOrigin(o, log, sigs) })
+}
+
+// startRun runs run with the options of args in the background; the test
+// ends it with stop.
+func startRun(t *testing.T, args []string, run func(options, io.Writer, chan os.Signal) int) *originRun {
+	t.Helper()
 	t.Setenv("POD_IP", "") // the health port on loopback only
 	t.Setenv("STUNNER_ADDR", "")
 	r := &originRun{t: t, sigs: make(chan os.Signal, 2), exit: make(chan int, 1), log: &testenv.LockedBuffer{}}
@@ -37,7 +44,7 @@ func startOrigin(t *testing.T, args ...string) *originRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { r.exit <- runOrigin(o, r.log, r.sigs) }()
+	go func() { r.exit <- run(o, r.log, r.sigs) }()
 	t.Cleanup(func() {
 		signal.Stop(r.sigs)
 		select {

@@ -27,7 +27,9 @@ func fromConfig(o options, r *config.Resolved) (daemon.Config, error) {
 	}
 	cfg.Listeners = r.Listeners
 	cfg.Source = r.Source
-	if !o.set["user-quota"] {
+	// STUNner's 0 is "no quota" and also what an unset admin.user_quota
+	// reads as: the daemon's default then (--user-quota=0 turns it off).
+	if !o.set["user-quota"] && r.UserQuota > 0 {
 		cfg.UserQuota = r.UserQuota
 	}
 	if !o.set["metrics-addr"] {

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/prefix"
+	"github.com/l7mp/stunnerd-xdp/internal/quota"
 )
 
 const usageHead = `stunnerd-xdp: a TURN server (pion/turn) whose UDP ChannelData hot path runs in XDP,
@@ -82,7 +84,8 @@ type options struct {
 	forceReady, verbose, dryRun                          bool
 	shortcut, version, tcEngine                          bool
 	tcIfaces                                             string
-	udpThreadNum, userQuota, totalQuota, maxPermissions  int
+	udpThreadNum, maxPermissions                         int
+	userQuota, totalQuota                                quotaFlag
 	gracePeriod                                          time.Duration
 	conns                                                connlimit.Limits // TCP and TLS listeners' clients
 	maxChannels                                          int
@@ -103,6 +106,32 @@ type options struct {
 }
 
 // prefixList is a repeatable flag of CIDR prefixes or addresses.
+// quotaFlag is a quota: a number (0: no limit) or "auto", the daemon's
+// default (daemon.AutoQuota).
+type quotaFlag int
+
+func (q *quotaFlag) String() string {
+	if *q == daemon.AutoQuota {
+		return "auto"
+	}
+	return strconv.Itoa(int(*q))
+}
+
+func (q *quotaFlag) Set(v string) error {
+	if v == "auto" {
+		*q = daemon.AutoQuota
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return fmt.Errorf("%q: want auto, 0 (no limit) or more", v)
+	}
+	*q = quotaFlag(n)
+	return nil
+}
+
+func (q *quotaFlag) Type() string { return "N|auto" }
+
 type prefixList []netip.Prefix
 
 func (l *prefixList) String() string {
@@ -169,9 +198,13 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.BoolVar(&o.shortcut, "channeldata-shortcut", true, "in userspace, relay ChannelData on pion/turn's channels in the read loop: the write pion/turn\n"+
 		"would make, without its per-datagram handling (7 allocations); false: pion/turn handles every datagram")
 	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
-	fs.IntVar(&o.userQuota, "user-quota", 0, "allocations one user-id may hold at once (the user-id of ephemeral credentials EXPIRY:USERID\n"+
-		"is USERID); over it, Allocate gets 486 Allocation Quota Reached; 0: no quota (default: the config's\nadmin.user_quota; given, it wins)")
-	fs.IntVar(&o.totalQuota, "total-quota", 0, "allocations the daemon holds at once, over all listeners; over it, Allocate gets 486; 0: no quota")
+	o.userQuota, o.totalQuota = daemon.AutoQuota, daemon.AutoQuota
+	fs.Var(&o.userQuota, "user-quota", "allocations one user-id may hold at once (the user-id of ephemeral credentials EXPIRY:USERID\n"+
+		"or USERID:EXPIRY is USERID); over it, Allocate gets 486 Allocation Quota Reached; 0: no quota;\n"+
+		"auto: the config's admin.user_quota when set, else "+strconv.Itoa(quota.DefaultPerUser)+" when the credentials tell users apart\n"+
+		"(ephemeral, or several static users), none for one static username (every client is that user)")
+	fs.Var(&o.totalQuota, "total-quota", "allocations the daemon holds at once, over all listeners; over it, Allocate gets 486; 0: no quota;\n"+
+		"auto: the relay ports in the range, at most one per "+strconv.Itoa(quota.AllocationBytes>>10)+" KiB of half the memory limit (cgroup or machine)")
 	fs.IntVar(&o.maxPermissions, "max-permissions", 0, "peer IPs one allocation may hold permissions for; beyond it CreatePermission and ChannelBind\nto a new peer IP fail (refreshes do not); 0: no limit")
 	fs.IntVar(&o.maxChannels, "max-channels", 64, "channels one allocation may hold; beyond it a ChannelBind for a new channel gets 508\n"+
 		"Insufficient Capacity (refreshes pass); 0: no limit (pion binds up to 16,384)")
@@ -199,7 +232,10 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "loopback `ADDR` (like 127.0.0.1:6060) serving Go's profiles at /debug/pprof/ (empty: off)")
 	fs.StringVar(&o.healthSocket, "health-socket", "", "`PATH` of a unix socket serving /live, /ready and /status for this process only\n(for exec probes: 'stunnerd-xdp probe --health-socket PATH ready'; empty: off)")
 	fs.StringVar(&o.handoverDir, "handover-dir", handover.DefaultDir, "bpffs `DIR` where the daemons of a node share their TURN ports for hitless rolling updates\n(a subdirectory per network namespace; empty: ports are bound exclusively)")
-	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist,\nand it also admits peers the defaults refuse (loopback, link-local, multicast, this node's addresses)")
+	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist.\n"+
+		"The defaults refuse internal networks (RFC 1918, 100.64.0.0/10, 198.18.0.0/15, fc00::/7, the cluster's\n"+
+		"Service CIDRs), loopback, link-local, multicast and this node's addresses; a CIDR inside one of them\n"+
+		"opens that part (10.244.0.0/16 opens it, 0.0.0.0/0 does not)")
 	fs.Var(&o.denyPeers, "deny-peer", "`CIDR` of peers clients may not relay to (repeatable); the most specific prefix wins")
 	fs.Var(&o.noOffloadPeers, "no-offload-peer", "`CIDR` of peers relayed by pion/turn in userspace only, never by XDP (repeatable): ranges the node\n"+
 		"NATs (the XDP path runs before netfilter) or whose firewall rules must apply; the cluster's Service CIDRs\n"+
@@ -229,9 +265,8 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	if o.verbose && !o.set["log"] {
 		o.log = "all:DEBUG"
 	}
-	if o.userQuota < 0 || o.totalQuota < 0 || o.maxPermissions < 0 {
-		return o, fs, fmt.Errorf("%w: --user-quota %d, --total-quota %d, --max-permissions %d: want 0 (no limit) or more",
-			errUsage, o.userQuota, o.totalQuota, o.maxPermissions)
+	if o.maxPermissions < 0 {
+		return o, fs, fmt.Errorf("%w: --max-permissions %d: want 0 (no limit) or more", errUsage, o.maxPermissions)
 	}
 	if o.udpThreadNum < 0 {
 		return o, fs, fmt.Errorf("%w: --udp-thread-num %d: want 0 (one per CPU) or more", errUsage, o.udpThreadNum)
@@ -299,7 +334,7 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
 		return 2
 	}
-	return runURI(o, cfg, stderr)
+	return runURI(o, cfg, stderr, make(chan os.Signal, 2))
 }
 
 // buildConfig turns the flags and the URI into a daemon configuration.
@@ -384,7 +419,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 	cfg.PodAddr, cfg.PprofAddr = podAddr(), o.pprofAddr
 	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
 	cfg.UDPThreadNum, cfg.NoShortcut = o.udpThreadNum, !o.shortcut
-	cfg.UserQuota, cfg.TotalQuota, cfg.MaxPermissions = o.userQuota, o.totalQuota, o.maxPermissions
+	cfg.UserQuota, cfg.TotalQuota, cfg.MaxPermissions = int(o.userQuota), int(o.totalQuota), o.maxPermissions
 	if o.maxChannels < 0 {
 		return cfg, fmt.Errorf("--max-channels %d: want 0 (no limit) or more", o.maxChannels)
 	}

@@ -24,7 +24,9 @@ import (
 )
 
 // runURI serves the one listener of a TURN URI.
-func runURI(o options, cfg daemon.Config, stderr io.Writer) int {
+// runURI serves cfg until a signal on sigs (SIGTERM and SIGINT are
+// delivered there).
+func runURI(o options, cfg daemon.Config, stderr io.Writer, sigs chan os.Signal) int {
 	logger, err := logging.New(o.log, o.logFormat, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "stunnerd-xdp: %v\n", err)
@@ -50,7 +52,6 @@ func runURI(o options, cfg daemon.Config, stderr io.Writer) int {
 		_ = d.Close()
 		return 1
 	}
-	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	return drain(o, d, log, <-sigs, sigs)
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/offload"
+	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
 	"github.com/l7mp/stunnerd-xdp/internal/status"
 	"github.com/l7mp/stunnerd-xdp/internal/turnguard"
@@ -54,7 +55,9 @@ type Config struct {
 
 	// AllowPeers and DenyPeers are the peer access control applied to every
 	// listener (see peerpolicy.Policy); by default loopback, link-local,
-	// multicast and the node's own addresses are refused.
+	// multicast, internal and special-purpose networks (RFC 1918, RFC 6598,
+	// 198.18/15, fc00::/7), the cluster's Service CIDRs and the node's own
+	// addresses are refused.
 	AllowPeers, DenyPeers []netip.Prefix
 	// NoOffloadPeers are relayed in userspace only (see natgate.go); the
 	// cluster's Service CIDRs join them when the Kubernetes API lists them.
@@ -75,7 +78,8 @@ type Config struct {
 	TCPatterns []string
 
 	// UserQuota bounds the allocations of one user-id, TotalQuota the
-	// daemon's (0: no limit); over them, Allocate gets 486.
+	// daemon's (0: no limit; AutoQuota: the defaults, see resolveQuotas);
+	// over them, Allocate gets 486.
 	UserQuota, TotalQuota int
 	// MaxPermissions bounds the peer IPs one allocation holds permissions
 	// for (0: no limit); beyond it, CreatePermission and ChannelBind fail.
@@ -248,10 +252,11 @@ func (c *Config) validate() error {
 			return fmt.Errorf("pprof address %q: want a loopback IP:PORT, like 127.0.0.1:6060 (profiles reveal memory)", c.PprofAddr)
 		}
 	}
-	if c.UserQuota < 0 || c.TotalQuota < 0 || c.MaxPermissions < 0 || c.MaxChannels < 0 {
+	if c.UserQuota < AutoQuota || c.TotalQuota < AutoQuota || c.MaxPermissions < 0 || c.MaxChannels < 0 {
 		return fmt.Errorf("quotas %d per user, %d in total, %d permissions and %d channels per allocation: want 0 (no limit) or more",
 			c.UserQuota, c.TotalQuota, c.MaxPermissions, c.MaxChannels)
 	}
+	c.resolveQuotas()
 	if c.ConnLimits == (connlimit.Limits{}) {
 		c.ConnLimits = connlimit.Defaults()
 	}
@@ -314,6 +319,9 @@ type Daemon struct {
 	mirror      *mirror.Mirror
 	hooks       hookGate // pion's hooks into the mirror and the steering
 	auth        atomic.Pointer[authState]
+	// clusterNets are the cluster networks learned from the Kubernetes API
+	// (Service CIDRs), refused as peers unless allowed (peerpolicy).
+	clusterNets peerpolicy.Learned
 
 	lmu        sync.Mutex // guards listeners and cfg.Listeners
 	listeners  map[string]*listenerServer

@@ -67,7 +67,7 @@ type listenerServer struct {
 func (d *Daemon) policyFor(l config.ResolvedListener) *peerpolicy.Policy {
 	cfg := d.config()
 	allow := append(append([]netip.Prefix(nil), l.AllowPeers...), cfg.AllowPeers...)
-	return peerpolicy.New(allow, cfg.DenyPeers, l.Allowlist, d.strangerLog)
+	return peerpolicy.New(allow, cfg.DenyPeers, l.Allowlist, &d.clusterNets, d.strangerLog)
 }
 
 // startListener opens the listener's socket and starts its pion/turn server.
@@ -76,6 +76,7 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 	cfg := d.config()
 	ls := &listenerServer{l: l}
 	ls.policy.Store(d.policyFor(l))
+	ls.ports.policy, ls.ports.userOK = &ls.policy, d.userKnown
 	d.setPeerPorts(&ls.ports, l.PeerPorts)
 	permit := func(client net.Addr, peer net.IP) bool { return ls.policy.Load().Handler(client, peer) }
 	relays := fallback.NewRelaySockets()
@@ -179,7 +180,11 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 		scs[i].QuotaHandler = d.quotaHandler(qs)
 		scs[i].EventHandler = d.withQuota(qs, scs[i].EventHandler)
 		guards[i].MaxChannels = cfg.MaxChannels
+		// A refused peer gets 403 before pion, which answers its
+		// permission handler's refusal without an error code.
+		guards[i].Peers = permit
 		scs[i].EventHandler = guards[i].Hooks(scs[i].EventHandler)
+		scs[i].EventHandler = withAllocationUsers(&ls.ports, scs[i].EventHandler)
 		// Outermost, so that every hook above sees one allocation per
 		// five-tuple at a time.
 		scs[i].EventHandler = new(replacements).wrap(scs[i].EventHandler)
@@ -294,6 +299,19 @@ func (d *Daemon) closeListeners() {
 			d.log.Warn("closing listener", "listener", name, "error", err)
 		}
 	}
+}
+
+// userKnown says whether user may still relay under the current
+// credentials: a static user the configuration still has. Ephemeral
+// credentials name no users to remove (a new secret leaves live
+// allocations, as in STUNner).
+func (d *Daemon) userKnown(user string) bool {
+	a := d.auth.Load()
+	if a.rest != nil {
+		return true
+	}
+	_, ok := a.keys[user]
+	return ok
 }
 
 // authenticate is the pion/turn AuthHandler over the current credentials.

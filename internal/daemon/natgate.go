@@ -35,11 +35,14 @@ func (f failedChecker) Check(_, _ netip.AddrPort) (natcheck.Result, error) {
 }
 
 // followServiceCIDRs keeps the cluster's Service CIDRs out of the kernel
-// path, beside --no-offload-peer, until the daemon closes.
+// path, beside --no-offload-peer, and refuses them as peers unless an allow
+// prefix inside them admits them (peerpolicy), until the daemon closes.
 func (d *Daemon) followServiceCIDRs(api kube.API, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	stop := servicecidr.Follow(ctx, api, d.config().Logger.Slog("k8s"), func(cidrs []netip.Prefix) {
+		d.clusterNets.Set(cidrs)
+		d.recheckPeers()
 		d.mirror.SetNoOffloadPeers(append(slices.Clone(d.config().NoOffloadPeers), cidrs...))
 	})
 	if !d.track(func() {

@@ -2,13 +2,17 @@ package daemon
 
 import (
 	"errors"
+	"io"
+	"log/slog"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 
 	"github.com/pion/turn/v4"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
 )
 
 func endpoint(t *testing.T, s string) config.Endpoint {
@@ -124,5 +128,44 @@ func TestPortFilterConn(t *testing.T) {
 	}
 	if _, from, err := c.ReadFrom(make([]byte, 10)); err != nil || from != in {
 		t.Errorf("read: %v %v, want the datagram from %v only", from, err, in)
+	}
+}
+
+// The relay socket follows the policy in force: a peer admitted when the
+// socket's verdict was cached is refused once a new policy is stored (both
+// directions), and a removed user's socket stops relaying.
+func TestPortFilterConnRevokes(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var pol atomic.Pointer[peerpolicy.Policy]
+	pol.Store(peerpolicy.New([]netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}, nil, true, nil, quiet))
+	users := map[string]bool{"alice": true}
+	ps := &portState{policy: &pol, userOK: func(u string) bool { return users[u] }}
+	(&Daemon{}).setPeerPorts(ps, nil)
+	peer := &net.UDPAddr{IP: net.IPv4(10, 0, 0, 2), Port: 5000}
+	fc := &fakeConn{}
+	c := &portFilterConn{PacketConn: fc, ps: ps}
+	if _, err := c.WriteTo([]byte("x"), peer); err != nil {
+		t.Fatalf("write to an admitted peer: %v", err)
+	}
+	pol.Store(peerpolicy.New([]netip.Prefix{netip.MustParsePrefix("10.0.1.0/24")}, nil, true, nil, quiet))
+	if _, err := c.WriteTo([]byte("x"), peer); !errors.Is(err, ErrPeerRefused) {
+		t.Fatalf("write after the policy dropped the peer: %v, want ErrPeerRefused", err)
+	}
+	fc.reads = []net.Addr{peer}
+	if _, from, err := c.ReadFrom(make([]byte, 10)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("read: %v from %v, want the refused peer's datagram dropped", err, from)
+	}
+	other := &net.UDPAddr{IP: net.IPv4(10, 0, 1, 9), Port: 5000}
+	alice := "alice"
+	c.user.Store(&alice)
+	if _, err := c.WriteTo([]byte("x"), other); err != nil {
+		t.Fatalf("alice's write to an admitted peer: %v", err)
+	}
+	delete(users, "alice")
+	if _, err := c.WriteTo([]byte("x"), other); !errors.Is(err, ErrUserRemoved) {
+		t.Fatalf("write after alice was removed: %v, want ErrUserRemoved", err)
+	}
+	if len(fc.wrote) != 2 {
+		t.Fatalf("%d datagrams written, want 2", len(fc.wrote))
 	}
 }

@@ -24,6 +24,39 @@ func (d *Daemon) Guards() metrics.Guards {
 		StaleNonces: d.guarded.StaleNonces.Load(), ChannelsRefused: d.guarded.ChannelsRefused.Load()}
 }
 
+// AutoQuota in Config.UserQuota or Config.TotalQuota asks for the default.
+const AutoQuota = -1
+
+// memoryLimit is the process's memory limit (a variable for tests).
+var memoryLimit = quota.MemoryLimit
+
+// resolveQuotas replaces AutoQuota with the defaults:
+//   - the total quota is what the relay port range and the memory limit
+//     allow (quota.DefaultTotal);
+//   - the per-user quota is quota.DefaultPerUser when the credentials tell
+//     users apart: ephemeral credentials (the user-id beside the expiry) or
+//     more than one static user. With one static username every client is
+//     the same user, and a per-user quota would be a second total quota:
+//     none, and the total quota bounds them all.
+func (c *Config) resolveQuotas() {
+	if c.TotalQuota == AutoQuota {
+		mem, err := memoryLimit()
+		if err != nil {
+			mem = 0 // the port range alone
+		}
+		c.TotalQuota = quota.DefaultTotal(int(c.MaxRelayPort)-int(c.MinRelayPort)+1, mem)
+	}
+	if c.UserQuota == AutoQuota {
+		c.UserQuota = 0
+		if c.Secret != "" || len(c.Users) > 1 {
+			c.UserQuota = quota.DefaultPerUser
+			if c.TotalQuota > 0 {
+				c.UserQuota = min(c.UserQuota, c.TotalQuota)
+			}
+		}
+	}
+}
+
 // quotaLimits are the configured quotas.
 func (c *Config) quotaLimits() quota.Limits {
 	return quota.Limits{PerUser: c.UserQuota, Total: c.TotalQuota}

@@ -22,15 +22,8 @@ import (
 // listener on the same port, and three users.
 func startQuota(t *testing.T, userQuota, totalQuota int) (*Daemon, netip.AddrPort) {
 	t.Helper()
-	lf, err := logging.New("all:WARN", "text", &testenv.LockedBuffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Another test (packages run in parallel) may take the port between
-	// freePort and the bind: then try another.
-	for try := 1; ; try++ {
-		listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
-		d, err := Start(Config{
+	return startOnLoopback(t, func(listen netip.AddrPort) Config {
+		return Config{
 			Listeners: []config.ResolvedListener{
 				{Name: "udp", Protocol: config.UDP, Addr: listen},
 				{Name: "tcp", Protocol: config.TCP, Addr: listen},
@@ -41,8 +34,25 @@ func startQuota(t *testing.T, userQuota, totalQuota int) (*Daemon, netip.AddrPor
 			XDPMode:      loader.ModeOff,
 			UDPThreadNum: 4,
 			UserQuota:    userQuota, TotalQuota: totalQuota,
-			Logger: lf,
-		})
+		}
+	})
+}
+
+// startOnLoopback starts the daemon of cfg(listen) on a free loopback port,
+// logging warnings, and closes it when the test ends.
+func startOnLoopback(t *testing.T, cfg func(listen netip.AddrPort) Config) (*Daemon, netip.AddrPort) {
+	t.Helper()
+	lf, err := logging.New("all:WARN", "text", &testenv.LockedBuffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another test (packages run in parallel) may take the port between
+	// freePort and the bind: then try another.
+	for try := 1; ; try++ {
+		listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+		c := cfg(listen)
+		c.Logger = lf
+		d, err := Start(c)
 		if errors.Is(err, syscall.EADDRINUSE) && try < 5 {
 			t.Logf("port %d taken before the daemon bound it: %v", listen.Port(), err)
 			continue

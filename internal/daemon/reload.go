@@ -15,7 +15,12 @@ var ErrNeedsRestart = errors.New("changing them needs a restart")
 
 // Reconfigure applies a new configuration to the running daemon without
 // dropping the sessions the change does not touch:
-//   - credentials change in place (live allocations are not re-checked);
+//   - credentials change in place; the allocations of a static user the new
+//     configuration removes stop relaying at once (their channels leave the
+//     maps, their relay sockets drop datagrams) and end when their clients
+//     fail to refresh them;
+//   - peers the new peer policy (clusters, --allow-peer) or port ranges no
+//     longer admit stop relaying at once, on both paths;
 //   - a listener whose socket is unchanged keeps running; its peer allowlist
 //     and peer port ranges change in place;
 //   - added listeners start, removed ones stop (closing their allocations),
@@ -88,6 +93,9 @@ func (d *Daemon) Reconfigure(next Config) error {
 	}
 	for _, l := range next.Listeners {
 		if ls, ok := d.listeners[l.Name]; ok {
+			// Revokes what the new policy, ranges or users no longer
+			// allow: its channels leave the maps, its relay sockets drop
+			// its datagrams (portState).
 			ls.l = l
 			ls.policy.Store(d.policyFor(l))
 			d.setPeerPorts(&ls.ports, l.PeerPorts)
@@ -112,4 +120,16 @@ func (d *Daemon) Reconfigure(next Config) error {
 	}
 	d.log.Info("configuration reloaded", "listeners", len(next.Listeners))
 	return nil
+}
+
+// recheckPeers re-reads every listener's peer policy (the learned cluster
+// networks changed): peers it refuses now are revoked as a reload revokes
+// them. A fresh policy value makes the relay sockets' cached verdicts miss.
+func (d *Daemon) recheckPeers() {
+	d.lmu.Lock()
+	defer d.lmu.Unlock()
+	for _, ls := range d.listeners {
+		ls.policy.Store(d.policyFor(ls.l))
+		d.setPeerPorts(&ls.ports, ls.l.PeerPorts)
+	}
 }

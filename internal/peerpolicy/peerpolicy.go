@@ -4,7 +4,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,14 +18,19 @@ import (
 //  1. the most specific --deny-peer or allow prefix that contains the peer
 //     decides; on a tie, deny;
 //  2. peers on loopback, link-local (169.254.0.0/16, fe80::/10: cloud metadata
-//     lives there), multicast, unspecified or broadcast addresses, and the
-//     node's own addresses are refused unless an allow prefix INSIDE that range
-//     admits them (--allow-peer 169.254.169.254/32 does, 0.0.0.0/0 does not);
+//     lives there), multicast, unspecified or broadcast addresses, in internal
+//     and special-purpose networks (RFC 1918, 100.64.0.0/10, 198.18.0.0/15,
+//     fc00::/7), in the cluster's networks (Learned: its Service CIDRs) and
+//     the node's own addresses are refused unless an allow prefix INSIDE that
+//     range admits them (--allow-peer 10.0.0.0/8 or a cluster endpoint
+//     10.244.1.7/32 does, 0.0.0.0/0 does not): a TURN server is a gateway
+//     from the internet into the node's networks (RFC 8656 section 21);
 //  3. with an allowlist (STUNner clusters, or --allow-peer), a peer no allow
 //     prefix contains is refused; without one it is allowed.
 type Policy struct {
 	allow, deny []netip.Prefix
 	allowlist   bool
+	learned     *Learned
 	log         *slog.Logger
 	// ownAddrs lists the node's addresses; refreshed at most every ownTTL.
 	ownAddrs func() ([]netip.Addr, error)
@@ -39,8 +46,32 @@ const ownTTL = 5 * time.Second
 // the allow prefixes the only peers admitted (it is implied by a non-empty
 // allow); with allowlist and no allow prefixes every peer is refused, as
 // STUNner refuses peers on a listener without routes.
-func New(allow, deny []netip.Prefix, allowlist bool, log *slog.Logger) *Policy {
-	return &Policy{allow: allow, deny: deny, allowlist: allowlist || len(allow) > 0, log: log, ownAddrs: interfaceAddrs}
+// learned (may be nil) holds the cluster networks the daemon learns while it
+// runs; they are refused like the fixed ranges.
+func New(allow, deny []netip.Prefix, allowlist bool, learned *Learned, log *slog.Logger) *Policy {
+	return &Policy{allow: allow, deny: deny, allowlist: allowlist || len(allow) > 0, learned: learned, log: log, ownAddrs: interfaceAddrs}
+}
+
+// Learned is a set of cluster networks learned at run time (the Service
+// CIDRs the Kubernetes API lists), shared by every listener's policy.
+type Learned struct {
+	p atomic.Pointer[[]netip.Prefix]
+}
+
+// Set replaces the learned networks.
+func (l *Learned) Set(ps []netip.Prefix) {
+	c := slices.Clone(ps)
+	l.p.Store(&c)
+}
+
+func (l *Learned) get() []netip.Prefix {
+	if l == nil {
+		return nil
+	}
+	if p := l.p.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // refusedRanges are refused by default; see Policy.
@@ -57,6 +88,14 @@ var refusedRanges = []struct {
 	{netip.MustParsePrefix("0.0.0.0/8"), "unspecified"},
 	{netip.MustParsePrefix("::/128"), "unspecified"},
 	{netip.MustParsePrefix("255.255.255.255/32"), "broadcast"},
+	// Internal and special-purpose networks: the node's, the cluster's and
+	// the provider's networks live here (IANA special-purpose registries).
+	{netip.MustParsePrefix("10.0.0.0/8"), "private network (RFC 1918)"},
+	{netip.MustParsePrefix("172.16.0.0/12"), "private network (RFC 1918)"},
+	{netip.MustParsePrefix("192.168.0.0/16"), "private network (RFC 1918)"},
+	{netip.MustParsePrefix("100.64.0.0/10"), "shared address space (RFC 6598)"},
+	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking network (RFC 2544)"},
+	{netip.MustParsePrefix("fc00::/7"), "unique local network (RFC 4193)"},
 }
 
 func interfaceAddrs() ([]netip.Addr, error) {
@@ -77,6 +116,21 @@ func interfaceAddrs() ([]netip.Addr, error) {
 
 // Allowed reports whether a permission to peer may be granted, and why not.
 func (p *Policy) Allowed(peer netip.Addr) (bool, string) {
+	return p.allowed(peer, true)
+}
+
+// Relayable reports whether datagrams to and from peer may still be relayed
+// on a permission granted earlier: Allowed without the node's own addresses,
+// which were refused when the permission was asked for and which a reload
+// does not change. It runs per datagram, on the relay sockets, after a
+// reload or a learned network changed the policy (the daemon's revocation):
+// no lock, no logging.
+func (p *Policy) Relayable(peer netip.Addr) bool {
+	ok, _ := p.allowed(peer, false)
+	return ok
+}
+
+func (p *Policy) allowed(peer netip.Addr, own bool) (bool, string) {
 	peer = peer.Unmap()
 	if !peer.IsValid() {
 		return false, "invalid address"
@@ -100,7 +154,12 @@ func (p *Policy) Allowed(peer netip.Addr) (bool, string) {
 			return false, r.why
 		}
 	}
-	if p.isOwn(peer) && !p.admitsInside(peer, netip.PrefixFrom(peer, peer.BitLen())) {
+	for _, r := range p.learned.get() {
+		if r.Contains(peer) && !p.admitsInside(peer, r) {
+			return false, "a cluster network (learned)"
+		}
+	}
+	if own && p.isOwn(peer) && !p.admitsInside(peer, netip.PrefixFrom(peer, peer.BitLen())) {
 		return false, "an address of this node"
 	}
 	if !allowed && p.allowlist {

@@ -13,6 +13,10 @@
 //     new channel beyond them gets 508 (Insufficient Capacity, RFC 8656
 //     section 12.2); refreshes of its channels pass. pion has no hook that
 //     sees a channel before it binds it, and one allocation bound 4,000.
+//   - A CreatePermission or ChannelBind for a peer the policy refuses
+//     (Peers) gets 403 (Forbidden, RFC 8656 sections 9.1 and 11.2): pion
+//     answers its permission handler's refusal with an error response that
+//     carries no error code, which clients cannot tell from a failure.
 //
 // A Guard serves one pion/turn server (one socket's or one TCP listener's
 // allocations): the server's EventHandler tells it who allocated from where
@@ -48,6 +52,9 @@ type Guard struct {
 	NonceLifetime time.Duration
 	// MaxChannels bounds the channels of one allocation (0: no limit).
 	MaxChannels int
+	// Peers, when set, is the peer policy (pion's PermissionHandler): a
+	// CreatePermission or ChannelBind naming a peer it refuses gets 403.
+	Peers func(client net.Addr, peer net.IP) bool
 
 	mu     sync.RWMutex
 	allocs map[netip.AddrPort]*alloc // by the allocation's client address
@@ -57,9 +64,9 @@ type Guard struct {
 
 // Counts are what Guards refused; one Counts may serve many Guards.
 type Counts struct {
-	// WrongCredentials got 441, ChannelsRefused 508; StaleNonces were
-	// handed to pion unreadable (438).
-	WrongCredentials, StaleNonces, ChannelsRefused atomic.Uint64
+	// WrongCredentials got 441, ChannelsRefused 508, PeersRefused 403;
+	// StaleNonces were handed to pion unreadable (438).
+	WrongCredentials, StaleNonces, ChannelsRefused, PeersRefused atomic.Uint64
 }
 
 // alloc is what the Guard knows of one allocation.
@@ -160,6 +167,7 @@ const (
 	attrUsername = 0x0006
 	attrNonce    = 0x0015
 	attrChannel  = 0x000c
+	attrXORPeer  = 0x0012
 )
 
 // Check looks at one datagram or frame b from src before pion does. It may
@@ -176,6 +184,7 @@ func (g *Guard) Check(src net.Addr, b []byte) (reply []byte) {
 		return nil
 	}
 	var username, nonce, channel []byte
+	var peers [][]byte
 	end := min(len(b), headerSize+int(binary.BigEndian.Uint16(b[2:])))
 	for off := headerSize; off+4 <= end; {
 		t, l := binary.BigEndian.Uint16(b[off:]), int(binary.BigEndian.Uint16(b[off+2:]))
@@ -190,6 +199,8 @@ func (g *Guard) Check(src net.Addr, b []byte) (reply []byte) {
 			nonce = b[v : v+l]
 		case attrChannel:
 			channel = b[v : v+l]
+		case attrXORPeer:
+			peers = append(peers, b[v:v+l])
 		}
 		off = v + (l+3)&^3
 	}
@@ -224,14 +235,57 @@ func (g *Guard) Check(src net.Addr, b []byte) (reply []byte) {
 		return nil
 	case owner != string(username):
 		return g.refuse(src, b, method, stun.CodeWrongCredentials, "Wrong Credentials", &g.counts.WrongCredentials)
+	case method != stun.MethodRefresh && g.refusedPeer(src, b, peers):
+		return g.refuse(src, b, method, stun.CodeForbidden, "Forbidden", &g.counts.PeersRefused)
 	case full:
 		return g.refuse(src, b, method, stun.CodeInsufficientCapacity, "Channel limit of the allocation", &g.counts.ChannelsRefused)
 	}
 	return nil
 }
 
+// refusedPeer reports whether the policy refuses one of the XOR-PEER-ADDRESS
+// values of request b. One that does not decode is left to pion (400).
+func (g *Guard) refusedPeer(src net.Addr, b []byte, peers [][]byte) bool {
+	if g.Peers == nil {
+		return false
+	}
+	for _, v := range peers {
+		ip, ok := xorPeerIP(b, v)
+		if ok && !g.Peers(src, ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// xorPeerIP decodes an XOR-PEER-ADDRESS value v of message b (RFC 8489
+// section 14.2: the address XORed with the magic cookie, and for IPv6 with
+// the transaction ID after it).
+func xorPeerIP(b, v []byte) (net.IP, bool) {
+	if len(v) < 4 {
+		return nil, false
+	}
+	var n int
+	switch v[1] {
+	case 0x01:
+		n = net.IPv4len
+	case 0x02:
+		n = net.IPv6len
+	default:
+		return nil, false
+	}
+	if len(v) < 4+n {
+		return nil, false
+	}
+	ip := make(net.IP, n)
+	for i := range ip {
+		ip[i] = v[4+i] ^ b[4+i] // b[4:20]: the cookie, then the transaction ID
+	}
+	return ip, true
+}
+
 // refuse answers code to an authenticated request (441: valid credentials,
-// but not its allocation's; 508: over the channel limit), counting it in n;
+// but not its allocation's; 403: a refused peer; 508: over the channel limit), counting it in n;
 // a request that does not authenticate goes to pion, which answers it as it
 // would (400, 401, 438) without touching the allocation.
 func (g *Guard) refuse(src net.Addr, b []byte, method stun.Method, code stun.ErrorCode, reason string, n *atomic.Uint64) []byte {

@@ -191,3 +191,74 @@ func xorPeer(t *testing.T, a stun.XORMappedAddress) []byte {
 	}
 	return v
 }
+
+// peerAttr is an XOR-PEER-ADDRESS setter: added after the transaction ID, it
+// is XORed with it as an IPv6 peer must be.
+type peerAttr stun.XORMappedAddress
+
+func (p peerAttr) AddTo(m *stun.Message) error {
+	return stun.XORMappedAddress(p).AddToAs(m, stun.AttrXORPeerAddress)
+}
+
+// A CreatePermission or ChannelBind naming a peer the policy refuses gets
+// 403 with integrity, for IPv4 and IPv6 peers and when any one of several
+// peers is refused; pion alone answers an error without a code. An admitted
+// peer passes.
+func TestRefusedPeerGets403(t *testing.T) {
+	refused := []net.IPNet{
+		{IP: net.IPv4(10, 0, 0, 0), Mask: net.CIDRMask(8, 32)},
+		{IP: net.ParseIP("fc00::"), Mask: net.CIDRMask(7, 128)},
+	}
+	g, addr := server(t, func(g *Guard) {
+		g.Peers = func(_ net.Addr, peer net.IP) bool {
+			for _, n := range refused {
+				if n.Contains(peer) {
+					return false
+				}
+			}
+			return true
+		}
+	})
+	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var nonce stun.Nonce
+	if res := exchange(t, c, addr, stun.NewType(stun.MethodAllocate, stun.ClassRequest)); nonce.GetFrom(res) != nil {
+		t.Fatalf("first Allocate: %v", res)
+	}
+	auth := []stun.Setter{stun.NewUsername("alice"), stun.NewRealm(realm), nonce, stun.NewLongTermIntegrity("alice", realm, "a"), stun.Fingerprint}
+	if res := exchange(t, c, addr, append([]stun.Setter{stun.NewType(stun.MethodAllocate, stun.ClassRequest),
+		stun.RawAttribute{Type: stun.AttrRequestedTransport, Value: []byte{17, 0, 0, 0}}}, auth...)...); res.Type.Class != stun.ClassSuccessResponse {
+		t.Fatalf("Allocate: %v", res)
+	}
+	permit := func(peers ...string) *stun.Message {
+		s := []stun.Setter{stun.NewType(stun.MethodCreatePermission, stun.ClassRequest)}
+		for _, p := range peers {
+			s = append(s, peerAttr{IP: net.ParseIP(p), Port: 5000})
+		}
+		return exchange(t, c, addr, append(s, auth...)...)
+	}
+	for _, peers := range [][]string{{"10.1.2.3"}, {"fd00::7"}, {"192.0.2.1", "10.9.9.9"}} {
+		res := permit(peers...)
+		if code(res) != stun.CodeForbidden {
+			t.Fatalf("CreatePermission %v: %v, want 403", peers, res)
+		}
+		if err := stun.NewLongTermIntegrity("alice", realm, "a").Check(res); err != nil {
+			t.Errorf("the 403 carries no integrity: %v", err)
+		}
+	}
+	if res := permit("192.0.2.1"); res.Type.Class != stun.ClassSuccessResponse {
+		t.Fatalf("CreatePermission to an admitted peer: %v", res)
+	}
+	bind := exchange(t, c, addr, append([]stun.Setter{stun.NewType(stun.MethodChannelBind, stun.ClassRequest),
+		stun.RawAttribute{Type: stun.AttrChannelNumber, Value: []byte{0x40, 0, 0, 0}},
+		peerAttr{IP: net.IPv4(10, 1, 2, 3), Port: 5000}}, auth...)...)
+	if code(bind) != stun.CodeForbidden {
+		t.Fatalf("ChannelBind to a refused peer: %v, want 403", bind)
+	}
+	if n := g.Counts().PeersRefused.Load(); n != 4 {
+		t.Fatalf("%d requests refused for their peer, want 4", n)
+	}
+}

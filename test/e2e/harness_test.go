@@ -157,7 +157,10 @@ func startDaemon(t *testing.T, mode loader.Mode, ifaces []string, tweak func(*da
 		XDPMode:      mode,
 		Interfaces:   ifaces,
 		MaxBindings:  4096,
-		Logger:       logger,
+		// The rig's peer is in a private network the defaults refuse:
+		// opened as an operator would, for it alone.
+		AllowPeers: []netip.Prefix{netip.MustParsePrefix(peerAddr + "/32")},
+		Logger:     logger,
 	}
 	if tweak != nil {
 		tweak(&cfg)

@@ -114,7 +114,9 @@ func startBinaryUntil(t *testing.T, r *netns.Rig, up func() error, args ...strin
 
 // binaryArgs are the test defaults, args (later flags win) and the TURN URI.
 func binaryArgs(args ...string) []string {
-	args = append([]string{"--xdp-mode=native", "--log-format=json", "--relay-address=10.200.0.1",
+	// The rig's peer is in a private network the defaults refuse: opened
+	// as an operator would, for it alone.
+	args = append([]string{"--xdp-mode=native", "--log-format=json", "--relay-address=10.200.0.1", "--allow-peer=" + peerAddr + "/32",
 		"--metrics-addr=", "--health-addr=10.100.0.1:8086"}, args...)
 	return append(args, fmt.Sprintf("turn://%s:%s@%s", user, password, listenAddr))
 }
