@@ -21,11 +21,14 @@ import (
 // mid-session, as a flush or an expiry would), the kernel would map pion's
 // next packet afresh, most likely to another port: the binding leaves the
 // kernel path, pion's next packet makes the new mapping, and the binding
-// comes back from it. Twin run with --xdp-mode=off: nothing lost in either,
-// and in the default mode the flow ends up in the kernel again, from the new
-// mapping (a kernel path still relaying from the old one would bypass
-// netfilter, and no entry would exist for the flow at all).
+// comes back from it. Twin run with --xdp-mode=off: nothing lost in either
+// but what was in flight to the old mapping, and in the default mode the
+// flow ends up in the kernel again, from the new mapping (a kernel path
+// still relaying from the old one would bypass netfilter, and no entry would
+// exist for the flow at all).
 func TestMasqueradeEntryDeleted(t *testing.T) {
+	const maxInFlightAtDeletion = 3 // echoes at 250/s within the deletion's moment
+
 	if testenv.InNetns() {
 		t.Skip("parent-only test")
 	}
@@ -73,8 +76,14 @@ func TestMasqueradeEntryDeleted(t *testing.T) {
 			if err := <-deleted; err != nil {
 				t.Fatalf("conntrack -D: %v", err)
 			}
-			if lost := s.sent.Load() - s.received.Load(); lost != 0 || s.foreign.Load() != 0 {
-				t.Errorf("across the deletion: %d of %d echoes lost, %d foreign", lost, s.sent.Load(), s.foreign.Load())
+			// An echo on its way to the old mapping when the entry goes
+			// meets no entry and no socket: the stack itself loses it
+			// (seen: 1 of 1000 with --xdp-mode=off; the kernel path keeps
+			// taking the old mapping until its next check, so it loses
+			// none). More than the few in flight is a loss of ours.
+			if lost := s.sent.Load() - s.received.Load(); lost > maxInFlightAtDeletion || s.foreign.Load() != 0 {
+				t.Errorf("across the deletion: %d of %d echoes lost (%d may be in flight), %d foreign", lost, s.sent.Load(),
+					maxInFlightAtDeletion, s.foreign.Load())
 			}
 			after, ok := masqMapping(t, r.Node, relayAddr, peerAddr)
 			if !ok {
