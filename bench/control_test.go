@@ -22,7 +22,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 // maxBindings sizes the maps of the control and scaling stages: the daemon's default.

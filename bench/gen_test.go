@@ -21,8 +21,8 @@ import (
 	"github.com/pion/turn/v4"
 	"golang.org/x/sys/unix"
 
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 // ---- the load generator ----

@@ -19,8 +19,8 @@ import (
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 var liveCostNames = []string{liveC2P4, liveP2C4, liveC2P6, liveP2C6, liveC2P4Full, liveP2C4Full, liveC2P4NoFlow, liveP2C4NoFlow,

@@ -18,8 +18,8 @@ import (
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
 	"github.com/l7mp/stunnerd-xdp/internal/xdpfeatures"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 // XDP verdicts.

@@ -25,7 +25,7 @@
 
 /* A rate-limited allocation may run ahead of its rate by this much time's worth
  * of packets and bytes (its burst): 50 ms absorbs a video frame's packets
- * without letting a flood through. Userspace applies the same (internal/fallback). */
+ * without letting a flood through. Userspace applies the same (internal/userspace). */
 #define RATE_LIMIT_BURST_NS 50000000ULL
 #define NS_PER_SEC 1000000000ULL
 

@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
-	"github.com/l7mp/stunnerd-xdp/internal/model"
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/test/model"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 // native is the dev_caps of a device where the program runs in the driver and

@@ -21,8 +21,8 @@ import (
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
-	"github.com/l7mp/stunnerd-xdp/internal/model"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/model"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // The environment every privileged test in this package shares: the golden

@@ -6,7 +6,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestFibGenComesBackAbove: after the caches were off, the generation comes

@@ -8,7 +8,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 // TestFlowCache: a relayed flow is cached per CPU and later packets take the

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/model"
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/test/model"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 // Differential fuzzing of the XDP program against the reference model. Both
@@ -370,7 +370,7 @@ func ingressIndex(name string) uint8 {
 // pionChannelData returns pion/turn's ChannelData fuzz corpus and its captured
 // ChannelData message from the module cache (internal/proto/testdata of the
 // version go.mod requires), or nothing when the cache does not have them: the
-// golden and hostile rows, built with internal/packet's encoder, seed the
+// golden and hostile rows, built with test/packet's encoder, seed the
 // targets anyway. pion's encoder itself is internal to its module.
 func pionChannelData(t testing.TB) [][]byte {
 	t.Helper()

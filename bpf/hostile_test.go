@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
-	"github.com/l7mp/stunnerd-xdp/internal/model"
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/test/model"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 // TestHostileInput: frames an attacker or a broken stack can send, each with the

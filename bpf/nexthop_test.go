@@ -9,8 +9,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
-	"github.com/l7mp/stunnerd-xdp/internal/model"
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/test/model"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 // TestNextHopCache: a binding's next hops are cached per direction, and every

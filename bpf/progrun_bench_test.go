@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 // progRunAttr is the BPF_PROG_TEST_RUN part of union bpf_attr: cilium/ebpf's

@@ -3,7 +3,7 @@
  * program that charges an allocation's bucket, the relay engines (relay.c,
  * relay_tc.c) per packet they would relay and the charge program (charge.c)
  * per datagram pion/turn relays in userspace, so that an allocation has one
- * budget whichever path carries its traffic. internal/model overLimit is the
+ * budget whichever path carries its traffic. test/model overLimit is the
  * spec. Include after maps.h. */
 #ifndef STUNNERD_XDP_RATE_H
 #define STUNNERD_XDP_RATE_H

@@ -6,8 +6,8 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/model"
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/test/model"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 const xdpDrop = uint32(model.Drop)

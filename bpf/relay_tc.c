@@ -10,7 +10,7 @@
  *   - on pods' host-side veths and tunnel devices, where nothing else runs, it
  *     sees peer->client from a pod on this node (and decapsulated traffic).
  *
- * Same bindings, same maps, same rules as the XDP program (internal/model
+ * Same bindings, same maps, same rules as the XDP program (test/model
  * ProcessTC is the spec), with the skb path's differences:
  *
  *   - any egress: bpf_redirect reaches every device (the skb goes through

@@ -8,8 +8,8 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/model"
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/test/model"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
@@ -192,7 +192,7 @@ type golden struct {
 
 // TestGoldenPackets: every way a bound packet leaves, and every way the next
 // hop can fail, through BPF_PROG_RUN. Each row's expected output is built by
-// internal/packet, independently of the program and the model, and the model
+// test/packet, independently of the program and the model, and the model
 // must agree with the program on every row too.
 func TestGoldenPackets(t *testing.T) {
 	e := newEnv(t)
@@ -386,7 +386,7 @@ func nodePortCases(e *env) []golden {
 }
 
 // contractCases: what pion/turn and the node's kernel would do, in the
-// deployments issue 9 names. Each row's output is built by internal/packet.
+// deployments issue 9 names. Each row's output is built by test/packet.
 func contractCases(e *env) []golden {
 	a0, b0 := e.ifaces["a0"], e.ifaces["b0"]
 	var cases []golden

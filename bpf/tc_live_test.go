@@ -24,7 +24,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestTCLivePodPeer: real traffic through a node shaped like a Kubernetes

@@ -13,7 +13,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/byteorder"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestTotalsLiveAndRemoved: Totals sums the live bindings' counters (read one

@@ -23,7 +23,6 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
 	"github.com/l7mp/stunnerd-xdp/internal/ctrefresh"
-	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
@@ -35,6 +34,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
 	"github.com/l7mp/stunnerd-xdp/internal/status"
 	"github.com/l7mp/stunnerd-xdp/internal/turnguard"
+	"github.com/l7mp/stunnerd-xdp/internal/userspace"
 )
 
 // Config is everything the daemon runs on.
@@ -129,7 +129,7 @@ type Config struct {
 	UDPThreadNum int
 	// NoShortcut leaves every ChannelData datagram that reaches userspace to
 	// pion/turn's own handler; by default the read loop relays those on
-	// pion's channels itself (fallback.Channels: the same write, without
+	// pion's channels itself (userspace.Channels: the same write, without
 	// pion's per-datagram logging work).
 	NoShortcut bool
 
@@ -329,8 +329,8 @@ type Daemon struct {
 	dests      *destinationSync
 	ctRefresh  *ctrefresh.Refresher
 	steer      *handover.Steering
-	counters   *fallback.Counters
-	rateLimit  *fallback.RateLimiter
+	counters   *userspace.Counters
+	rateLimit  *userspace.RateLimiter
 	traffic    *metrics.Traffic
 	registry   *prometheus.Registry
 	closers    []func() // the HTTP endpoints
@@ -364,13 +364,13 @@ func Start(cfg Config) (*Daemon, error) {
 		strangerLog: cfg.Logger.Limited("auth"),
 		quota:       quota.New(cfg.quotaLimits()),
 		perms:       quota.NewPermissions(cfg.MaxPermissions),
-		counters:    &fallback.Counters{},
+		counters:    &userspace.Counters{},
 		traffic:     metrics.NewTraffic(),
 		stop:        make(chan struct{}),
 		linkEvents:  make(chan struct{}, 1),
 		drained:     make(chan struct{}),
 	}
-	d.rateLimit = fallback.NewRateLimiter(cfg.RateLimit, d.counters)
+	d.rateLimit = userspace.NewRateLimiter(cfg.RateLimit, d.counters)
 	d.conns, _ = connlimit.New(cfg.ConnLimits) // validate checked them
 	d.cfg.Store(&cfg)
 	d.traffic.SetListeners(cfg.trafficListeners())
@@ -524,7 +524,7 @@ func (d *Daemon) Mirror() *mirror.Mirror { return d.mirror }
 func (d *Daemon) Registry() *prometheus.Registry { return d.registry }
 
 // UserspaceCounters returns what pion/turn relayed.
-func (d *Daemon) UserspaceCounters() *fallback.Counters { return d.counters }
+func (d *Daemon) UserspaceCounters() *userspace.Counters { return d.counters }
 
 // RateLimitDropped is how many datagrams pion's relay sockets dropped over the
 // rate limit (the program counts its own as the rate_limited verdict).

@@ -22,8 +22,8 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/destinations"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // envVIPRig names the client and peer namespaces for a test's child in the

@@ -14,13 +14,13 @@ import (
 	"github.com/pion/turn/v4"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
-	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
 	"github.com/l7mp/stunnerd-xdp/internal/turnguard"
 	"github.com/l7mp/stunnerd-xdp/internal/udpio"
+	"github.com/l7mp/stunnerd-xdp/internal/userspace"
 )
 
 // authState is the authentication in force; swapped atomically on reload so
@@ -79,8 +79,8 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 	ls.ports.policy, ls.ports.userOK = &ls.policy, d.userKnown
 	d.setPeerPorts(&ls.ports, l.PeerPorts)
 	permit := func(client net.Addr, peer net.IP) bool { return ls.policy.Load().Handler(client, peer) }
-	relays := fallback.NewRelaySockets()
-	relay := d.traffic.RelayAddressGenerator(l.Name, &fallback.RelayAddressGenerator{
+	relays := userspace.NewRelaySockets()
+	relay := d.traffic.RelayAddressGenerator(l.Name, &userspace.RelayAddressGenerator{
 		RelayAddressGeneratorPortRange: turn.RelayAddressGeneratorPortRange{
 			RelayAddress: net.IP(cfg.RelayAddress.AsSlice()),
 			Address:      cfg.RelayAddress.String(),
@@ -136,10 +136,10 @@ func (d *Daemon) startListener(l config.ResolvedListener) error {
 			scs[i].EventHandler = d.hooks.wrap(d.withDestinations(ls, d.withFlows(ls, i, base)))
 			// The table also carries the IP header fields across pion
 			// (TTL, TOS), with the shortcut or without.
-			chans := fallback.NewChannels(relays, d.counters)
+			chans := userspace.NewChannels(relays, d.counters)
 			scs[i].EventHandler = chans.EventHandler(scs[i].EventHandler)
 			scs[i].PacketConnConfigs = []turn.PacketConnConfig{{
-				PacketConn: guards[i].PacketConn(&fallback.ListenerConn{PacketConn: d.traffic.ListenerConn(l.Name, chans.ListenerSocket(conn)),
+				PacketConn: guards[i].PacketConn(&userspace.ListenerConn{PacketConn: d.traffic.ListenerConn(l.Name, chans.ListenerSocket(conn)),
 					Counters: d.counters, Channels: chans, NoShortcut: cfg.NoShortcut}),
 				PermissionHandler:     permit,
 				RelayAddressGenerator: gen,

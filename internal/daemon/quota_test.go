@@ -15,7 +15,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // startQuota runs a daemon with a UDP listener of four read loops and a TCP

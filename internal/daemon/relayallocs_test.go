@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 // relayRig is a daemon in userspace (one read loop) with a client bound to

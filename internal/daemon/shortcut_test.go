@@ -12,12 +12,12 @@ import (
 	"github.com/pion/stun/v3"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
-	"github.com/l7mp/stunnerd-xdp/internal/packet"
+	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
 
 // TestShortcutTwin plays one client's script of ChannelData against the
 // daemon in userspace, once with pion/turn handling every datagram and once
-// with the shortcut (fallback.Channels): the peer must get the same data
+// with the shortcut (userspace.Channels): the peer must get the same data
 // from the same relay address at each step, and the counters must agree.
 // With the shortcut, pion's handler must not see the relayed datagrams.
 func TestShortcutTwin(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // waitUntil polls cond for up to d.

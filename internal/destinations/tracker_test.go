@@ -20,8 +20,8 @@ import (
 
 	vnetns "github.com/vishvananda/netns"
 
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // recorder is a sink that keeps what it was given.

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestObject: a relay object file is loaded instead of the embedded one, also

@@ -12,7 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestTCAttachMatching: the TC engine attaches (tcx ingress) to the

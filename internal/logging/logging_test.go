@@ -13,7 +13,7 @@ import (
 
 	pionlog "github.com/pion/logging"
 
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 func TestParseSpec(t *testing.T) {

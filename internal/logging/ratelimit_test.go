@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // fakeClock is a manually advanced clock, safe for concurrent reads.

@@ -8,12 +8,12 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
-	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
+	"github.com/l7mp/stunnerd-xdp/internal/userspace"
 )
 
 // Source is what the collector reads from the daemon, at scrape time.
@@ -30,7 +30,7 @@ type Source interface {
 	// Interfaces are the interfaces the daemon manages.
 	Interfaces() []string
 	// UserspaceCounters are what pion/turn relayed.
-	UserspaceCounters() *fallback.Counters
+	UserspaceCounters() *userspace.Counters
 	// MirrorStats are the mirror's counters and the channel bindings pion holds.
 	MirrorStats() (st mirror.Stats, channels int)
 	// UserspaceBindings are pion's bindings that stay in userspace, by reason.

@@ -11,34 +11,34 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/fallback"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
+	"github.com/l7mp/stunnerd-xdp/internal/userspace"
 )
 
 // mirrorSource is a daemon that never loaded XDP: a real mirror, pion's
 // counters and the listener accounting, no maps.
 type mirrorSource struct {
 	m        *mirror.Mirror
-	counters fallback.Counters
+	counters userspace.Counters
 	traffic  *Traffic
 }
 
-func (s *mirrorSource) AllocationCount() int                  { return 0 }
-func (s *mirrorSource) Maps() *channelmap.Maps                { return nil }
-func (s *mirrorSource) TCVerdicts() ([]uint64, error)         { return nil, nil }
-func (s *mirrorSource) Attached() map[string]loader.Mode      { return nil }
-func (s *mirrorSource) Interfaces() []string                  { return []string{"eth0"} }
-func (s *mirrorSource) UserspaceCounters() *fallback.Counters { return &s.counters }
-func (s *mirrorSource) UserspaceBindings() map[string]int     { return s.m.UserspaceBindings() }
-func (s *mirrorSource) NodeLabel() nodelabel.State            { return nodelabel.Absent }
-func (s *mirrorSource) Steering() (*handover.Stats, error)    { return nil, nil }
-func (s *mirrorSource) Traffic() *Traffic                     { return s.traffic }
-func (s *mirrorSource) Quota() quota.Stats                    { return quota.Stats{} }
-func (s *mirrorSource) Guards() Guards                        { return Guards{} }
+func (s *mirrorSource) AllocationCount() int                   { return 0 }
+func (s *mirrorSource) Maps() *channelmap.Maps                 { return nil }
+func (s *mirrorSource) TCVerdicts() ([]uint64, error)          { return nil, nil }
+func (s *mirrorSource) Attached() map[string]loader.Mode       { return nil }
+func (s *mirrorSource) Interfaces() []string                   { return []string{"eth0"} }
+func (s *mirrorSource) UserspaceCounters() *userspace.Counters { return &s.counters }
+func (s *mirrorSource) UserspaceBindings() map[string]int      { return s.m.UserspaceBindings() }
+func (s *mirrorSource) NodeLabel() nodelabel.State             { return nodelabel.Absent }
+func (s *mirrorSource) Steering() (*handover.Stats, error)     { return nil, nil }
+func (s *mirrorSource) Traffic() *Traffic                      { return s.traffic }
+func (s *mirrorSource) Quota() quota.Stats                     { return quota.Stats{} }
+func (s *mirrorSource) Guards() Guards                         { return Guards{} }
 func (s *mirrorSource) MirrorStats() (mirror.Stats, int) {
 	_, chans := s.m.Counts()
 	return s.m.Stats(), chans

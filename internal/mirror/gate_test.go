@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/l7mp/stunnerd-xdp/internal/natcheck"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // fakeChecker answers from a table by peer; peers not in it are Unknown. The

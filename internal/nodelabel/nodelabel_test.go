@@ -23,7 +23,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/kube"
 	"github.com/l7mp/stunnerd-xdp/internal/kube/kubetest"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // waitTimeout bounds every wait; the fake clientset delivers events in

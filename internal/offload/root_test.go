@@ -11,7 +11,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestAttachRetryKeepsBindings: while one interface cannot take the program,

@@ -22,7 +22,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/kube/kubetest"
 	"github.com/l7mp/stunnerd-xdp/internal/servicecidr"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 func serviceCIDR(name string, cidrs ...string) *networkingv1.ServiceCIDR {

@@ -10,8 +10,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/internal/xdpfeatures"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestVethFollowsItsPeer: a veth transmits redirected XDP frames (NDOXmit)

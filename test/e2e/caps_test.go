@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestCapabilities runs the binary as a container with drop [ALL] and a short

@@ -10,7 +10,7 @@ import (
 
 	"github.com/pion/turn/v4"
 
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // stunnerConfig is a STUNner dataplane config as the STUNner operator renders

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // memoryCgroup is a memory cgroup of the test's own with limit bytes: under

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	dstatus "github.com/l7mp/stunnerd-xdp/internal/status"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // socketStatus reads /status from a daemon's --health-socket: the answer of

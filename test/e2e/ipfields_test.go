@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // ipFields are the IP header fields a datagram arrived with: TTL and the TOS

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // The next-hop cache's twin tests (issue 23): a cached next hop follows what

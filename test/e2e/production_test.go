@@ -18,8 +18,8 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	dstatus "github.com/l7mp/stunnerd-xdp/internal/status"
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestLiveSwitch flips the relay between XDP native, userspace and XDP generic

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // The programs the tests run, for Binary.

@@ -33,6 +33,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // NamePrefix starts the name of every namespace this package creates.
@@ -50,29 +52,7 @@ func RequirePrivileged(t testing.TB, tools ...string) {
 	if testing.Short() {
 		t.Skip("privileged test skipped in -short mode")
 	}
-	if reason := privilegeProblem(append([]string{"ip"}, tools...)); reason != "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("privileged test cannot run with CI=true: %s", reason)
-		}
-		t.Skipf("privileged test skipped: %s", reason)
-	}
-}
-
-func privilegeProblem(tools []string) string {
-	if os.Geteuid() != 0 {
-		return "not running as root"
-	}
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Sprintf("%s not found in PATH", tool)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, "ip", "netns", "list").CombinedOutput(); err != nil {
-		return fmt.Sprintf("`ip netns list` failed: %v: %s", err, out)
-	}
-	return ""
+	testenv.Require(t, append([]string{"ip"}, tools...)...)
 }
 
 // NS is a named network namespace, visible to `ip netns` as Name.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // stopGrace is how long Stop waits after SIGTERM before it sends SIGKILL.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/pion/turn/v4"
 
-	"github.com/l7mp/stunnerd-xdp/internal/testenv"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // Allocate makes a pion/turn allocation from a socket made inside the namespace, so that its

@@ -1,4 +1,4 @@
-package fallback
+package userspace
 
 import (
 	"net"

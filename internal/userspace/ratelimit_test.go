@@ -1,4 +1,4 @@
-package fallback
+package userspace
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/model"
+	"github.com/l7mp/stunnerd-xdp/test/model"
 )
 
 // permit gives c's allocation a permission for peer, as pion's event does.
@@ -90,7 +90,7 @@ func TestRelayConnRateLimit(t *testing.T) {
 
 // TestRateLimitGCRA: without the kernel's buckets a relay socket charges its
 // own with the engines' GCRA: random limits, lengths and clock steps give the
-// model's verdicts and debts (internal/model Charge, the spec of the kernel's
+// model's verdicts and debts (test/model Charge, the spec of the kernel's
 // buckets), limit changes keeping what is owed.
 func TestRateLimitGCRA(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))

@@ -1,28 +1,58 @@
-// Package testenv holds helpers for privileged tests: the root requirement that
-// skips outside CI and fails under CI=true, and a worker goroutine that runs
+// Package testenv holds helpers for privileged tests: the one privilege check
+// (Require), which skips outside CI and fails under CI=true, and a worker goroutine that runs
 // closures on an OS thread locked inside a fresh network namespace.
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"runtime"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netns"
 )
 
 // RequireRoot skips the test unless it runs as root; under CI=true it fails
 // instead, so that CI cannot pass by skipping the privileged tests.
-func RequireRoot(t testing.TB) {
+func RequireRoot(t testing.TB) { Require(t) }
+
+// Require is the one privilege check of the tests: root, and each of tools
+// in PATH (with "ip", a working `ip netns`). Without them the test is skipped
+// and says why; under CI=true it fails instead, so that CI cannot pass by
+// skipping.
+func Require(t testing.TB, tools ...string) {
 	t.Helper()
-	if os.Geteuid() == 0 {
+	reason := privilegeProblem(tools)
+	if reason == "" {
 		return
 	}
 	if os.Getenv("CI") == "true" {
-		t.Fatal("this test needs root (CAP_BPF, CAP_NET_ADMIN) and CI=true forbids skipping it")
+		t.Fatalf("this test cannot run with CI=true: %s", reason)
 	}
-	t.Skip("needs root; run as root or under CI=true")
+	t.Skipf("skipped: %s (run as root, or under CI=true to fail instead)", reason)
+}
+
+func privilegeProblem(tools []string) string {
+	if os.Geteuid() != 0 {
+		return "not running as root (CAP_BPF, CAP_NET_ADMIN)"
+	}
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Sprintf("%s not found in PATH", tool)
+		}
+	}
+	if slices.Contains(tools, "ip") {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if out, err := exec.CommandContext(ctx, "ip", "netns", "list").CombinedOutput(); err != nil {
+			return fmt.Sprintf("`ip netns list` failed: %v: %s", err, out)
+		}
+	}
+	return ""
 }
 
 // NSWorker runs functions on one OS thread locked in its own network namespace.

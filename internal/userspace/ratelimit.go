@@ -1,4 +1,4 @@
-package fallback
+package userspace
 
 import (
 	"net/netip"
@@ -25,7 +25,7 @@ import (
 // Without the kernel's buckets (--xdp-mode=off, the program never loaded) a
 // relay socket charges a bucket of its own in userspace with the same GCRA,
 // over the same clock (CLOCK_MONOTONIC, bpf_ktime_get_ns's): what the model
-// (internal/model overLimit) says of the kernel's. A socket also falls back
+// (test/model overLimit) says of the kernel's. A socket also falls back
 // to it while the kernel cannot give the allocation an id (every id taken:
 // more allocations than --max-bindings) and tries again per datagram. What an
 // allocation owed in one bucket does not move to the other when it changes
@@ -92,7 +92,7 @@ func monotonicNow() uint64 {
 }
 
 // gcra is an allocation's bucket in userspace: the engines' GCRA (bpf/rate.h,
-// internal/model overLimit): the instants by which what the allocation
+// test/model overLimit): the instants by which what the allocation
 // relayed is paid for at the limit's rates, for packets and for bytes; a
 // datagram goes while they are at most channelmap.RateBurst ahead of now.
 type gcra struct{ pktTAT, byteTAT uint64 }

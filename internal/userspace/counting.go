@@ -1,7 +1,7 @@
-// Package fallback wraps pion/turn's sockets on the userspace path: pion/turn
+// Package userspace wraps pion/turn's sockets on the userspace path: pion/turn
 // relays whatever the XDP program passes (and everything when XDP is off), and
 // the wrappers here count what it relays.
-package fallback
+package userspace
 
 import (
 	"encoding/binary"
