@@ -19,6 +19,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
+	"github.com/l7mp/stunnerd-xdp/internal/endpoints"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/status"
 )
@@ -451,7 +452,7 @@ func equalPolicy(x, y config.ResolvedListener) bool {
 // ready (stunnerd's zero config). Its TCP port is the daemon's, so a busy one
 // is retried as the daemon does.
 type bootstrapHealth struct {
-	e    *daemon.Endpoints
+	e    *endpoints.Endpoints
 	name string // the gateway's NAMESPACE/NAME, as /status names it
 }
 
@@ -471,7 +472,7 @@ func (b *bootstrapHealth) start(addr, sock string, log *slog.Logger) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(status.Waiting(b.name))
 	})
-	b.e = daemon.NewEndpoints(log)
+	b.e = endpoints.New(log)
 	if err := b.e.ServeTCP(addr, podAddr(), mux, "health"); err != nil {
 		b.stop()
 		return err

@@ -1,13 +1,9 @@
 package daemon
 
 import (
-	"net/netip"
 	"sync/atomic"
 
-	"github.com/pion/turn/v4"
-
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/destinations"
 )
 
@@ -69,26 +65,3 @@ func (d *Daemon) closeDestinations() {
 
 // Destinations returns the accepted destinations the daemon computed last.
 func (d *Daemon) Destinations() destinations.Table { return d.dests.tracker.Table() }
-
-// udpListenerAddrs are the socket addresses of the UDP listeners.
-func (c *Config) udpListenerAddrs() []netip.AddrPort {
-	var out []netip.AddrPort
-	for _, l := range c.Listeners {
-		if l.Protocol == config.UDP {
-			out = append(out, l.Addr)
-		}
-	}
-	return out
-}
-
-// withDestinations reports a UDP listener's allocations to the tracker,
-// which learns from conntrack the VIP a client came through. The tracker
-// only queues them: pion/turn calls its hooks under its locks.
-func (d *Daemon) withDestinations(ls *listenerServer, h turn.EventHandler) turn.EventHandler {
-	// The socket address is fixed for the listener's life (a new address
-	// restarts it); a reload rewrites the rest of ls.l under the hooks.
-	addr := ls.l.Addr
-	return onAllocations(h,
-		func(c netip.AddrPort) { d.dests.tracker.AllocationCreated(c, addr) },
-		func(c netip.AddrPort) { d.dests.tracker.AllocationDeleted(c, addr) })
-}

@@ -14,8 +14,8 @@ import (
 //     userspace and retries the attach until the old daemon has detached
 //     (attachretry.go);
 //   - the health and metrics ports: the newcomer retries the bind until the
-//     old daemon is gone (httpserve.go); probes use a per-pod unix socket meanwhile
-//     (healthsocket.go).
+//     old daemon is gone (internal/endpoints); probes use a per-pod unix socket
+//     meanwhile (Endpoints.ServeUnix).
 
 // After SIGTERM a daemon is in one of three states (internal/handover's
 // package comment has the steering side):

@@ -6,16 +6,12 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"net/netip"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pion/stun/v3"
-	"github.com/pion/turn/v4"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
@@ -23,52 +19,11 @@ import (
 	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
-func TestEphemeralUsername(t *testing.T) {
-	for _, c := range []struct {
-		name   string
-		expiry int64
-		user   string
-		ok     bool
-	}{
-		{"1700000000:alice", 1700000000, "alice", true},
-		{"alice:1700000000", 1700000000, "alice", true},
-		{"1700000000", 1700000000, "1700000000", true},
-		{"ns:1700000000:alice", 1700000000, "ns:1700000000:alice", true}, // stunnerd: the whole name
-		{"alice:bob", 0, "", false},
-		{"alice", 0, "", false},
-		{"0:alice", 0, "", false},
-	} {
-		expiry, user, ok := ephemeralUsername(c.name)
-		if expiry != c.expiry || user != c.user || ok != c.ok {
-			t.Errorf("%q: %d %q %v, want %d %q %v", c.name, expiry, user, ok, c.expiry, c.user, c.ok)
-		}
-	}
-}
-
 // restPassword is the TURN REST API password of username.
 func restPassword(secret, username string) string {
 	mac := hmac.New(sha1.New, []byte(secret))
 	mac.Write([]byte(username))
 	return base64.StdEncoding.EncodeToString(mac.Sum(nil))
-}
-
-// The handler's key is the one pion's own TURN REST handler derives, for
-// both orders; expired and expiry-less names are refused.
-func TestRestAuthHandler(t *testing.T) {
-	now := time.Unix(1_700_000_000, 0)
-	h := restAuthHandler("s3cret", func() time.Time { return now }, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	src := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}
-	for _, name := range []string{"1700000060:alice", "alice:1700000060"} {
-		key, ok := h(name, "r", src)
-		if want := turn.GenerateAuthKey(name, "r", restPassword("s3cret", name)); !ok || string(key) != string(want) {
-			t.Errorf("%q: %x %v, want the key of its REST password", name, key, ok)
-		}
-	}
-	for _, name := range []string{"1699999999:alice", "alice:1699999999", "alice"} {
-		if _, ok := h(name, "r", src); ok {
-			t.Errorf("%q accepted", name)
-		}
-	}
 }
 
 // A pion/turn client allocates with ephemeral credentials written either

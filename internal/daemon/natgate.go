@@ -42,7 +42,7 @@ func (d *Daemon) followServiceCIDRs(api kube.API, timeout time.Duration) {
 	defer cancel()
 	stop := servicecidr.Follow(ctx, api, d.config().Logger.Slog("k8s"), func(cidrs []netip.Prefix) {
 		d.clusterNets.Set(cidrs)
-		d.recheckPeers()
+		d.listeners.RecheckPeers(d.config().listenerSettings())
 		d.mirror.SetNoOffloadPeers(append(slices.Clone(d.config().NoOffloadPeers), cidrs...))
 	})
 	if !d.track(func() {

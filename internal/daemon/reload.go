@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-
-	"github.com/l7mp/stunnerd-xdp/internal/config"
 )
 
 // ErrNeedsRestart: a reload changed settings only a restart applies (relay
@@ -35,81 +33,47 @@ var ErrNeedsRestart = errors.New("changing them needs a restart")
 // bindings, metrics and health addresses, interfaces) are kept, with an
 // ErrNeedsRestart naming them; everything else is applied.
 func (d *Daemon) Reconfigure(next Config) error {
-	d.lmu.Lock() // one reload at a time, and the listeners with it
+	d.lmu.Lock() // one reload at a time
 	defer d.lmu.Unlock()
-	cur := *d.config()
+	cur := d.config()
 	next.Logger = cur.Logger
 	if err := next.validate(); err != nil {
 		return fmt.Errorf("new configuration: %w", err)
 	}
-	var kept []string
-	if next.RelayAddress != cur.RelayAddress {
-		kept = append(kept, "relay address")
-	}
-	if next.MinRelayPort != cur.MinRelayPort || next.MaxRelayPort != cur.MaxRelayPort {
-		kept = append(kept, "relay port range")
-	}
-	if next.MaxBindings != cur.MaxBindings {
-		kept = append(kept, "max bindings")
-	}
-	if next.MetricsAddr != cur.MetricsAddr || next.HealthAddr != cur.HealthAddr {
-		kept = append(kept, "metrics and health endpoints")
-	}
-	if len(next.Interfaces) > 0 && !slices.Equal(next.Interfaces, cur.Interfaces) {
-		kept = append(kept, "XDP interfaces")
-	}
-	// What the daemon keeps from the running configuration.
-	next.RelayAddress, next.MinRelayPort, next.MaxRelayPort = cur.RelayAddress, cur.MinRelayPort, cur.MaxRelayPort
-	next.MaxBindings, next.MetricsAddr, next.HealthAddr, next.Interfaces = cur.MaxBindings, cur.MetricsAddr, cur.HealthAddr, cur.Interfaces
-	next.SocketBuffer, next.ReconcileInterval, next.ChannelBindTimeout = cur.SocketBuffer, cur.ReconcileInterval, cur.ChannelBindTimeout
-	next.PodAddr, next.PprofAddr = cur.PodAddr, cur.PprofAddr
-	// The command line does not change under a running process.
-	next.XDPMode, next.RateLimit = cur.XDPMode, cur.RateLimit
-
-	realmChanged := next.Realm != cur.Realm
+	kept := next.keepRunning(cur)
+	// What the reload hands on, all of it derived from next here.
+	var (
+		settings, creds, limits    = next.listenerSettings(), next.credentials(), next.quotaLimits()
+		traffic, udpAddrs, program = next.trafficListeners(), next.udpListenerAddrs(), next.loaderConfig()
+		reprogram                  = !slices.Equal(next.udpPorts(), cur.udpPorts())
+		restartAll                 = next.Realm != cur.Realm // pion/turn keys on the realm
+		mode                       = next.ConfigXDPMode
+		modeChanged                = mode != cur.ConfigXDPMode
+	)
 	d.cfg.Store(&next)
-	d.traffic.SetListeners(next.trafficListeners())
-	d.auth.Store(newAuthState(next, next.Logger))
-	d.quota.SetLimits(next.quotaLimits())
+	d.traffic.SetListeners(traffic)
+	d.creds.Replace(creds)
+	d.quota.SetLimits(limits)
 	d.perms.SetLimit(next.MaxPermissions)
 
-	var errs []error
-	want := map[string]config.ResolvedListener{}
-	for _, l := range next.Listeners {
-		want[l.Name] = l
-	}
-	for name, ls := range d.listeners {
-		if l, ok := want[name]; !ok || realmChanged || !ls.l.SameSocket(l) {
-			errs = append(errs, d.stopListener(name))
-		}
-	}
+	errs := []error{d.listeners.Prune(next.Listeners, restartAll)}
 	// Before the new listeners take allocations, which it learns from.
-	d.dests.tracker.SetListeners(next.udpListenerAddrs())
+	d.dests.tracker.SetListeners(udpAddrs)
 	// Reprogram XDP for the new UDP ports before new listeners take traffic.
-	if !slices.Equal(next.udpPorts(), cur.udpPorts()) {
-		if err := d.xdp.Reconfigure(next.loaderConfig()); err != nil {
+	if reprogram {
+		if err := d.xdp.Reconfigure(program); err != nil {
 			errs = append(errs, fmt.Errorf("reprogram XDP for the new UDP listeners: %w", err))
 		}
 	}
-	for _, l := range next.Listeners {
-		if ls, ok := d.listeners[l.Name]; ok {
-			// Revokes what the new policy, ranges or users no longer
-			// allow: its channels leave the maps, its relay sockets drop
-			// its datagrams (portState).
-			ls.l = l
-			ls.policy.Store(d.policyFor(l))
-			d.setPeerPorts(&ls.ports, l.PeerPorts)
-			continue
-		}
-		if err := d.startListener(l); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if next.ConfigXDPMode != cur.ConfigXDPMode {
+	// Revokes what the new policy, ranges or users no longer allow: their
+	// channels leave the maps, their relay sockets drop their datagrams.
+	errs = append(errs, d.listeners.Apply(settings, next.Listeners))
+	if modeChanged {
 		// Not a config problem: the manager logs it and retries the attach.
-		if err := d.setConfigModeLocked(next.ConfigXDPMode); err != nil {
-			d.log.Warn("config: XDP mode", "offload_engine", string(next.ConfigXDPMode), "mode", string(d.xdp.Mode()), "error", err)
+		if err := d.xdp.SetConfig(mode); err != nil {
+			d.log.Warn("config: XDP mode", "offload_engine", string(mode), "mode", string(d.xdp.Mode()), "error", err)
 		}
+		d.syncDestinations()
 	}
 	if len(kept) > 0 {
 		errs = append(errs, fmt.Errorf("%w: kept the running %v", ErrNeedsRestart, kept))
@@ -120,16 +84,4 @@ func (d *Daemon) Reconfigure(next Config) error {
 	}
 	d.log.Info("configuration reloaded", "listeners", len(next.Listeners))
 	return nil
-}
-
-// recheckPeers re-reads every listener's peer policy (the learned cluster
-// networks changed): peers it refuses now are revoked as a reload revokes
-// them. A fresh policy value makes the relay sockets' cached verdicts miss.
-func (d *Daemon) recheckPeers() {
-	d.lmu.Lock()
-	defer d.lmu.Unlock()
-	for _, ls := range d.listeners {
-		ls.policy.Store(d.policyFor(ls.l))
-		d.setPeerPorts(&ls.ports, ls.l.PeerPorts)
-	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/test/packet"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestShortcutTwin plays one client's script of ChannelData against the
@@ -47,13 +48,13 @@ func TestShortcutTwin(t *testing.T) {
 		}
 		defer cc.Close()
 		server := net.UDPAddrFromAddrPort(listen)
-		c := &rawTURN{t: t, conn: cc, server: server, user: "u", key: stun.NewLongTermIntegrity("u", config.DefaultRealm, "p")}
-		relay := c.allocate(10 * time.Minute)
+		c := &testenv.RawTURN{T: t, Conn: cc, Server: server, User: "u", Key: stun.NewLongTermIntegrity("u", config.DefaultRealm, "p")}
+		relay := c.Allocate(10 * time.Minute)
 		pa := peer.LocalAddr().(*net.UDPAddr)
 		bind := func(ch uint16) {
 			t.Helper()
 			num := stun.RawAttribute{Type: stun.AttrChannelNumber, Value: []byte{byte(ch >> 8), byte(ch), 0, 0}}
-			if res := c.do(stun.MethodChannelBind, num, &peerAttr{stun.XORMappedAddress{IP: pa.IP, Port: pa.Port}}); res.Type.Class != stun.ClassSuccessResponse {
+			if res := c.Do(stun.MethodChannelBind, num, testenv.PeerAddress(stun.XORMappedAddress{IP: pa.IP, Port: pa.Port})); res.Type.Class != stun.ClassSuccessResponse {
 				t.Fatalf("ChannelBind %#x: %v", ch, res)
 			}
 		}
@@ -97,7 +98,7 @@ func TestShortcutTwin(t *testing.T) {
 		step("expired channel", packet.ChannelData(0x4000, []byte("three"), nil))
 		bind(0x4000)
 		step("bound again", packet.ChannelData(0x4000, []byte("four"), nil))
-		if res := c.do(stun.MethodRefresh, stun.RawAttribute{Type: stun.AttrLifetime, Value: []byte{0, 0, 0, 0}}); res.Type.Class != stun.ClassSuccessResponse {
+		if res := c.Do(stun.MethodRefresh, stun.RawAttribute{Type: stun.AttrLifetime, Value: []byte{0, 0, 0, 0}}); res.Type.Class != stun.ClassSuccessResponse {
 			t.Fatalf("Refresh 0: %v", res)
 		}
 		step("deallocated", packet.ChannelData(0x4000, []byte("five"), nil))

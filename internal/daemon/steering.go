@@ -1,14 +1,8 @@
 package daemon
 
 import (
-	"net"
-	"net/netip"
-	"syscall"
 	"time"
 
-	"github.com/pion/turn/v4"
-
-	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/handover"
 )
 
@@ -57,95 +51,6 @@ func (d *Daemon) assertSteering() {
 			return false
 		})
 	}()
-}
-
-// steerSockets registers a listener's sockets for steering (a no-op without
-// it).
-func (d *Daemon) steerSockets(ls *listenerServer, cs ...syscall.Conn) error {
-	if d.steer == nil {
-		return nil
-	}
-	rcs := make([]syscall.RawConn, len(cs))
-	for i, c := range cs {
-		var err error
-		if rcs[i], err = c.SyscallConn(); err != nil {
-			return err
-		}
-	}
-	ls.group = handover.Group{Protocol: handover.UDP, Addr: ls.l.Addr}
-	if ls.l.Protocol != config.UDP {
-		ls.group.Protocol = handover.TCP
-	}
-	slots, err := d.steer.RegisterSet(rcs, ls.group)
-	if err != nil {
-		return err
-	}
-	ls.slots, ls.steered = slots, true
-	return nil
-}
-
-// unsteer stops new flows going to the listener's sockets.
-func (d *Daemon) unsteer(ls *listenerServer) {
-	if !ls.steered {
-		return
-	}
-	for _, slot := range ls.slots {
-		if err := d.steer.Unregister(slot); err != nil {
-			d.log.Warn("steering", "listener", ls.l.Name, "error", err)
-		}
-	}
-}
-
-// withFlows adds the steering of allocations to the hooks of the pion/turn
-// server of the listener's i-th socket: the entry is written before pion
-// answers the Allocate, so the client's next packet already comes to this
-// daemon's socket that holds the allocation.
-func (d *Daemon) withFlows(ls *listenerServer, i int, h turn.EventHandler) turn.EventHandler {
-	if !ls.steered || ls.group.Protocol != handover.UDP {
-		return h
-	}
-	log := d.config().Logger.Slog("handover")
-	slot := ls.slots[i]
-	return onAllocations(h, func(c netip.AddrPort) {
-		if err := d.steer.AddFlow(ls.group, c, slot); err != nil {
-			log.Warn("allocation not steered: it breaks if a second daemon starts on this node while it lives", "error", err)
-		}
-	}, func(c netip.AddrPort) {
-		if err := d.steer.RemoveFlow(ls.group, c, slot); err != nil {
-			log.Warn("steering", "error", err)
-		}
-	})
-}
-
-// onAllocations runs created and deleted with the client's address before
-// h's own allocation hooks.
-func onAllocations(h turn.EventHandler, created, deleted func(client netip.AddrPort)) turn.EventHandler {
-	nextCreated, nextDeleted := h.OnAllocationCreated, h.OnAllocationDeleted
-	h.OnAllocationCreated = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, port int) {
-		if c, ok := udpAddrPort(src); ok {
-			created(c)
-		}
-		if nextCreated != nil {
-			nextCreated(src, dst, proto, user, realm, relay, port)
-		}
-	}
-	h.OnAllocationDeleted = func(src, dst net.Addr, proto, user, realm string) {
-		if c, ok := udpAddrPort(src); ok {
-			deleted(c)
-		}
-		if nextDeleted != nil {
-			nextDeleted(src, dst, proto, user, realm)
-		}
-	}
-	return h
-}
-
-func udpAddrPort(a net.Addr) (netip.AddrPort, bool) {
-	u, ok := a.(*net.UDPAddr)
-	if !ok {
-		return netip.AddrPort{}, false
-	}
-	return u.AddrPort(), true
 }
 
 // retire, at the start of a drain, stops new flows coming to this daemon's

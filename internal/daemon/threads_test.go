@@ -35,7 +35,7 @@ func TestUDPReadLoops(t *testing.T) {
 			}
 			listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
 			d := startThreads(t, listen, dir, 4)
-			if n := len(d.listeners["udp"].servers); n != 4 {
+			if n := len(d.listeners.Allocations()["udp"]); n != 4 {
 				t.Fatalf("%d pion/turn servers on the UDP listener, want 4", n)
 			}
 			peer, err := net.ListenPacket("udp4", "127.0.0.1:0")
@@ -51,8 +51,8 @@ func TestUDPReadLoops(t *testing.T) {
 				t.Errorf("%d allocations, want %d", n, clients)
 			}
 			used := 0
-			for _, srv := range d.listeners["udp"].servers {
-				if srv.AllocationCount() > 0 {
+			for _, n := range d.listeners.Allocations()["udp"] {
+				if n > 0 {
 					used++
 				}
 			}

@@ -1,3 +1,6 @@
+// Package nodelabel follows the node label (stunner.l7mp.io/xdp-offload) that
+// switches the kernel path on or off on one node, live, through the
+// Kubernetes API.
 package nodelabel
 
 import (

@@ -1,3 +1,6 @@
+// Package peerpolicy decides which peers TURN clients may relay to: the
+// allow and deny prefixes, the clusters' allowlists, and the internal and
+// special-purpose networks refused unless opened.
 package peerpolicy
 
 import (

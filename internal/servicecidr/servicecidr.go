@@ -1,3 +1,6 @@
+// Package servicecidr learns the cluster's Service CIDRs from the Kubernetes
+// API, so that ClusterIP peers stay on the userspace path and are refused
+// unless allowed.
 package servicecidr
 
 import (

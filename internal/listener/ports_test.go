@@ -1,4 +1,4 @@
-package daemon
+package listener
 
 import (
 	"errors"
@@ -59,11 +59,11 @@ func (r recorder) handler() turn.EventHandler {
 // Channels to ports outside the ranges never reach the mirror (so never the
 // kernel), and a reload that changes the ranges installs and withdraws them.
 func TestPeerPortsGateTheMirror(t *testing.T) {
-	d := &Daemon{}
+	d := &Set{}
 	ps := &portState{}
 	d.setPeerPorts(ps, []config.Endpoint{endpoint(t, "10.0.0.2:<5000-5000>")})
 	mirror := recorder{}
-	h := withPeerPorts(ps, mirror.handler())
+	h := ps.withPeerPorts(mirror.handler())
 	src := &net.UDPAddr{IP: net.IPv4(10, 1, 0, 2), Port: 40000}
 	dst := &net.UDPAddr{IP: net.IPv4(10, 1, 0, 1), Port: 3478}
 	relay := &net.UDPAddr{IP: net.IPv4(10, 1, 0, 1), Port: 50000}
@@ -115,7 +115,7 @@ func (c *fakeConn) ReadFrom([]byte) (int, net.Addr, error) {
 // outside the ranges, as STUNner's PortRangePacketConn.
 func TestPortFilterConn(t *testing.T) {
 	ps := &portState{}
-	(&Daemon{}).setPeerPorts(ps, []config.Endpoint{endpoint(t, "10.0.0.2:<5000-5000>")})
+	(&Set{}).setPeerPorts(ps, []config.Endpoint{endpoint(t, "10.0.0.2:<5000-5000>")})
 	in := &net.UDPAddr{IP: net.IPv4(10, 0, 0, 2), Port: 5000}
 	out := &net.UDPAddr{IP: net.IPv4(10, 0, 0, 2), Port: 5001}
 	fc := &fakeConn{reads: []net.Addr{out, in}}
@@ -140,7 +140,7 @@ func TestPortFilterConnRevokes(t *testing.T) {
 	pol.Store(peerpolicy.New([]netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}, nil, true, nil, quiet))
 	users := map[string]bool{"alice": true}
 	ps := &portState{policy: &pol, userOK: func(u string) bool { return users[u] }}
-	(&Daemon{}).setPeerPorts(ps, nil)
+	(&Set{}).setPeerPorts(ps, nil)
 	peer := &net.UDPAddr{IP: net.IPv4(10, 0, 0, 2), Port: 5000}
 	fc := &fakeConn{}
 	c := &portFilterConn{PacketConn: fc, ps: ps}

@@ -1,4 +1,4 @@
-package daemon
+package listener
 
 import (
 	"net"
@@ -11,7 +11,7 @@ import (
 // TestHookGate: close waits for a hook that is running, and hooks after it
 // do nothing; hooks that were never set stay unset.
 func TestHookGate(t *testing.T) {
-	var g hookGate
+	var g gate
 	inHook, release := make(chan struct{}), make(chan struct{})
 	calls := 0
 	h := g.wrap(turn.EventHandler{OnAllocationDeleted: func(_, _ net.Addr, _, _, _ string) {

@@ -1,4 +1,4 @@
-package daemon
+package listener
 
 import (
 	"net"
@@ -7,24 +7,24 @@ import (
 	"github.com/pion/turn/v4"
 )
 
-// hookGate shuts pion/turn's event hooks off when the daemon closes what they
+// gate shuts pion/turn's event hooks off when the daemon closes what they
 // write to (the mirror, the steering maps): pion reports the deletion of the
 // allocations it closes from their own goroutines, after Server.Close has
 // returned.
-type hookGate struct {
+type gate struct {
 	mu     sync.RWMutex
 	closed bool
 }
 
 // close waits for the hooks running now; later ones do nothing.
-func (g *hookGate) close() {
+func (g *gate) close() {
 	g.mu.Lock()
 	g.closed = true
 	g.mu.Unlock()
 }
 
 // enter says whether a hook may run; if so, exit must follow.
-func (g *hookGate) enter() bool {
+func (g *gate) enter() bool {
 	g.mu.RLock()
 	if g.closed {
 		g.mu.RUnlock()
@@ -33,11 +33,11 @@ func (g *hookGate) enter() bool {
 	return true
 }
 
-func (g *hookGate) exit() { g.mu.RUnlock() }
+func (g *gate) exit() { g.mu.RUnlock() }
 
 // wrap puts the hooks of h that reach the mirror or the steering behind the
 // gate.
-func (g *hookGate) wrap(h turn.EventHandler) turn.EventHandler {
+func (g *gate) wrap(h turn.EventHandler) turn.EventHandler {
 	if f := h.OnAllocationCreated; f != nil {
 		h.OnAllocationCreated = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, port int) {
 			if g.enter() {

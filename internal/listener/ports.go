@@ -1,4 +1,4 @@
-package daemon
+package listener
 
 import (
 	"errors"
@@ -100,7 +100,7 @@ func (ps *portState) userKnown(user string) bool { return ps.userOK == nil || ps
 
 // withAllocationUsers tells each relay socket of ps the username of its
 // allocation, before h's hooks run.
-func withAllocationUsers(ps *portState, h turn.EventHandler) turn.EventHandler {
+func (ps *portState) withAllocationUsers(h turn.EventHandler) turn.EventHandler {
 	created := h.OnAllocationCreated
 	h.OnAllocationCreated = func(src, dst net.Addr, proto, user, realm string, relay net.Addr, port int) {
 		if c, ok := ps.conns.Load(relay.String()); ok {
@@ -167,7 +167,7 @@ func (ps *portState) cachedCheck(c *atomic.Pointer[verdictCache], a net.Addr) er
 // withPeerPorts lets only channels to admitted peer ports reach h (the
 // mirror) and keeps what it let through, so that a reload that changes the
 // ranges can install or withdraw bindings (setPeerPorts).
-func withPeerPorts(ps *portState, h turn.EventHandler) turn.EventHandler {
+func (ps *portState) withPeerPorts(h turn.EventHandler) turn.EventHandler {
 	created, deleted := h.OnChannelCreated, h.OnChannelDeleted
 	if created == nil || deleted == nil {
 		return h
@@ -207,15 +207,15 @@ func withPeerPorts(ps *portState, h turn.EventHandler) turn.EventHandler {
 // policy, which the caller may have replaced): channels now outside them
 // leave the kernel path (and the relay socket drops their datagrams),
 // channels now inside them are offered to the mirror.
-func (d *Daemon) setPeerPorts(ps *portState, pp []config.Endpoint) {
+func (s *Set) setPeerPorts(ps *portState, pp []config.Endpoint) {
 	next := peerPorts(pp)
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	ps.ports.Store(&next)
-	if ps.replay == nil || !d.hooks.enter() {
+	if ps.replay == nil || !s.gate.enter() {
 		return
 	}
-	defer d.hooks.exit()
+	defer s.gate.exit()
 	for _, c := range ps.channels {
 		if ok := ps.allowed(c.peer) && ps.userKnown(c.user); ok != c.forwarded {
 			c.forwarded = ok
@@ -284,4 +284,26 @@ func (c *portFilterConn) ReadFrom(p []byte) (int, net.Addr, error) {
 func (c *portFilterConn) Close() error {
 	c.ps.conns.CompareAndDelete(c.key, c)
 	return c.PacketConn.Close()
+}
+
+// configure puts l's peer policy under st and its port ranges in force on
+// ls (a listener that starts, or one a reload changes in place).
+func (s *Set) configure(st Settings, ls *Listener, l config.ResolvedListener) {
+	ls.l = l
+	ls.policy.Store(s.policy(st, l))
+	s.setPeerPorts(&ls.ports, l.PeerPorts)
+}
+
+// policy is the peer policy of l under st.
+func (s *Set) policy(st Settings, l config.ResolvedListener) *peerpolicy.Policy {
+	allow := append(append([]netip.Prefix(nil), l.AllowPeers...), st.AllowPeers...)
+	return peerpolicy.New(allow, st.DenyPeers, l.Allowlist, s.deps.ClusterNets, s.strangerLog)
+}
+
+func udpAddrPort(a net.Addr) (netip.AddrPort, bool) {
+	u, ok := a.(*net.UDPAddr)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	return u.AddrPort(), true
 }

@@ -1,4 +1,4 @@
-package daemon
+package endpoints
 
 import (
 	"fmt"
@@ -144,22 +144,6 @@ func (c *countedConn) Close() error {
 	return c.Conn.Close()
 }
 
-func TestPprofLoopbackOnly(t *testing.T) {
-	lf, err := logging.New("all:WARN", "text", io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct {
-		addr string
-		ok   bool
-	}{{"127.0.0.1:6060", true}, {"[::1]:6060", true}, {"0.0.0.0:6060", false}, {"10.0.0.1:6060", false}, {":6060", false}, {"localhost:6060", false}} {
-		cfg := Config{Listen: netip.MustParseAddrPort("127.0.0.1:3478"), Users: map[string]string{"u": "p"}, PprofAddr: c.addr, Logger: lf}
-		if err := cfg.validate(); (err == nil) != c.ok {
-			t.Errorf("pprof on %q: %v, want ok=%v", c.addr, err, c.ok)
-		}
-	}
-}
-
 // A health socket closed and served again at once (the bootstrap endpoints
 // of cmd/stunnerd-xdp around a failed start) stays: the first server's
 // listener must not unlink the path under the second one later.
@@ -178,7 +162,7 @@ func TestEndpointsUnixReopen(t *testing.T) {
 		if last != nil {
 			last.Close()
 		}
-		last = NewEndpoints(lf.Slog("test"))
+		last = New(lf.Slog("test"))
 		if err := last.ServeUnix(sock, h); err != nil {
 			t.Fatal(err)
 		}
