@@ -10,7 +10,6 @@ import (
 func (d *Daemon) xdpRetry(every time.Duration) {
 	d.tickOr(every, d.linkEvents, func() bool {
 		d.xdp.Retry() // the manager logs what changed
-		d.syncDestinations()
 		return false
 	})
 }

@@ -164,7 +164,7 @@ func (d *Daemon) startXDP() {
 		load = offload.LoadEngines(xlog, cfg.TCPatterns)
 	}
 	d.xdp = offload.New(offload.Options{
-		Log: xlog, Load: load, Sink: d.mirror, Program: cfg.loaderConfig(), Interfaces: ifaces,
+		Log: xlog, Load: load, Sink: mapWriters{d}, Program: cfg.loaderConfig(), Interfaces: ifaces,
 		Flag: cfg.XDPMode, Config: cfg.ConfigXDPMode,
 	})
 	d.wg.Add(1)
@@ -175,7 +175,6 @@ func (d *Daemon) startXDP() {
 	if err := d.xdp.Start(); err != nil {
 		xlog.Warn("serving from userspace; retrying the attach", "error", err, "every", cfg.XDPRetryInterval.String())
 	}
-	d.syncDestinations()
 	d.startConntrackRefresh()
 	d.wg.Add(3)
 	go func() {
@@ -203,20 +202,14 @@ func (d *Daemon) config() *Config { return d.cfg.Load() }
 
 // SetConfigMode applies what the config's admin.offload_engine asks for
 // (empty: it does not say); internal/offload weighs it against --xdp-mode and
-// the node label. Reconfigure calls it when the config's mode changes.
+// the node label. A reload does the same when the config's mode changes.
 func (d *Daemon) SetConfigMode(mode loader.Mode) error {
 	d.lmu.Lock()
 	defer d.lmu.Unlock()
-	return d.setConfigModeLocked(mode)
-}
-
-func (d *Daemon) setConfigModeLocked(mode loader.Mode) error {
 	next := *d.config()
 	next.ConfigXDPMode = mode
 	d.cfg.Store(&next)
-	err := d.xdp.SetConfig(mode)
-	d.syncDestinations()
-	return err
+	return d.xdp.SetConfig(mode)
 }
 
 func checkRelayRange(addr netip.Addr, lo, hi uint16) error {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/destinations"
+	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 )
 
 // destinationSync keeps the XDP program's table of accepted destinations
@@ -30,30 +31,38 @@ func (d *Daemon) startDestinations() {
 func (s *destinationSync) push(t destinations.Table) error {
 	m := s.maps.Load()
 	if m == nil {
-		return nil // no maps yet: syncDestinations pushes when they come
+		return nil // no maps yet: SetMaps resyncs when they come
 	}
 	return m.SetDestinations(t)
 }
 
-// syncDestinations pushes the table into maps the offload manager loaded
-// since the last call. Called after every input to the manager and retry.
-func (d *Daemon) syncDestinations() {
-	if m := d.xdp.Maps(); d.dests.maps.Swap(m) != m {
-		// pion's relay sockets charge their allocations' buckets in the
-		// kernel's maps from now on (one bucket per allocation for both
-		// paths), or their own while there are none.
-		d.rateLimit.SetKernel(nil)
-		if m != nil {
-			m.SetAccount(d.traffic.Account)
-			// New maps start without a limit; a reload keeps them, and this.
-			if err := m.SetRateLimit(d.config().RateLimit); err != nil {
-				d.log.Warn("XDP rate limit not set: the kernel relays without it", "error", err)
-			} else {
-				d.rateLimit.SetKernel(m)
-			}
-		}
-		d.dests.tracker.Resync()
+// mapWriters are where the offload manager, the maps' one owner, hands them:
+// the mirror's bindings go there while the program runs anywhere, the tables
+// below from the load on.
+type mapWriters struct{ d *Daemon }
+
+func (w mapWriters) SetOffload(o mirror.Offload) { w.d.mirror.SetOffload(o) }
+
+// SetMaps points the tables at the maps the manager loaded (nil: freed):
+// the accepted destinations, the accounts and the rate limit, which pion's
+// relay sockets charge in the kernel's maps from now on (one bucket per
+// allocation for both paths), or in their own while there are none.
+func (w mapWriters) SetMaps(o mirror.Offload) {
+	d := w.d
+	m, _ := o.(*channelmap.Maps)
+	d.dests.maps.Store(m)
+	d.rateLimit.SetKernel(nil)
+	if m == nil {
+		return
 	}
+	m.SetAccount(d.traffic.Account)
+	// New maps start without a limit; a reload keeps them, and this.
+	if err := m.SetRateLimit(d.config().RateLimit); err != nil {
+		d.log.Warn("XDP rate limit not set: the kernel relays without it", "error", err)
+	} else {
+		d.rateLimit.SetKernel(m)
+	}
+	d.dests.tracker.Resync()
 }
 
 // closeDestinations stops the tracker before the offload manager frees the maps.

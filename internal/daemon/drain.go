@@ -93,7 +93,6 @@ func (d *Daemon) standIn() {
 	if _, err := d.xdp.TakeBack(); err != nil {
 		d.log.Warn("XDP not attached after taking it back; retrying", "error", err)
 	}
-	d.syncDestinations()
 }
 
 // handOverXDP gives the XDP hook to a newer daemon on the node once one serves

@@ -23,7 +23,6 @@ var ErrClosed = errors.New("daemon closed")
 func (d *Daemon) FollowNode(_ context.Context, want nodelabel.Offload) error {
 	d.log.Info("node label", "offload", want.String())
 	err := d.xdp.SetLabel(want)
-	d.syncDestinations()
 	if err != nil {
 		return fmt.Errorf("node label %s: %w", want, err)
 	}

@@ -73,7 +73,6 @@ func (d *Daemon) Reconfigure(next Config) error {
 		if err := d.xdp.SetConfig(mode); err != nil {
 			d.log.Warn("config: XDP mode", "offload_engine", string(mode), "mode", string(d.xdp.Mode()), "error", err)
 		}
-		d.syncDestinations()
 	}
 	if len(kept) > 0 {
 		errs = append(errs, fmt.Errorf("%w: kept the running %v", ErrNeedsRestart, kept))

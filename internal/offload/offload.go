@@ -71,10 +71,17 @@ type Program interface {
 // LoadFunc loads the program and returns it with its binding maps.
 type LoadFunc func(loader.Config) (Program, mirror.Offload, error)
 
-// Sink receives the binding maps while the program runs anywhere and nil
-// otherwise (mirror.Mirror).
+// Sink is where the binding maps go: the manager is their one owner and
+// hands them to their writers here only. Both calls come with the manager's
+// lock held: a Sink must not call the manager back.
 type Sink interface {
+	// SetOffload receives the maps while the program runs anywhere and nil
+	// otherwise: where the bindings go (mirror.Mirror).
 	SetOffload(mirror.Offload)
+	// SetMaps receives the maps once loaded and nil before they are freed:
+	// the tables that must be in place before the program runs anywhere,
+	// and stay while it does not (accepted destinations, the rate limit).
+	SetMaps(mirror.Offload)
 }
 
 // loader.Program is the Program the daemon runs.
@@ -294,6 +301,7 @@ func (m *Manager) applyLocked(mode loader.Mode) error {
 			return err
 		}
 		m.prog, m.maps = prog, maps
+		m.sink.SetMaps(maps)
 	}
 	attached := m.prog.Attached()
 	var errs []error
@@ -374,6 +382,7 @@ func (m *Manager) Close() error {
 	m.closed = true
 	err := m.disableLocked()
 	if m.prog != nil {
+		m.sink.SetMaps(nil)
 		err = errors.Join(err, m.prog.Close())
 		m.prog, m.maps = nil, nil
 	}

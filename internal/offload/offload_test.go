@@ -70,9 +70,11 @@ type fakeMaps struct{ mirror.Offload }
 type sink struct {
 	got   []mirror.Offload
 	calls int
+	maps  mirror.Offload // what SetMaps gave last
 }
 
 func (s *sink) SetOffload(o mirror.Offload) { s.got = append(s.got, o); s.calls++ }
+func (s *sink) SetMaps(o mirror.Offload)    { s.maps = o }
 
 func (s *sink) current() mirror.Offload {
 	if len(s.got) == 0 {
@@ -467,5 +469,33 @@ func TestTCVerdicts(t *testing.T) {
 	}
 	if v, err := m.TCVerdicts(); v != nil || err != nil {
 		t.Errorf("after Close: %v, %v; want nothing", v, err)
+	}
+}
+
+// The tables' writers get the maps from the load on, whether the program is
+// attached or not (a label detaches it; the maps stay), and nil before they
+// are freed.
+func TestSinkMaps(t *testing.T) {
+	f := newFixture(t, "", "")
+	if f.sink.maps != nil {
+		t.Fatal("maps handed out before the load")
+	}
+	if err := f.m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if f.sink.maps != f.maps {
+		t.Fatalf("after the load the writers have %v, want the maps", f.sink.maps)
+	}
+	if err := f.m.SetLabel(nodelabel.Detach); err != nil {
+		t.Fatal(err)
+	}
+	if f.sink.maps != f.maps || f.sink.current() != nil {
+		t.Fatalf("detached by the label: writers have %v, mirror %v; want the maps, nil", f.sink.maps, f.sink.current())
+	}
+	if err := f.m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if f.sink.maps != nil {
+		t.Fatal("the maps were freed with writers still holding them")
 	}
 }

@@ -32,7 +32,7 @@ func TestAttachRetryKeepsBindings(t *testing.T) {
 	m := mirror.New(log)
 	t.Cleanup(m.Close)
 	// "missing0" does not exist: the retry keeps trying it.
-	sw := New(Options{Log: log, Load: LoadXDP(log), Sink: m,
+	sw := New(Options{Log: log, Load: LoadXDP(log), Sink: mirrorOnly{m},
 		Program:    loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 64},
 		Interfaces: []string{"sw0", "missing0"}, Flag: loader.ModeGeneric})
 	// Cleanups run last-in first-out: the manager closes inside the namespace.
@@ -112,3 +112,8 @@ func addVeth(name, peer string) error {
 	}
 	return nil
 }
+
+// mirrorOnly is the mirror as the manager's only writer.
+type mirrorOnly struct{ *mirror.Mirror }
+
+func (mirrorOnly) SetMaps(mirror.Offload) {}
