@@ -415,9 +415,9 @@ func (h *harness) liveInterval(t *testing.T, prog *loader.Program, maps *channel
 		swap(true)
 		defer swap(false)
 	}
-	fibGen := prog.Maps().FibGen
+	fibGen := prog.FibGen()
 	if row.noCache {
-		if err := bpf.DisableFibGen(fibGen); err != nil {
+		if err := fibGen.Disable(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -472,10 +472,10 @@ func (h *harness) liveInterval(t *testing.T, prog *loader.Program, maps *channel
 		// The FIB watcher turns the cache back on at its next event: such an
 		// interval measured a mix.
 		var gen uint32
-		if err := fibGen.Lookup(uint32(0), &gen); err != nil || gen != 0 {
+		if err := prog.Maps().FibGen.Lookup(uint32(0), &gen); err != nil || gen != 0 {
 			t.Errorf("%s: the next-hop cache came back on during the interval (generation %d, %v)", row.name, gen, err)
 		}
-		if err := bpf.EnableFibGen(fibGen); err != nil {
+		if err := fibGen.Enable(); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -219,7 +219,7 @@ func newEnv(t testing.TB) *env {
 		stopped = true
 		close(stop)
 	})
-	fibGen := prog.Maps().FibGen
+	fibGen := prog.FibGen()
 	err = e.ns.Do(func() error {
 		return loader.WatchFIB(stop, func() {
 			watchMu.Lock()
@@ -227,7 +227,7 @@ func newEnv(t testing.TB) *env {
 			if stopped {
 				return
 			}
-			if err := bpf.EnableFibGen(fibGen); err != nil {
+			if err := fibGen.Enable(); err != nil {
 				select {
 				case <-stop:
 					// The watcher may call once more after stop (a message
@@ -375,7 +375,7 @@ func (e *env) setCaps(t testing.TB, m *model.Model, name string, caps *model.Dev
 		if err := e.writeCaps(i); err != nil {
 			t.Fatal(err)
 		}
-		if err := bpf.BumpFibGen(e.prog.Maps().FibGen); err != nil {
+		if err := e.prog.FibGen().Bump(); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -7,64 +7,76 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-var (
-	// fibGenMu serialises the read-modify-write of a fib_gen map in this
-	// process.
-	fibGenMu sync.Mutex
-	// fibGenHigh is the highest generation each fib_gen map held: after the
-	// cache was off (0), it comes back above every generation the program
-	// may have tagged a cached flow or next hop with.
-	fibGenHigh = map[*ebpf.Map]uint32{}
+// fib_gen's entries (maps.h).
+const (
+	fibGenCurrent uint32 = 0 // what the program compares; 0: caches off
+	fibGenHigh    uint32 = 1 // the highest generation ever current
 )
 
-// BumpFibGen advances the FIB generation in fibGen (the program's fib_gen map):
-// every next hop and flow the program cached before is resolved again on its
-// next packet. A generation of 0 (the caches are off: nobody follows the
-// FIB's changes) stays 0.
-func BumpFibGen(fibGen *ebpf.Map) error { return bumpFibGen(fibGen, false) }
+// FibGen is the program's FIB generation (its fib_gen map): every next hop
+// and flow the program cached in an older generation is resolved again on its
+// next packet. Everything it remembers is in the map, so the program's owner
+// and the writers it hands the value to (channelmap, the device capability
+// follower) share one lock over one map.
+type FibGen struct {
+	m  *ebpf.Map
+	mu sync.Mutex // serialises the read-modify-writes
+}
 
-// EnableFibGen is BumpFibGen that also turns the caches on: for the one who
-// follows the FIB's changes (loader.WatchFIB).
-func EnableFibGen(fibGen *ebpf.Map) error { return bumpFibGen(fibGen, true) }
+// NewFibGen returns the generation kept in m, a fib_gen map.
+func NewFibGen(m *ebpf.Map) *FibGen { return &FibGen{m: m} }
 
-// DisableFibGen turns the caches off (generation 0) until EnableFibGen.
-func DisableFibGen(fibGen *ebpf.Map) error {
-	fibGenMu.Lock()
-	defer fibGenMu.Unlock()
-	var gen uint32
-	if err := fibGen.Lookup(uint32(0), &gen); err == nil && gen > fibGenHigh[fibGen] {
-		fibGenHigh[fibGen] = gen
+// Bump advances the generation. A generation of 0 (the caches are off:
+// nobody follows the FIB's changes) stays 0.
+func (g *FibGen) Bump() error { return g.bump(false) }
+
+// Enable is Bump that also turns the caches on: for the one who follows the
+// FIB's changes (loader.WatchFIB).
+func (g *FibGen) Enable() error { return g.bump(true) }
+
+// Invalidate is Bump that turns the caches off when it cannot bump: a stale
+// next hop must never be used.
+func (g *FibGen) Invalidate() error {
+	err := g.Bump()
+	if err != nil {
+		_ = g.Disable()
 	}
-	if err := fibGen.Put(uint32(0), uint32(0)); err != nil {
+	return err
+}
+
+// Disable turns the caches off (generation 0) until Enable.
+func (g *FibGen) Disable() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.m.Put(fibGenCurrent, uint32(0)); err != nil {
 		return fmt.Errorf("turn the FIB generation off: %w", err)
 	}
 	return nil
 }
 
-// ForgetFibGen drops what is remembered of a fib_gen map (when it is closed).
-func ForgetFibGen(fibGen *ebpf.Map) {
-	fibGenMu.Lock()
-	defer fibGenMu.Unlock()
-	delete(fibGenHigh, fibGen)
-}
-
-func bumpFibGen(fibGen *ebpf.Map, enable bool) error {
-	fibGenMu.Lock()
-	defer fibGenMu.Unlock()
-	var gen uint32
-	if err := fibGen.Lookup(uint32(0), &gen); err != nil {
+func (g *FibGen) bump(enable bool) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var gen, high uint32
+	if err := g.m.Lookup(fibGenCurrent, &gen); err != nil {
 		return fmt.Errorf("read the FIB generation: %w", err)
 	}
 	if gen == 0 && !enable {
 		return nil
 	}
-	gen = max(gen, fibGenHigh[fibGen])
+	if err := g.m.Lookup(fibGenHigh, &high); err != nil {
+		return fmt.Errorf("read the FIB generation: %w", err)
+	}
+	gen = max(gen, high)
 	if gen++; gen == 0 {
 		gen = 1 // wrapped: 0 would turn the caches off
 	}
-	if err := fibGen.Put(uint32(0), gen); err != nil {
+	// The mark first: a generation is never current before it is recorded.
+	if err := g.m.Put(fibGenHigh, gen); err != nil {
 		return fmt.Errorf("write the FIB generation: %w", err)
 	}
-	fibGenHigh[fibGen] = gen
+	if err := g.m.Put(fibGenCurrent, gen); err != nil {
+		return fmt.Errorf("write the FIB generation: %w", err)
+	}
 	return nil
 }

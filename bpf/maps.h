@@ -244,12 +244,15 @@ struct {
 } binding_states SEC(".maps");
 
 /* The FIB generation: cached next hops resolved in another one are stale.
- * Zero (as created) turns the cache off until userspace sets it. */
+ * [0] is what the program compares; zero (as created) turns the cache off
+ * until userspace sets it. [1] is the highest generation [0] ever held, kept
+ * by userspace (bpf.FibGen) so that a cache turned on again starts above
+ * every generation an entry may carry; the program never reads it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, __u32);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);
 } fib_gen SEC(".maps");
 
 struct {

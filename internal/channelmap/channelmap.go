@@ -141,8 +141,11 @@ type bindingMap interface {
 
 // Maps writes bindings into the program's maps.
 type Maps struct {
-	c2p, p2c               bindingMap
-	verdicts, dsts, fibGen *ebpf.Map
+	c2p, p2c       bindingMap
+	verdicts, dsts *ebpf.Map
+	// fibGen is the program's FIB generation; its owner's (SetFibGen)
+	// once the program is loaded, so that all its writers share one lock.
+	fibGen *bpf.FibGen
 	// wirePorts is the program's bitmap of the destination ports a DNAT
 	// translates to a listener's (see SetDestinations); wireBits what it
 	// holds.
@@ -230,7 +233,7 @@ func New(m *bpf.RelayMaps) *Maps {
 		dsts:         m.ListenerDsts,
 		wirePorts:    m.WirePorts,
 		states:       m.BindingStates,
-		fibGen:       m.FibGen,
+		fibGen:       bpf.NewFibGen(m.FibGen),
 		rateLimits:   m.RateLimits,
 		allocRates:   m.AllocRates,
 		allocs:       make(map[netip.AddrPort]*allocRef),
@@ -622,11 +625,19 @@ func (m *Maps) InvalidateNextHops() error {
 	return m.invalidate()
 }
 
+// SetFibGen makes m bump g, the loaded program's FIB generation over the
+// same map, which its other writers share.
+func (m *Maps) SetFibGen(g *bpf.FibGen) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fibGen = g
+}
+
 // invalidate bumps the FIB generation: every flow and next hop the program
 // cached is resolved again. A failure is retried by the next write (called
 // with mu held).
 func (m *Maps) invalidate() error {
-	if err := bpf.BumpFibGen(m.fibGen); err != nil {
+	if err := m.fibGen.Bump(); err != nil {
 		m.invalidPending = true
 		return err
 	}

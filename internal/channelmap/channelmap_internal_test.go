@@ -513,7 +513,7 @@ func TestSlotGenerations(t *testing.T) {
 // next write; RemoveStray bumps it when it removed anything.
 func TestInvalidateRetried(t *testing.T) {
 	m, raw := newTestMaps(t, 4)
-	if err := bpf.EnableFibGen(raw.FibGen); err != nil {
+	if err := bpf.NewFibGen(raw.FibGen).Enable(); err != nil {
 		t.Fatal(err)
 	}
 	gen := func() uint32 {
@@ -530,11 +530,11 @@ func TestInvalidateRetried(t *testing.T) {
 	}
 	broken.Close() // every operation on it fails
 	g0 := gen()
-	m.fibGen = broken
+	m.fibGen = bpf.NewFibGen(broken)
 	if err := m.SetDestinations(map[netip.AddrPort]netip.AddrPort{testBinding.Listener: testBinding.Listener}); err == nil {
 		t.Fatal("SetDestinations with a broken FIB generation: no error")
 	}
-	m.fibGen = raw.FibGen
+	m.fibGen = bpf.NewFibGen(raw.FibGen)
 	if gen() != g0 {
 		t.Fatal("the generation moved through a broken map")
 	}

@@ -26,14 +26,15 @@ import (
 // changed, so that cached next hops, which carry the decision, are decided
 // again.
 type devCaps struct {
-	caps, fibGen *ebpf.Map
-	log          *slog.Logger
-	rtnl         *netlink.Handle
-	feat         *xdpfeatures.Client // nil: the kernel reports no XDP features
-	watch        *xdpfeatures.Watcher
-	stop         chan struct{}
-	kick         chan struct{}
-	wg           sync.WaitGroup
+	caps   *ebpf.Map
+	fibGen *bpf.FibGen
+	log    *slog.Logger
+	rtnl   *netlink.Handle
+	feat   *xdpfeatures.Client // nil: the kernel reports no XDP features
+	watch  *xdpfeatures.Watcher
+	stop   chan struct{}
+	kick   chan struct{}
+	wg     sync.WaitGroup
 
 	mu      sync.Mutex
 	modes   map[int]Mode
@@ -43,7 +44,7 @@ type devCaps struct {
 // startDevCaps starts keeping the dev_caps map of the calling thread's
 // network namespace, with modes the attachments so far. It returns once the
 // map is written and every subscription is up.
-func startDevCaps(caps, fibGen *ebpf.Map, modes map[int]Mode, log *slog.Logger) (*devCaps, error) {
+func startDevCaps(caps *ebpf.Map, fibGen *bpf.FibGen, modes map[int]Mode, log *slog.Logger) (*devCaps, error) {
 	// Sockets belong to the namespace of the thread that opens them: the
 	// caller's. Opening them "at" a namespace handle would setns, which
 	// needs CAP_SYS_ADMIN, beyond the DaemonSet's BPF, NET_ADMIN, PERFMON.
@@ -205,9 +206,8 @@ func (d *devCaps) sync() {
 	}
 	d.written = want
 	if changed {
-		if err := bpf.BumpFibGen(d.fibGen); err != nil {
-			d.log.Warn("device capabilities changed but the next-hop cache cannot be invalidated; turning it off", "error", err)
-			_ = bpf.DisableFibGen(d.fibGen)
+		if err := d.fibGen.Invalidate(); err != nil {
+			d.log.Warn("device capabilities changed but the next-hop cache cannot be invalidated; turned it off", "error", err)
 		}
 	}
 }

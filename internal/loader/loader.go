@@ -72,6 +72,7 @@ type Config struct {
 // Program is the loaded relay program and its maps.
 type Program struct {
 	objs        bpf.RelayObjects
+	fibGen      *bpf.FibGen   // over objs.FibGen
 	charge      *ebpf.Program // bpf/charge.c over objs' rate-limit maps
 	log         *slog.Logger
 	ipv6Clients bool
@@ -112,6 +113,7 @@ func Load(cfg Config, log *slog.Logger) (*Program, error) {
 	if err := load(cfg, &p.objs, nil); err != nil {
 		return nil, err
 	}
+	p.fibGen = bpf.NewFibGen(p.objs.FibGen)
 	// Without it userspace could not charge the engines' buckets, and an
 	// allocation would have two budgets: no kernel path rather than that.
 	charge, err := loadCharge(&p.objs.RelayMaps)
@@ -295,6 +297,10 @@ func (p *Program) Maps() *bpf.RelayMaps { return &p.objs.RelayMaps }
 // charge an allocation's bucket in alloc_rates (channelmap.Maps.SetCharge).
 func (p *Program) Charge() *ebpf.Program { return p.charge }
 
+// FibGen returns the program's FIB generation, which every writer that
+// invalidates its caches shares (channelmap.Maps.SetFibGen).
+func (p *Program) FibGen() *bpf.FibGen { return p.fibGen }
+
 // XDP returns the program itself (for BPF_PROG_RUN in tests and benchmarks).
 func (p *Program) XDP() *ebpf.Program { return p.objs.XdpTurnRelay }
 
@@ -390,7 +396,7 @@ func (p *Program) detachLocked(ifindex int) error {
 		errs = append(errs, fmt.Errorf("remove %s from the redirect map: %w", a.name, err))
 	}
 	// A next hop cached through it must be looked up again (and passed).
-	if err := bpf.BumpFibGen(p.objs.FibGen); err != nil {
+	if err := p.fibGen.Invalidate(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := a.link.Close(); err != nil {
@@ -418,7 +424,7 @@ func (p *Program) capsChangedLocked() error {
 		p.caps.setModes(p.modesLocked())
 		return nil
 	}
-	c, err := startDevCaps(p.objs.DevCaps, p.objs.FibGen, p.modesLocked(), p.log)
+	c, err := startDevCaps(p.objs.DevCaps, p.fibGen, p.modesLocked(), p.log)
 	if err != nil {
 		return err
 	}
@@ -460,22 +466,21 @@ func (p *Program) refreshLocked() {
 // packet takes bpf_fib_lookup.
 func (p *Program) fibChangedLocked() {
 	if p.watching {
-		if err := bpf.BumpFibGen(p.objs.FibGen); err != nil {
-			p.log.Warn("cannot invalidate the next-hop cache; turning it off", "error", err)
-			_ = bpf.DisableFibGen(p.objs.FibGen)
+		if err := p.fibGen.Invalidate(); err != nil {
+			p.log.Warn("cannot invalidate the next-hop cache; turned it off", "error", err)
 		}
 		return
 	}
-	fibGen := p.objs.FibGen
+	fibGen := p.fibGen
 	err := WatchFIB(p.fibStop, func() {
 		p.fibMu.Lock()
 		defer p.fibMu.Unlock()
 		if p.fibClosed {
 			return // its goroutines may outlive the stop by one call
 		}
-		if err := bpf.EnableFibGen(fibGen); err != nil {
+		if err := fibGen.Enable(); err != nil {
 			p.log.Warn("cannot invalidate the next-hop cache; turning it off", "error", err)
-			_ = bpf.DisableFibGen(fibGen)
+			_ = fibGen.Disable()
 		}
 	}, p.log)
 	if err != nil {
@@ -517,7 +522,6 @@ func (p *Program) Close() error {
 		p.caps.close()
 		p.caps = nil
 	}
-	bpf.ForgetFibGen(p.objs.FibGen)
 	errs = append(errs, p.charge.Close(), p.objs.Close())
 	return errors.Join(errs...)
 }

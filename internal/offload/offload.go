@@ -103,6 +103,7 @@ func LoadXDP(log *slog.Logger) LoadFunc {
 func mapsOf(p *loader.Program) *channelmap.Maps {
 	m := channelmap.New(p.Maps())
 	m.SetCharge(p.Charge())
+	m.SetFibGen(p.FibGen())
 	return m
 }
 
