@@ -45,7 +45,7 @@ func (h *harness) shapeOne(t *testing.T, shape netns.Shape, mode string) ShapeRo
 	if err := r.LooksLikeANode(); err != nil {
 		t.Fatal(err)
 	}
-	d := r.StartDaemon(t, netns.DaemonOptions{Binary: h.daemonBin, HandoverDir: h.pins, Off: mode == "off", User: shapeUser, Password: shapePassword})
+	d := r.StartDaemon(t, netns.DaemonOptions{Binary: h.daemonBin, SteeringDir: h.pins, Off: mode == "off", User: shapeUser, Password: shapePassword})
 	peer := netip.AddrPortFrom(r.PeerIP, 5002)
 	r.Peer.ServeUDPEcho(t, peer)
 	relay, err := r.Client.Allocate(t, "udp4", netip.AddrPortFrom(r.ClientIP, 0).String(), &turn.ClientConfig{

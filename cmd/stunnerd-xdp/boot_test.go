@@ -137,7 +137,7 @@ func TestBootRetriesFailedStart(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "health.sock")
 	file := writeConfig(t, dir, port)
-	r := startOrigin(t, "-c", file, "-w", "--log=all:INFO", "--xdp-mode=off", "--handover-dir=", "--grace-period=1s",
+	r := startOrigin(t, "-c", file, "-w", "--log=all:INFO", "--xdp-mode=off", "--steering-dir=", "--grace-period=1s",
 		"--health-addr=", "--metrics-addr=", "--health-socket="+sock)
 	r.waitFor("the failed start", 10*time.Second, func() bool {
 		return strings.Contains(r.log.String(), "address already in use")
@@ -186,7 +186,7 @@ func TestOriginLabelClientFailureCloses(t *testing.T) {
 	held, port := holdTURNPort(t)
 	held.Close()
 	dir := t.TempDir()
-	r := startOrigin(t, "-c", writeConfig(t, dir, port), "--log=all:INFO", "--xdp-mode=off", "--handover-dir=",
+	r := startOrigin(t, "-c", writeConfig(t, dir, port), "--log=all:INFO", "--xdp-mode=off", "--steering-dir=",
 		"--health-addr=", "--metrics-addr=", "--node-name=node-1", "--kubeconfig="+filepath.Join(dir, "no-kubeconfig"))
 	select {
 	case code := <-r.exit:

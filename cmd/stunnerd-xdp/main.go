@@ -22,7 +22,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
 	"github.com/l7mp/stunnerd-xdp/internal/daemon"
-	"github.com/l7mp/stunnerd-xdp/internal/handover"
+	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/prefix"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
@@ -62,7 +62,7 @@ label stunner.l7mp.io/xdp-offload=disabled does.
 
 Two daemons may run on one node at once (a rolling update with surge): they
 share the TURN ports through SO_REUSEPORT and a steering program whose maps are
-pinned under --handover-dir; clients with allocations stay with their daemon,
+pinned under --steering-dir; clients with allocations stay with their daemon,
 new clients go to the newest one, and the newcomer takes over XDP when the old
 one detaches. The probe command checks this process's health over
 --health-socket, which stays per-pod while the health port is shared.
@@ -75,7 +75,7 @@ Flags:
 
 type options struct {
 	log, logFormat, realm, relayAddr, xdpMode, xdpIfaces string
-	metricsAddr, healthAddr, healthSocket, handoverDir   string
+	metricsAddr, healthAddr, healthSocket, steeringDir   string
 	pprofAddr                                            string
 	minPort, maxPort                                     uint
 	maxBindings                                          uint
@@ -231,7 +231,10 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.healthAddr, "health-addr", ":8086", "`ADDR` for health checks at /live, /ready and /status (empty: off); without a host, as --metrics-addr")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "loopback `ADDR` (like 127.0.0.1:6060) serving Go's profiles at /debug/pprof/ (empty: off)")
 	fs.StringVar(&o.healthSocket, "health-socket", "", "`PATH` of a unix socket serving /live, /ready and /status for this process only\n(for exec probes: 'stunnerd-xdp probe --health-socket PATH ready'; empty: off)")
-	fs.StringVar(&o.handoverDir, "handover-dir", handover.DefaultDir, "bpffs `DIR` where the daemons of a node share their TURN ports for hitless rolling updates\n(a subdirectory per network namespace; empty: ports are bound exclusively)")
+	fs.StringVar(&o.steeringDir, "steering-dir", steering.DefaultDir, "bpffs `DIR` where the daemons of a node share their TURN ports for hitless rolling updates\n(a subdirectory per network namespace; empty: ports are bound exclusively)")
+	// The flag's name before the steering had one name (issue 26).
+	fs.StringVar(&o.steeringDir, "handover-dir", steering.DefaultDir, "the old name of --steering-dir")
+	_ = fs.MarkDeprecated("handover-dir", "use --steering-dir")
 	fs.Var(&o.allowPeers, "allow-peer", "`CIDR` of peers clients may relay to (repeatable); when given, it is an allowlist.\n"+
 		"The defaults refuse internal networks (RFC 1918, 100.64.0.0/10, 198.18.0.0/15, fc00::/7, the cluster's\n"+
 		"Service CIDRs), loopback, link-local, multicast and this node's addresses; a CIDR inside one of them\n"+
@@ -417,7 +420,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 	cfg.MaxBindings = uint32(o.maxBindings)
 	cfg.MetricsAddr, cfg.HealthAddr, cfg.ForceReady = o.metricsAddr, o.healthAddr, o.forceReady
 	cfg.PodAddr, cfg.PprofAddr = podAddr(), o.pprofAddr
-	cfg.HealthSocket, cfg.HandoverDir = o.healthSocket, o.handoverDir
+	cfg.HealthSocket, cfg.SteeringDir = o.healthSocket, o.steeringDir
 	cfg.UDPThreadNum, cfg.NoShortcut = o.udpThreadNum, !o.shortcut
 	cfg.UserQuota, cfg.TotalQuota, cfg.MaxPermissions = int(o.userQuota), int(o.totalQuota), o.maxPermissions
 	if o.maxChannels < 0 {

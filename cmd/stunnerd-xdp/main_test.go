@@ -127,6 +127,20 @@ func TestRateLimitFlags(t *testing.T) {
 	}
 }
 
+// --handover-dir, the steering directory's old name, still sets it, with a
+// deprecation notice; --steering-dir is the name --help shows.
+func TestSteeringDirFlag(t *testing.T) {
+	var stderr strings.Builder
+	o, _, err := parseFlags([]string{"--handover-dir=/sys/fs/bpf/x", "turn://u:p@10.0.0.1:3478"}, &stderr)
+	if err != nil || o.steeringDir != "/sys/fs/bpf/x" || !strings.Contains(stderr.String(), "--steering-dir") {
+		t.Fatalf("--handover-dir: dir %q, %v, stderr %q", o.steeringDir, err, stderr.String())
+	}
+	o, _, err = parseFlags([]string{"--steering-dir=", "turn://u:p@10.0.0.1:3478"}, io.Discard)
+	if err != nil || o.steeringDir != "" {
+		t.Fatalf("--steering-dir=: dir %q, %v", o.steeringDir, err)
+	}
+}
+
 func TestUsageAndBadInvocations(t *testing.T) {
 	var out bytes.Buffer
 	if code := run([]string{"--help"}, &out); code != 0 {

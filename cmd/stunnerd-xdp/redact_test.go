@@ -57,7 +57,7 @@ func TestCredentialsNotLoggedWhileServing(t *testing.T) {
 		r.stop()
 		check(what, r.log.String())
 	}
-	common := []string{"--log=all:TRACE", "--grace-period=0", "--xdp-mode=off", "--health-addr=", "--metrics-addr=", "--handover-dir="}
+	common := []string{"--log=all:TRACE", "--grace-period=0", "--xdp-mode=off", "--health-addr=", "--metrics-addr=", "--steering-dir="}
 
 	// A TURN URI.
 	held, port := holdTURNPort(t)

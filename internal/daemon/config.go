@@ -94,10 +94,10 @@ type Config struct {
 	HealthSocket string
 	ForceReady   bool
 
-	// HandoverDir is the bpffs directory under which the daemons of a node
+	// SteeringDir is the bpffs directory under which the daemons of a node
 	// share listener steering (one subdirectory per network namespace);
 	// empty: listeners are bound exclusively.
-	HandoverDir string
+	SteeringDir string
 	// XDPRetryInterval is how often an XDP attach that failed is retried.
 	XDPRetryInterval time.Duration
 

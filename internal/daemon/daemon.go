@@ -21,7 +21,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
 	"github.com/l7mp/stunnerd-xdp/internal/credentials"
 	"github.com/l7mp/stunnerd-xdp/internal/ctrefresh"
-	"github.com/l7mp/stunnerd-xdp/internal/handover"
+	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/listener"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/metrics"
@@ -59,7 +59,7 @@ type Daemon struct {
 	xdp        *offload.Manager
 	dests      *destinationSync
 	ctRefresh  *ctrefresh.Refresher
-	steer      *handover.Steering
+	steer      *steering.Steering
 	counters   *userspace.Counters
 	rateLimit  *userspace.RateLimiter
 	traffic    *metrics.Traffic
@@ -278,7 +278,7 @@ func (d *Daemon) NodeLabel() nodelabel.State {
 }
 
 // Steering returns the node's listener steering verdicts (nil without it).
-func (d *Daemon) Steering() (*handover.Stats, error) {
+func (d *Daemon) Steering() (*steering.Stats, error) {
 	if d.steer == nil {
 		return nil, nil
 	}

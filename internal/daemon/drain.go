@@ -7,7 +7,7 @@ import (
 // A rolling update with surge runs the old and the new daemon side by side on
 // a node. What they share, and how:
 //
-//   - listener ports: SO_REUSEPORT plus the steering program (internal/handover);
+//   - listener ports: SO_REUSEPORT plus the steering program (internal/steering);
 //     a client with an allocation stays with its daemon, new ones go to the
 //     newest;
 //   - the XDP hook: one program per interface, so the newcomer serves from
@@ -17,7 +17,7 @@ import (
 //     old daemon is gone (internal/endpoints); probes use a per-pod unix socket
 //     meanwhile (Endpoints.ServeUnix).
 
-// After SIGTERM a daemon is in one of three states (internal/handover's
+// After SIGTERM a daemon is in one of three states (internal/steering's
 // package comment has the steering side):
 //
 //   - draining, alone: no newer daemon serves the node (a plain stop, or

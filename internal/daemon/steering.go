@@ -3,18 +3,18 @@ package daemon
 import (
 	"time"
 
-	"github.com/l7mp/stunnerd-xdp/internal/handover"
+	"github.com/l7mp/stunnerd-xdp/internal/steering"
 )
 
 // openSteering joins the node's steering maps. Without them the listeners are
 // bound exclusively, as before: everything works except a hitless overlap.
 func (d *Daemon) openSteering() {
-	if d.config().HandoverDir == "" {
+	if d.config().SteeringDir == "" {
 		return
 	}
-	dir, err := handover.DirFor(d.config().HandoverDir)
+	dir, err := steering.DirFor(d.config().SteeringDir)
 	if err == nil {
-		d.steer, err = handover.Open(dir)
+		d.steer, err = steering.Open(dir)
 	}
 	if err != nil {
 		d.log.Warn("no listener handover: a second daemon on this node cannot bind the TURN ports, so rolling updates are not hitless", "error", err)
@@ -24,7 +24,7 @@ func (d *Daemon) openSteering() {
 }
 
 // steerAssertInterval is how often the daemon re-takes the new flows of its
-// listeners where nobody newer holds them (handover.Steering.Assert): the
+// listeners where nobody newer holds them (steering.Steering.Assert): the
 // longest a node's new clients may be spread by the kernel's hash, some to a
 // draining daemon, after the daemon holding them retired or died.
 const steerAssertInterval = time.Second

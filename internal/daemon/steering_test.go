@@ -58,7 +58,7 @@ func startOn(t *testing.T, listen netip.AddrPort, dir string) (*Daemon, *testenv
 		RelayAddress: netip.MustParseAddr("127.0.0.1"),
 		MinRelayPort: 61000, MaxRelayPort: 61999,
 		XDPMode:     loader.ModeOff,
-		HandoverDir: dir,
+		SteeringDir: dir,
 		Logger:      lf,
 	})
 	if err == nil {

@@ -93,7 +93,7 @@ func startThreadsErr(t testing.TB, listen netip.AddrPort, dir string, threads in
 		RelayAddress: netip.MustParseAddr("127.0.0.1"),
 		MinRelayPort: 61000, MaxRelayPort: 61999,
 		XDPMode:      loader.ModeOff,
-		HandoverDir:  dir,
+		SteeringDir:  dir,
 		UDPThreadNum: threads,
 		AllowPeers:   []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, // the test's peer (an own address: admitted only by a /32)
 		MetricsAddr:  "", HealthAddr: "",

@@ -21,7 +21,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
 	"github.com/l7mp/stunnerd-xdp/internal/credentials"
 	"github.com/l7mp/stunnerd-xdp/internal/destinations"
-	"github.com/l7mp/stunnerd-xdp/internal/handover"
+	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/metrics"
 	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
@@ -45,7 +45,7 @@ type Deps struct {
 	Destinations *destinations.Tracker
 	// Steering shares the listener ports with the node's other daemons
 	// (nil: the ports are bound exclusively).
-	Steering    *handover.Steering
+	Steering    *steering.Steering
 	Quota       *quota.Counter
 	Permissions *quota.Permissions
 	// Draining says whether new allocations are refused (486).
@@ -102,7 +102,7 @@ type Listener struct {
 	ports  portState
 
 	// The sockets' steering slots, when the node's daemons share the port.
-	group   handover.Group
+	group   steering.Group
 	slots   []uint32
 	steered bool
 }

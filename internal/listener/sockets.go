@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
-	"github.com/l7mp/stunnerd-xdp/internal/handover"
+	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/udpio"
 )
 
@@ -101,9 +101,9 @@ func (s *Set) steerSockets(ls *Listener, cs ...syscall.Conn) error {
 			return err
 		}
 	}
-	ls.group = handover.Group{Protocol: handover.UDP, Addr: ls.l.Addr}
+	ls.group = steering.Group{Protocol: steering.UDP, Addr: ls.l.Addr}
 	if ls.l.Protocol != config.UDP {
-		ls.group.Protocol = handover.TCP
+		ls.group.Protocol = steering.TCP
 	}
 	slots, err := s.deps.Steering.RegisterSet(rcs, ls.group)
 	if err != nil {
@@ -130,7 +130,7 @@ func (s *Set) unsteer(ls *Listener) {
 // answers the Allocate, so the client's next packet already comes to this
 // daemon's socket that holds the allocation.
 func (s *Set) flowHooks(ls *Listener, i int) stage {
-	if !ls.steered || ls.group.Protocol != handover.UDP {
+	if !ls.steered || ls.group.Protocol != steering.UDP {
 		return func(h turn.EventHandler) turn.EventHandler { return h }
 	}
 	log := s.deps.Logger.Slog("handover")

@@ -8,7 +8,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
-	"github.com/l7mp/stunnerd-xdp/internal/handover"
+	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
@@ -38,7 +38,7 @@ type Source interface {
 	// NodeLabel is the state of the node's offload label.
 	NodeLabel() nodelabel.State
 	// Steering is the node's listener steering (nil without it).
-	Steering() (*handover.Stats, error)
+	Steering() (*steering.Stats, error)
 	// Traffic is the listeners' and clusters' accounting.
 	Traffic() *Traffic
 	// Quota is the allocation quotas' counts.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
-	"github.com/l7mp/stunnerd-xdp/internal/handover"
+	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
@@ -35,7 +35,7 @@ func (s *mirrorSource) Interfaces() []string                   { return []string
 func (s *mirrorSource) UserspaceCounters() *userspace.Counters { return &s.counters }
 func (s *mirrorSource) UserspaceBindings() map[string]int      { return s.m.UserspaceBindings() }
 func (s *mirrorSource) NodeLabel() nodelabel.State             { return nodelabel.Absent }
-func (s *mirrorSource) Steering() (*handover.Stats, error)     { return nil, nil }
+func (s *mirrorSource) Steering() (*steering.Stats, error)     { return nil, nil }
 func (s *mirrorSource) Traffic() *Traffic                      { return s.traffic }
 func (s *mirrorSource) Quota() quota.Stats                     { return quota.Stats{} }
 func (s *mirrorSource) Guards() Guards                         { return Guards{} }

@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
-	"github.com/l7mp/stunnerd-xdp/internal/handover"
+	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/metrics"
 )
 
@@ -84,8 +84,8 @@ type XDP struct {
 	XDPPackets       uint64 `json:"xdpPackets"`
 	UserspacePackets uint64 `json:"userspacePackets"`
 	// Steering holds the node-wide listener steering verdicts when two
-	// daemons may share the ports (nil without --handover-dir).
-	Steering *handover.Stats `json:"steering,omitempty"`
+	// daemons may share the ports (nil without --steering-dir).
+	Steering *steering.Stats `json:"steering,omitempty"`
 }
 
 // Input is what a status is built from.

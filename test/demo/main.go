@@ -117,7 +117,7 @@ func run(daemon, turncat, mode string, rate, size, seconds int) error {
 	turnURI := fmt.Sprintf("turn://%s:%s@%s:3478", turnUser, turnPass, server)
 	// The peer is in a private network, which the daemon refuses unless
 	// told: the demo opens its one peer, as an operator would.
-	p, err := d.start(r.Server, daemon, "--xdp-mode="+mode, "--relay-address="+r.ServerPeerIf.Addr.String(), "--handover-dir="+pins, "--allow-peer="+peer+"/32",
+	p, err := d.start(r.Server, daemon, "--xdp-mode="+mode, "--relay-address="+r.ServerPeerIf.Addr.String(), "--steering-dir="+pins, "--allow-peer="+peer+"/32",
 		"--metrics-addr="+server+":8080", "--health-addr="+server+":8086", "--log=all:INFO", turnURI)
 	if err != nil {
 		return err

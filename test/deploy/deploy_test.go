@@ -251,16 +251,16 @@ func TestDaemonSet(t *testing.T) {
 		// The handover directory is the mount of the node's
 		// /sys/fs/bpf/stunnerd-xdp, made by the kubelet when missing, and
 		// nothing else of the node's bpffs is mounted.
-		dir := flagValue(c.Args, "--handover-dir")
+		dir := flagValue(c.Args, "--steering-dir")
 		vm := slices.IndexFunc(c.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.MountPath == dir })
 		if dir == "" || vm < 0 {
-			t.Fatalf("--handover-dir %q is not a volume mount", dir)
+			t.Fatalf("--steering-dir %q is not a volume mount", dir)
 		}
 		if c.VolumeMounts[vm].ReadOnly {
 			t.Error("the bpffs mount is read-only: the steering maps cannot be pinned")
 		}
 		if strings.HasPrefix(dir, "/sys/") {
-			t.Errorf("--handover-dir %s: the container's /sys is a read-only sysfs, no mount point can be made there", dir)
+			t.Errorf("--steering-dir %s: the container's /sys is a read-only sysfs, no mount point can be made there", dir)
 		}
 		v := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == c.VolumeMounts[vm].Name })
 		hp := pod.Volumes[v].HostPath

@@ -43,7 +43,7 @@ func TestCapabilities(t *testing.T) {
 			startEcho(t, r.Peer, echoPeer)
 			setpriv := []string{"setpriv", "--bounding-set=-all,+" + strings.Join(c.caps, ",+"), "--inh-caps=-all", "--no-new-privs", "--",
 				netns.RequireBinary(t, netns.Daemon)}
-			p := runCommand(t, r, nil, append(setpriv, binaryArgs("--handover-dir="+testenv.BPFFS(t))...))
+			p := runCommand(t, r, nil, append(setpriv, binaryArgs("--steering-dir="+testenv.BPFFS(t))...))
 			if got := p.WaitOutput("listener handover on", 2*time.Second); got != c.steering {
 				t.Errorf("listener handover on: %v, want %v", got, c.steering)
 			}

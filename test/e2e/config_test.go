@@ -77,7 +77,7 @@ func TestSTUNnerConfigAndReload(t *testing.T) {
 	cfgPath := filepath.Join(t.TempDir(), "stunnerd.conf")
 	writeConfig(t, cfgPath, stunnerConfig("first-secret", ""))
 	p := runBinary(t, r, nil, "--log-format=json", "--relay-address=10.200.0.1", "--xdp-mode=native",
-		"--handover-dir="+testenv.BPFFS(t), "-c", cfgPath, "-w")
+		"--steering-dir="+testenv.BPFFS(t), "-c", cfgPath, "-w")
 	startEcho(t, r.Peer, echoPeer)
 
 	// Ephemeral credentials from the shared secret, over UDP: relayed by XDP.

@@ -161,7 +161,7 @@ func TestTCPSlowBodyFlood(t *testing.T) {
 `, cert, key)))
 	bin := netns.RequireBinary(t, netns.Daemon)
 	p := cg.start(t, r.Server, bin, "--log-format=json", "--relay-address=10.200.0.1",
-		"--xdp-mode=off", "--handover-dir=", "-c", cfgPath, "--max-tcp-conns-per-source=0",
+		"--xdp-mode=off", "--steering-dir=", "-c", cfgPath, "--max-tcp-conns-per-source=0",
 		"--tcp-idle-timeout=4s", "--tls-handshake-timeout=3s", "--tcp-frame-timeout=10s")
 	startEcho(t, r.Peer, echoPeer)
 	u, pw := restCredentials(t, "secret")

@@ -47,7 +47,7 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 	r := parentRig(t)
 	pins := testenv.BPFFS(t)
 	sockA, sockB := filepath.Join(t.TempDir(), "a.sock"), filepath.Join(t.TempDir(), "b.sock")
-	common := []string{"--handover-dir=" + pins, "--xdp-mode=" + mode, "--grace-period=2m"}
+	common := []string{"--steering-dir=" + pins, "--xdp-mode=" + mode, "--grace-period=2m"}
 	startEcho(t, r.Peer, echoPeer)
 
 	type result struct{ sent, received int }
@@ -211,7 +211,7 @@ func successorKilled(t *testing.T, mode string) {
 	r := parentRig(t)
 	pins := testenv.BPFFS(t)
 	sockA, sockB := filepath.Join(t.TempDir(), "a.sock"), filepath.Join(t.TempDir(), "b.sock")
-	common := []string{"--handover-dir=" + pins, "--xdp-mode=" + mode, "--grace-period=2m"}
+	common := []string{"--steering-dir=" + pins, "--xdp-mode=" + mode, "--grace-period=2m"}
 	xdp := mode != "off"
 	ifaces := 0
 	if xdp {

@@ -40,7 +40,7 @@ func TestMasqueradeEntryDeleted(t *testing.T) {
 			if err := r.LooksLikeANode(); err != nil {
 				t.Fatal(err)
 			}
-			r.StartDaemon(t, netns.DaemonOptions{Binary: netns.RequireBinary(t, netns.Daemon), HandoverDir: testenv.BPFFS(t),
+			r.StartDaemon(t, netns.DaemonOptions{Binary: netns.RequireBinary(t, netns.Daemon), SteeringDir: testenv.BPFFS(t),
 				Off: off, User: user, Password: password})
 			peerAddr := netip.AddrPortFrom(r.PeerIP, 5002)
 			startPeer(t, r.Peer, peerAddr.String(), true, 0)

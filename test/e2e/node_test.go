@@ -86,7 +86,7 @@ func startNode(t *testing.T, r *netns.Rig, mode string, listeners []nodeListener
 		args = append([]string{"--xdp-mode=" + mode}, args...)
 	}
 	args = append([]string{"--log-format=json", "--relay-address=10.200.0.1",
-		"--handover-dir=" + testenv.BPFFS(t), "-c", cfg}, args...)
+		"--steering-dir=" + testenv.BPFFS(t), "-c", cfg}, args...)
 	return runBinary(t, r, nil, args...)
 }
 

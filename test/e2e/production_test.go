@@ -101,7 +101,7 @@ func statusOf(t *testing.T) func(int, string, error) dstatus.Status {
 // for its health endpoint. Its steering maps go to a bpffs of the test's own.
 func startBinary(t *testing.T, r *netns.Rig, args ...string) *netns.Proc {
 	t.Helper()
-	args = append([]string{"--handover-dir=" + testenv.BPFFS(t)}, args...)
+	args = append([]string{"--steering-dir=" + testenv.BPFFS(t)}, args...)
 	return startBinaryUntil(t, r, nil, args...)
 }
 

@@ -182,7 +182,7 @@ func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
 	if c.offload != nil {
 		offload = c.offload(r)
 	}
-	r.StartDaemon(t, netns.DaemonOptions{Binary: netns.RequireBinary(t, netns.Daemon), HandoverDir: testenv.BPFFS(t),
+	r.StartDaemon(t, netns.DaemonOptions{Binary: netns.RequireBinary(t, netns.Daemon), SteeringDir: testenv.BPFFS(t),
 		Off: mode == "off", OffloadInterfaces: offload, User: user, Password: password})
 	peerAddr := netip.AddrPortFrom(r.PeerIP, 5002)
 	peer := startPeer(t, r.Peer, peerAddr.String(), true, 0)

@@ -466,7 +466,7 @@ func (b *nodeBuilder) macvlanNIC() {
 // DaemonOptions say how StartDaemon runs the daemon on a node rig.
 type DaemonOptions struct {
 	Binary      string // the stunnerd-xdp binary (Binary(Daemon))
-	HandoverDir string // a bpffs directory of the test's own: `ip netns exec` hides the host's /sys/fs/bpf
+	SteeringDir string // a bpffs directory of the test's own: `ip netns exec` hides the host's /sys/fs/bpf
 	Off         bool   // --xdp-mode=off; else no mode flag: the daemon's default
 	// OffloadInterfaces are the config's offload_interfaces; empty, as a STUNner user leaves
 	// them (STUNner reads that as "all"; the daemon attaches to the interfaces carrying the
@@ -509,7 +509,7 @@ clusters:
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"--handover-dir=" + o.HandoverDir, "-c", path}
+	args := []string{"--steering-dir=" + o.SteeringDir, "-c", path}
 	if o.Off {
 		args = append(args, "--xdp-mode=off")
 	}

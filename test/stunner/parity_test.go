@@ -109,7 +109,7 @@ func TestEphemeralUsernamesBothOrders(t *testing.T) {
 	var logs bytes.Buffer
 	// The sample's metrics endpoint is 0.0.0.0:8080: the flags keep the
 	// test's endpoints off shared ports.
-	daemon := exec.CommandContext(ctx, bin, "--xdp-mode=off", "--relay-address=127.0.0.1", "--handover-dir=",
+	daemon := exec.CommandContext(ctx, bin, "--xdp-mode=off", "--relay-address=127.0.0.1", "--steering-dir=",
 		"--min-relay-port=20000", "--max-relay-port=20999", "--metrics-addr=", fmt.Sprintf("--health-addr=127.0.0.1:%d", freePort(t, "tcp")),
 		"-c", sampleV1alpha1)
 	daemon.Stdout, daemon.Stderr = &logs, &logs

@@ -48,7 +48,7 @@
 // hang the others. The directories must be owned by the process's user (or
 // root) and writable by nobody else (ErrUnsafeDir): whoever can write there
 // can replace the pinned maps and steer the node's TURN traffic.
-package handover
+package steering
 
 import (
 	"errors"

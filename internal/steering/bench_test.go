@@ -1,4 +1,4 @@
-package handover
+package steering
 
 import (
 	"net"
