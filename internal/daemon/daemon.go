@@ -21,7 +21,6 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
 	"github.com/l7mp/stunnerd-xdp/internal/credentials"
 	"github.com/l7mp/stunnerd-xdp/internal/ctrefresh"
-	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/listener"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/metrics"
@@ -31,6 +30,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
 	"github.com/l7mp/stunnerd-xdp/internal/status"
+	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/turnguard"
 	"github.com/l7mp/stunnerd-xdp/internal/userspace"
 )

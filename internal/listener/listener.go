@@ -21,11 +21,11 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
 	"github.com/l7mp/stunnerd-xdp/internal/credentials"
 	"github.com/l7mp/stunnerd-xdp/internal/destinations"
-	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/metrics"
 	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
+	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/turnguard"
 	"github.com/l7mp/stunnerd-xdp/internal/userspace"
 )

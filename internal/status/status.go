@@ -10,8 +10,8 @@ import (
 	"strings"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
-	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/metrics"
+	"github.com/l7mp/stunnerd-xdp/internal/steering"
 )
 
 // States, as stunnerd reports them.
