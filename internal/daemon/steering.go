@@ -35,7 +35,7 @@ func (d *Daemon) assertSteering() {
 	if d.steer == nil {
 		return
 	}
-	log := d.config().Logger.Slog("handover")
+	log := d.config().Logger.Slog("steering")
 	var failing bool
 	d.wg.Add(1)
 	go func() {

@@ -133,7 +133,7 @@ func (s *Set) flowHooks(ls *Listener, i int) stage {
 	if !ls.steered || ls.group.Protocol != steering.UDP {
 		return func(h turn.EventHandler) turn.EventHandler { return h }
 	}
-	log := s.deps.Logger.Slog("handover")
+	log := s.deps.Logger.Slog("steering")
 	slot := ls.slots[i]
 	return func(h turn.EventHandler) turn.EventHandler {
 		return onAllocations(h, func(c netip.AddrPort) {
