@@ -403,7 +403,7 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 		r.XDPMode = "auto"
 	case OffloadEngineTC:
 		r.XDPMode = "auto"
-		warn("admin.offload_engine TC: this dataplane offloads with XDP, not TC; running as Auto (XDP native, then generic)")
+		warn("admin.offload_engine TC: running as Auto: XDP where it can transmit, the TC engine beside it where it cannot (--tc-engine, on by default)")
 	default:
 		r.XDPMode = ""
 		warn("admin.offload_engine %q: unknown, ignored (want None, Auto, XDP or TC)", s.Admin.OffloadEngine)
