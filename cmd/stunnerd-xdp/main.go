@@ -354,8 +354,8 @@ func buildConfig(o options, uri string) (daemon.Config, error) {
 		cfg.Listen = u.addr
 	} else {
 		l := config.ResolvedListener{Name: "default", Protocol: u.proto, Addr: u.addr}
-		if u.proto == config.TLS {
-			// As stunnerd: a self-signed certificate for a TLS URI.
+		if u.proto == config.TLS || u.proto == config.DTLS {
+			// As stunnerd: a self-signed certificate for a TLS or DTLS URI.
 			if l.Cert, err = selfSigned(); err != nil {
 				return cfg, err
 			}

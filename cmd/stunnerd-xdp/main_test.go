@@ -30,8 +30,8 @@ func TestParseURI(t *testing.T) {
 		{uri: "turns://u:p@10.0.0.1", listen: "10.0.0.1:443", user: "u", pass: "p", proto: config.TLS},
 		{uri: "turn://u:p@10.0.0.1:5349?transport=tls", listen: "10.0.0.1:5349", user: "u", pass: "p", proto: config.TLS},
 		{uri: "turns://u:p@10.0.0.1:5349?transport=tcp", listen: "10.0.0.1:5349", user: "u", pass: "p", proto: config.TLS},
-		{uri: "turns://u:p@10.0.0.1:5349?transport=udp", err: "DTLS is not served"},
-		{uri: "turn://u:p@10.0.0.1:5349?transport=dtls", err: "DTLS is not served"},
+		{uri: "turns://u:p@10.0.0.1:5349?transport=udp", listen: "10.0.0.1:5349", user: "u", pass: "p", proto: config.DTLS},
+		{uri: "turn://u:p@10.0.0.1:5349?transport=dtls", listen: "10.0.0.1:5349", user: "u", pass: "p", proto: config.DTLS},
 		{uri: "turn://u:p@10.0.0.1:3478?transport=sctp", err: "transport"},
 		{uri: "stun://u:p@10.0.0.1:3478", err: "scheme"},
 		{uri: "turn://10.0.0.1:3478", err: "no user"},
@@ -61,19 +61,21 @@ func TestParseURI(t *testing.T) {
 	}
 }
 
-// A TLS URI serves a self-signed certificate, as stunnerd's does.
+// A TLS or DTLS URI serves a self-signed certificate, as stunnerd's does.
 func TestTLSURIConfig(t *testing.T) {
 	o := options{log: "all:INFO", logFormat: "text", realm: "r", xdpMode: "auto", minPort: 49152, maxPort: 65535, maxBindings: 1024}
-	cfg, err := buildConfig(o, "turns://u:p@127.0.0.1:5349")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(cfg.Listeners) != 1 || cfg.Listeners[0].Protocol != config.TLS || cfg.Listeners[0].Cert == nil || cfg.Users["u"] != "p" {
-		t.Fatalf("%+v", cfg.Listeners)
-	}
-	leaf, err := x509.ParseCertificate(cfg.Listeners[0].Cert.Certificate[0])
-	if err != nil || leaf.Subject.CommonName != "localhost" {
-		t.Fatalf("certificate: %v %v", leaf, err)
+	for uri, proto := range map[string]config.Protocol{"turns://u:p@127.0.0.1:5349": config.TLS, "turns://u:p@127.0.0.1:5349?transport=udp": config.DTLS} {
+		cfg, err := buildConfig(o, uri)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cfg.Listeners) != 1 || cfg.Listeners[0].Protocol != proto || cfg.Listeners[0].Cert == nil || cfg.Users["u"] != "p" {
+			t.Fatalf("%s: %+v", uri, cfg.Listeners)
+		}
+		leaf, err := x509.ParseCertificate(cfg.Listeners[0].Cert.Certificate[0])
+		if err != nil || leaf.Subject.CommonName != "localhost" {
+			t.Fatalf("%s: certificate: %v %v", uri, leaf, err)
+		}
 	}
 }
 

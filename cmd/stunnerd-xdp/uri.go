@@ -41,20 +41,17 @@ func parseURI(s string) (turnURI, error) {
 	case transport == "tls":
 		r.proto = config.TLS
 	case transport == "dtls":
-		r.proto = "TURN-DTLS"
+		r.proto = config.DTLS
 	case (scheme == "turn" || scheme == "") && (transport == "" || transport == "udp"):
 		r.proto = config.UDP
 	case scheme == "turn" && transport == "tcp":
 		r.proto = config.TCP
 	case scheme == "turns" && transport == "udp":
-		r.proto = "TURN-DTLS"
+		r.proto = config.DTLS
 	case scheme == "turns" && (transport == "" || transport == "tcp"):
 		r.proto = config.TLS
 	default:
 		return r, fmt.Errorf("TURN URI %q: scheme %q with transport %q: want turn (udp, tcp) or turns (tcp: TLS, udp: DTLS)", shown, u.Scheme, transport)
-	}
-	if r.proto == "TURN-DTLS" {
-		return r, fmt.Errorf("TURN URI %q: TURN-DTLS is not served by this dataplane (UDP, TCP and TLS are)", shown)
 	}
 	if u.User == nil || u.User.Username() == "" {
 		return r, fmt.Errorf("TURN URI %q: no user, want turn://USER:PASS@ADDR:PORT", shown)
@@ -67,7 +64,7 @@ func parseURI(s string) (turnURI, error) {
 	host, portStr := u.Hostname(), u.Port()
 	if portStr == "" {
 		portStr = "3478"
-		if r.proto == config.TLS {
+		if r.proto == config.TLS || r.proto == config.DTLS {
 			portStr = "443"
 		}
 	}

@@ -91,6 +91,8 @@ const (
 	UDP Protocol = "TURN-UDP" // relayed by XDP and pion/turn
 	TCP Protocol = "TURN-TCP" // pion/turn in userspace
 	TLS Protocol = "TURN-TLS" // pion/turn in userspace
+	// DTLS is served by pion/turn in userspace over pion/dtls.
+	DTLS Protocol = "TURN-DTLS"
 )
 
 // AuthType is the authentication mechanism.
@@ -551,7 +553,7 @@ func (l Listener) resolve(clusters map[string]cluster) (ResolvedListener, error)
 	case "TLS", "TURN-TLS":
 		r.Protocol = TLS
 	case "DTLS", "TURN-DTLS":
-		return r, fmt.Errorf("%w: protocol TURN-DTLS is not implemented (UDP, TCP and TLS are)", errSkipListener)
+		r.Protocol = DTLS
 	default:
 		return r, fmt.Errorf("unknown protocol %q", l.Protocol)
 	}
@@ -576,14 +578,14 @@ func (l Listener) resolve(clusters map[string]cluster) (ResolvedListener, error)
 		return r, fmt.Errorf("port %d out of range", port)
 	}
 	r.Addr = netip.AddrPortFrom(addr.Unmap(), uint16(port))
-	if r.Protocol == TLS {
-		cert, err := decodeCert(l.Cert, l.Key)
+	if r.Protocol == TLS || r.Protocol == DTLS {
+		cert, err := decodeCert(r.Protocol, l.Cert, l.Key)
 		if err != nil {
 			return r, err
 		}
 		r.Cert = cert
 	} else if l.Cert != "" || l.Key != "" {
-		return r, fmt.Errorf("cert and key are for TURN-TLS listeners, not %s", r.Protocol)
+		return r, fmt.Errorf("cert and key are for TURN-TLS and TURN-DTLS listeners, not %s", r.Protocol)
 	}
 	for _, route := range l.Routes {
 		c, ok := clusters[route]
@@ -609,9 +611,9 @@ func (l Listener) resolve(clusters map[string]cluster) (ResolvedListener, error)
 }
 
 // decodeCert reads a base64-encoded PEM certificate and key, as STUNner has them.
-func decodeCert(certB64, keyB64 string) (*tls.Certificate, error) {
+func decodeCert(p Protocol, certB64, keyB64 string) (*tls.Certificate, error) {
 	if certB64 == "" || keyB64 == "" {
-		return nil, errors.New("a TURN-TLS listener needs cert and key (base64-encoded PEM)")
+		return nil, fmt.Errorf("a %s listener needs cert and key (base64-encoded PEM)", p)
 	}
 	certPEM, err := base64.StdEncoding.DecodeString(certB64)
 	if err != nil {

@@ -113,13 +113,20 @@ func selfSigned(t *testing.T) (string, string) {
 
 func TestTLSListener(t *testing.T) {
 	cert, key := selfSigned(t)
-	r, err := Parse([]byte(`{"version":"v1","auth":{"credentials":{"username":"u","password":"p"}},
-		"listeners":[{"name":"tls","protocol":"TURN-TLS","port":5349,"cert":"` + cert + `","key":"` + key + `"}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.Listeners[0].Protocol != TLS || r.Listeners[0].Cert == nil {
-		t.Fatalf("%+v", r.Listeners[0])
+	for _, p := range []Protocol{TLS, DTLS} {
+		r, err := Parse([]byte(`{"version":"v1","auth":{"credentials":{"username":"u","password":"p"}},
+		"listeners":[{"name":"tls","protocol":"` + string(p) + `","port":5349,"cert":"` + cert + `","key":"` + key + `"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Listeners[0].Protocol != p || r.Listeners[0].Cert == nil {
+			t.Fatalf("%+v", r.Listeners[0])
+		}
+		_, err = Parse([]byte(`{"version":"v1","auth":{"credentials":{"username":"u","password":"p"}},
+		"listeners":[{"name":"tls","protocol":"` + string(p) + `","port":5349}]}`))
+		if err == nil || !strings.Contains(err.Error(), string(p)+" listener needs cert and key") {
+			t.Errorf("%s without a certificate: %v", p, err)
+		}
 	}
 }
 

@@ -85,19 +85,19 @@ func TestUnknownAndUnimplementedWarn(t *testing.T) {
 	r := parseFile(t, "testdata/operator-future.json")
 	for _, w := range []string{
 		"unknown field admin.telemetry_sink", "unknown field listeners[0].min_relay_port", "unknown field clusters[0].weight",
-		"admin.license_config", "offload_engine TC", "protocol TCP", "TURN-DTLS",
+		"admin.license_config", "offload_engine TC", "protocol TCP",
 	} {
 		if !slices.ContainsFunc(r.Warnings, func(s string) bool { return strings.Contains(s, w) }) {
 			t.Errorf("no warning about %q in %q", w, r.Warnings)
 		}
 	}
-	if len(r.Warnings) != 7 {
-		t.Errorf("%d warnings, want 7: %q", len(r.Warnings), r.Warnings)
+	if len(r.Warnings) != 6 {
+		t.Errorf("%d warnings, want 6: %q", len(r.Warnings), r.Warnings)
 	}
 	if r.UserQuota != 10 {
 		t.Errorf("admin.user_quota resolved to %d, want 10", r.UserQuota)
 	}
-	if r.XDPMode != "auto" || len(r.Listeners) != 1 || r.Auth.Type != AuthEphemeral {
+	if r.XDPMode != "auto" || len(r.Listeners) != 2 || r.Listeners[0].Protocol != DTLS || r.Auth.Type != AuthEphemeral {
 		t.Errorf("resolved %+v", r)
 	}
 	// A TCP cluster admits its endpoints as UDP peers, as stunnerd's does.

@@ -109,10 +109,6 @@ func TestStunnerdEdges(t *testing.T) {
 		if len(r.Listeners) != 0 || !hasWarning(r, "no listeners") {
 			t.Errorf("%+v", r)
 		}
-		r = parse(t, `{"version":"v1",`+auth+`,"listeners":[{"name":"d","protocol":"TURN-DTLS"}]}`)
-		if len(r.Listeners) != 0 || !hasWarning(r, "DTLS") {
-			t.Errorf("%+v", r)
-		}
 	})
 	t.Run("endpoints", func(t *testing.T) {
 		for _, c := range []struct{ admin, metrics, health string }{

@@ -148,7 +148,10 @@ func (l *Limiter) Stats() Stats {
 // source is what MaxConnsPerSource counts: the address, or an IPv6 /64.
 func source(a net.Addr) netip.Prefix {
 	var ip netip.Addr
-	if ta, ok := a.(*net.TCPAddr); ok {
+	switch ta := a.(type) {
+	case *net.TCPAddr:
+		ip, _ = netip.AddrFromSlice(ta.IP)
+	case *net.UDPAddr: // a DTLS client
 		ip, _ = netip.AddrFromSlice(ta.IP)
 	}
 	ip = ip.Unmap()
@@ -222,8 +225,10 @@ func (ln *listener) Accept() (net.Conn, error) {
 		}
 		conn := &Conn{Conn: c, l: ln.l, src: src, filter: ln.filter, last: time.Now()}
 		if ln.tls != nil {
-			conn.tls = tls.Server(c, ln.tls)
-			conn.Conn = conn.tls
+			tc := tls.Server(c, ln.tls)
+			conn.hs, conn.Conn = tc, tc
+		} else if h, ok := c.(handshaker); ok {
+			conn.hs = h // a DTLS connection: its handshake is still to come
 		}
 		return conn, nil
 	}
@@ -244,6 +249,12 @@ func accept(ln net.Listener) (net.Conn, error) {
 	}
 }
 
+// handshaker is a connection with a handshake of its own (tls.Conn,
+// dtls.Conn), bounded by Limits.HandshakeTimeout.
+type handshaker interface {
+	HandshakeContext(ctx context.Context) error
+}
+
 // Conn is a connection within the limits. Its Read returns one whole frame
 // (STUN message or ChannelData with its padding) per call when p can hold it;
 // it is read by one goroutine at a time, as pion does.
@@ -251,7 +262,7 @@ type Conn struct {
 	net.Conn
 	l         *Limiter
 	src       netip.Prefix
-	tls       *tls.Conn
+	hs        handshaker // the (D)TLS handshake to make before the first frame
 	filter    Filter
 	closeOnce sync.Once
 
@@ -281,7 +292,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 		c.out = c.out[n:]
 		return n, nil
 	}
-	if c.tls != nil && !c.shook {
+	if c.hs != nil && !c.shook {
 		if err := c.handshake(); err != nil {
 			return 0, err
 		}
@@ -307,7 +318,7 @@ func (c *Conn) handshake() error {
 		ctx, cancel = context.WithTimeout(ctx, t)
 		defer cancel()
 	}
-	if err := c.tls.HandshakeContext(ctx); err != nil {
+	if err := c.hs.HandshakeContext(ctx); err != nil {
 		if ctx.Err() != nil {
 			c.l.handshakeTimeouts.Add(1)
 			return fmt.Errorf("%w: %w", ErrHandshakeTimeout, err)
@@ -436,7 +447,10 @@ func (c *Conn) setDeadline(started bool) error {
 
 // timeout names a read deadline's expiry after the limit that set it.
 func (c *Conn) timeout(err error, started bool) error {
-	if !errors.Is(err, os.ErrDeadlineExceeded) {
+	// A DTLS connection's deadline error is its own net.Error, not
+	// os.ErrDeadlineExceeded.
+	var ne net.Error
+	if !errors.Is(err, os.ErrDeadlineExceeded) && (!errors.As(err, &ne) || !ne.Timeout()) {
 		return err
 	}
 	if started {

@@ -163,9 +163,9 @@ func (c *Config) validate() error {
 			return fmt.Errorf("listener %q is defined twice", l.Name)
 		case !l.Addr.IsValid() || l.Addr.Port() == 0:
 			return fmt.Errorf("listener %q: invalid address %v", l.Name, l.Addr)
-		case l.Protocol == config.TLS && l.Cert == nil:
-			return fmt.Errorf("listener %q: TLS needs a certificate", l.Name)
-		case l.Protocol != config.UDP && l.Protocol != config.TCP && l.Protocol != config.TLS:
+		case (l.Protocol == config.TLS || l.Protocol == config.DTLS) && l.Cert == nil:
+			return fmt.Errorf("listener %q: %s needs a certificate", l.Name, l.Protocol)
+		case l.Protocol != config.UDP && l.Protocol != config.TCP && l.Protocol != config.TLS && l.Protocol != config.DTLS:
 			return fmt.Errorf("listener %q: protocol %q is not supported", l.Name, l.Protocol)
 		}
 		names[l.Name] = true

@@ -6,7 +6,6 @@
 package listener
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -227,13 +226,9 @@ func (s *Set) serverConfigs(st Settings, ls *Listener) ([]turn.ServerConfig, err
 			}}
 			scs = append(scs, c)
 		}
-	case config.TCP, config.TLS:
-		ln, err := lc.Listen(context.Background(), tcp, l.Addr.String())
+	case config.TCP, config.TLS, config.DTLS:
+		ln, err := s.listenConns(ls, lc, tcp, udp)
 		if err != nil {
-			return nil, fmt.Errorf("listen on tcp %v: %w", l.Addr, err)
-		}
-		if err := s.steerSockets(ls, ln.(*net.TCPListener)); err != nil {
-			ln.Close()
 			return nil, err
 		}
 		var tlsConf *tls.Config
@@ -243,8 +238,8 @@ func (s *Set) serverConfigs(st Settings, ls *Listener) ([]turn.ServerConfig, err
 		guard := s.guard(st, permit)
 		ls.quotas = append(ls.quotas, s.deps.Quota.NewServer())
 		sc.EventHandler = s.hooks(ls.quotas[0], relays, guard, &ls.ports)(base)
-		// Connection caps, deadlines and bounded frames (connlimit): pion
-		// has none, and anyone can connect.
+		// Connection caps, deadlines, the (D)TLS handshake's timeout and
+		// bounded frames (connlimit): pion has none, and anyone can connect.
 		sc.ListenerConfigs = []turn.ListenerConfig{{
 			Listener:              s.deps.Traffic.Listener(l.Name, s.deps.Conns.Listener(ln, tlsConf, guard.Filter)),
 			PermissionHandler:     s.limitPermissions(ls.quotas[0], permit),

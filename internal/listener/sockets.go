@@ -3,10 +3,13 @@ package listener
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
+	"sync"
 	"syscall"
 
+	"github.com/pion/dtls/v3"
 	"github.com/pion/turn/v4"
 	"golang.org/x/sys/unix"
 
@@ -88,6 +91,94 @@ func (s *Set) listenUDP(st Settings, ls *Listener, lc net.ListenConfig, network,
 	return conns, nil
 }
 
+// listenConns opens the socket of a listener whose clients are connections
+// (TCP, TLS, DTLS) and registers it for steering. A DTLS listener's
+// connections are its clients' UDP flows, each kept on this daemon's socket
+// by the steering for its life.
+func (s *Set) listenConns(ls *Listener, lc net.ListenConfig, tcp, udp string) (net.Listener, error) {
+	l := ls.l
+	if l.Protocol != config.DTLS {
+		ln, err := lc.Listen(context.Background(), tcp, l.Addr.String())
+		if err != nil {
+			return nil, fmt.Errorf("listen on tcp %v: %w", l.Addr, err)
+		}
+		if err := s.steerSockets(ls, ln.(*net.TCPListener)); err != nil {
+			ln.Close()
+			return nil, err
+		}
+		return ln, nil
+	}
+	// pion/dtls binds the socket itself: its RawConn is taken in Control,
+	// before the bind, to register it for steering after.
+	var raw syscall.RawConn
+	control := lc.Control
+	lc.Control = func(network, address string, c syscall.RawConn) error {
+		raw = c
+		return control(network, address, c)
+	}
+	ln, err := dtls.ListenWithOptions(udp, net.UDPAddrFromAddrPort(l.Addr),
+		dtls.WithCertificates(*l.Cert), dtls.WithListenConfig(lc),
+		dtls.WithExtendedMasterSecret(dtls.RequireExtendedMasterSecret))
+	if err != nil {
+		return nil, fmt.Errorf("listen on dtls %v: %w", l.Addr, err)
+	}
+	if err := s.steerSockets(ls, rawConn{raw}); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if !ls.steered {
+		return ln, nil
+	}
+	return &steeredListener{Listener: ln, s: s, ls: ls, log: s.deps.Logger.Slog("steering")}, nil
+}
+
+// rawConn is a socket known by its RawConn only.
+type rawConn struct{ rc syscall.RawConn }
+
+func (c rawConn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
+
+// steeredListener keeps each connection's client flow on this daemon's
+// socket while the connection lives (a DTLS session a newer daemon on the
+// node must not take over).
+type steeredListener struct {
+	net.Listener
+	s   *Set
+	ls  *Listener
+	log *slog.Logger
+}
+
+func (l *steeredListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	client, ok := udpAddrPort(c.RemoteAddr())
+	if !ok {
+		return c, nil
+	}
+	if err := l.s.deps.Steering.AddFlow(l.ls.group, client, l.ls.slots[0]); err != nil {
+		l.log.Warn("connection not steered: it breaks if a second daemon starts on this node while it lives", "error", err)
+		return c, nil
+	}
+	return &steeredConn{Conn: c, l: l, client: client}, nil
+}
+
+type steeredConn struct {
+	net.Conn
+	l      *steeredListener
+	client netip.AddrPort
+	once   sync.Once
+}
+
+func (c *steeredConn) Close() error {
+	c.once.Do(func() {
+		if err := c.l.s.deps.Steering.RemoveFlow(c.l.ls.group, c.client, c.l.ls.slots[0]); err != nil {
+			c.l.log.Warn("steering", "error", err)
+		}
+	})
+	return c.Conn.Close()
+}
+
 // steerSockets registers a listener's sockets for steering (a no-op without
 // it).
 func (s *Set) steerSockets(ls *Listener, cs ...syscall.Conn) error {
@@ -102,7 +193,7 @@ func (s *Set) steerSockets(ls *Listener, cs ...syscall.Conn) error {
 		}
 	}
 	ls.group = steering.Group{Protocol: steering.UDP, Addr: ls.l.Addr}
-	if ls.l.Protocol != config.UDP {
+	if ls.l.Protocol == config.TCP || ls.l.Protocol == config.TLS {
 		ls.group.Protocol = steering.TCP
 	}
 	slots, err := s.deps.Steering.RegisterSet(rcs, ls.group)

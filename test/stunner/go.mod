@@ -11,6 +11,7 @@ require (
 	github.com/go-logr/logr v1.4.3
 	github.com/l7mp/stunner v1.2.1
 	github.com/l7mp/stunnerd-xdp v0.0.0-00010101000000-000000000000
+	github.com/pion/dtls/v3 v3.1.5
 	github.com/pion/turn/v4 v4.1.4
 	github.com/pion/turn/v5 v5.0.3
 )
@@ -65,7 +66,6 @@ require (
 	github.com/oasdiff/yaml3 v0.0.0-20250309153720-d2182401db90 // indirect
 	github.com/perimeterx/marshmallow v1.1.5 // indirect
 	github.com/peterbourgon/diskv v2.0.1+incompatible // indirect
-	github.com/pion/dtls/v3 v3.1.5 // indirect
 	github.com/pion/logging v0.2.5-0.20260405224506-902883ec686b // indirect
 	github.com/pion/randutil v0.1.0 // indirect
 	github.com/pion/stun/v3 v3.1.7 // indirect
