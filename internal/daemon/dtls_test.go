@@ -73,6 +73,29 @@ func TestDTLSListener(t *testing.T) {
 	defer relay.Close()
 	// pion/turn v4's client STUNConn waits for more after a frame under 9
 	// bytes (consumeSingleTURNFrame): ChannelData with 5 bytes or more.
+	roundTrip(t, relay, peer)
+	if open := d.Guards().Conns.Open; open != 1 {
+		t.Fatalf("%d connections counted, want 1", open)
+	}
+	idle := dialDTLS(t, listen)
+	defer idle.Close()
+	_ = idle.SetReadDeadline(time.Now().Add(3 * time.Second))
+	start := time.Now()
+	_, err = idle.Read(make([]byte, 1500))
+	t.Logf("idle read: %v after %v", err, time.Since(start))
+	if err == nil || isTimeout(err) {
+		t.Fatalf("an idle DTLS connection: %v, want it closed", err)
+	}
+	if got := d.Guards().Conns.IdleTimeouts; got < 1 {
+		t.Fatalf("%d idle timeouts counted (%+v)", got, d.Guards().Conns)
+	}
+}
+
+// roundTrip relays a datagram from the client through relay to peer and the
+// answer back. pion/turn v4's client STUNConn waits for more after a frame
+// under 9 bytes (consumeSingleTURNFrame): payloads of 9 bytes or more.
+func roundTrip(t *testing.T, relay, peer net.PacketConn) {
+	t.Helper()
 	if _, err := relay.WriteTo([]byte("ping-ping"), peer.LocalAddr()); err != nil {
 		t.Fatal(err)
 	}
@@ -89,19 +112,62 @@ func TestDTLSListener(t *testing.T) {
 	if n, _, err = relay.ReadFrom(buf); err != nil || string(buf[:n]) != "pong-pong" {
 		t.Fatalf("back at the client: %q, %v", buf[:n], err)
 	}
-	if open := d.Guards().Conns.Open; open != 1 {
-		t.Fatalf("%d connections counted, want 1", open)
+}
+
+// With the steering, a second daemon binds the same DTLS listener (a rolling
+// update): the first daemon's DTLS session keeps relaying through it, and a
+// new session goes to the newer daemon.
+func TestDTLSSteered(t *testing.T) {
+	testenv.RequireRoot(t)
+	cert, _, _ := testenv.SelfSigned(t)
+	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+	pins := testenv.BPFFS(t)
+	start := func() *Daemon {
+		t.Helper()
+		lf, err := logging.New("all:WARN", "text", &testenv.LockedBuffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := Start(Config{
+			Listeners:    []config.ResolvedListener{{Name: "dtls", Protocol: config.DTLS, Addr: listen, Cert: &cert}},
+			Users:        map[string]string{"alice": "a"},
+			RelayAddress: netip.MustParseAddr("127.0.0.1"),
+			MinRelayPort: 62100, MaxRelayPort: 62199,
+			AllowPeers:  []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+			XDPMode:     loader.ModeOff,
+			SteeringDir: pins,
+			Logger:      lf,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
 	}
-	idle := dialDTLS(t, listen)
-	defer idle.Close()
-	_ = idle.SetReadDeadline(time.Now().Add(3 * time.Second))
-	start := time.Now()
-	_, err = idle.Read(make([]byte, 1500))
-	t.Logf("idle read: %v after %v", err, time.Since(start))
-	if err == nil || isTimeout(err) {
-		t.Fatalf("an idle DTLS connection: %v, want it closed", err)
+	allocate := func() net.PacketConn {
+		t.Helper()
+		relay, err := testenv.Allocate(t, &turn.ClientConfig{TURNServerAddr: listen.String(), STUNServerAddr: listen.String(),
+			Username: "alice", Password: "a", Realm: config.DefaultRealm, Conn: turn.NewSTUNConn(dialDTLS(t, listen))})
+		if err != nil {
+			t.Fatalf("allocation over DTLS: %v", err)
+		}
+		t.Cleanup(func() { relay.Close() })
+		return relay
 	}
-	if got := d.Guards().Conns.IdleTimeouts; got < 1 {
-		t.Fatalf("%d idle timeouts counted (%+v)", got, d.Guards().Conns)
+	peer, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	a := start()
+	old := allocate()
+	roundTrip(t, old, peer)
+	b := start()
+	for range 3 {
+		roundTrip(t, old, peer)
+	}
+	roundTrip(t, allocate(), peer)
+	if na, nb := a.AllocationCount(), b.AllocationCount(); na != 1 || nb != 1 {
+		t.Fatalf("allocations: first daemon %d, second %d; want 1 and 1", na, nb)
 	}
 }
