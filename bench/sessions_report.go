@@ -24,7 +24,7 @@ type SessionRow struct {
 	// hooks.
 	Daemon bool `json:"daemon,omitempty"`
 	// TargetPPS is per direction: 150 per session (the one-flow row: what
-	// the sessions' row was offered).
+	// the sessions' row was offered in the same rounds, their mean).
 	TargetPPS float64 `json:"target_pps_per_direction"`
 	Intervals int     `json:"intervals"`
 	Seconds   float64 `json:"seconds"`
@@ -48,6 +48,9 @@ type SessionRow struct {
 	KernelP2C      uint64  `json:"kernel_p2c"`
 	KernelShareC2P float64 `json:"kernel_share_c2p"`
 	KernelShareP2C float64 `json:"kernel_share_p2c"`
+	// OtherVerdicts counts the kernel rows' program runs that ended in
+	// another reason than a relay, by reason (ARP and the like among them).
+	OtherVerdicts map[string]uint64 `json:"other_verdicts,omitempty"`
 	// Per interval: the relay program's ns/run (both directions) and the
 	// trivial XDP_PASS programs' on the client's and the peer's veth, which
 	// every relayed frame meets; the medians and the median per-interval
@@ -151,7 +154,9 @@ func writeSessions(b *strings.Builder, r *Report) {
 		"were offered in the same round. Program ns/run is the relay program's run_time_ns / run_cnt (`kernel.bpf_stats_enabled`) over both " +
 		"directions, beside the trivial XDP_PASS programs on the client's and the peer's veth that every relayed frame meets; the ratios are " +
 		"medians of per-interval ratios. Server CPU is per delivered packet, both directions (softirq of all CPUs holds the generator's " +
-		"sends, the veth hops and both receivers too). Where offered falls short of the target, the generator (one thread per direction, " +
+		"sends, the veth hops and both receivers too; at a few hundred packets/s the tick-sampled softirq of a shared machine is mostly other work). " +
+		"In the daemon rows pion/turn's client reads every session's socket in the bench process (its STUN and the relayed datagrams), which " +
+		"takes CPU from the generator: their offered rate falls short of the target earlier than the kernel rows'. Where offered falls short of the target, the generator (one thread per direction, " +
 		"sharing the 2 cores with the relay) capped the rate; the sessions still send in turn, so every binding's state is as far apart " +
 		"in time as at the full rate.\n")
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 	"github.com/l7mp/stunnerd-xdp/test/packet"
@@ -176,9 +177,10 @@ func (l *mixLoad) send(rate float64, dur time.Duration) mixSent {
 // (nil: none), the kernel's relayed packets per direction (nil: n/a) and the
 // server processes' CPU.
 type sessionProbe struct {
-	relay  func() (progStats, error)
-	kernel func() (c2p, p2c float64, err error)
-	pids   []int
+	relay    func() (progStats, error)
+	kernel   func() (c2p, p2c float64, err error)
+	verdicts func() ([]uint64, error) // the program's verdict counters (nil: none)
+	pids     []int
 }
 
 // trivialStats sums the statistics of the trivial XDP programs on the
@@ -208,6 +210,12 @@ func (h *harness) sessionInterval(t *testing.T, load *mixLoad, rate float64, pro
 	var err error
 	if probe.kernel != nil {
 		if k0c, k0p, err = probe.kernel(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var v0 []uint64
+	if probe.verdicts != nil {
+		if v0, err = probe.verdicts(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -251,6 +259,21 @@ func (h *harness) sessionInterval(t *testing.T, load *mixLoad, rate float64, pro
 		}
 		row.KernelC2P += uint64(max(0, k1c-k0c))
 		row.KernelP2C += uint64(max(0, k1p-k0p))
+	}
+	if probe.verdicts != nil {
+		v1, err := probe.verdicts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range min(len(v0), len(v1)) {
+			name := channelmap.ReasonName(i)
+			if d := v1[i] - v0[i]; d > 0 && name != "relay_client_to_peer_redirect" && name != "relay_peer_to_client_redirect" {
+				if row.OtherVerdicts == nil {
+					row.OtherVerdicts = map[string]uint64{}
+				}
+				row.OtherVerdicts[name] += d
+			}
+		}
 	}
 	peer1, client1 := r.Peer.Snmp(t), r.Client.Snmp(t)
 	row.Intervals++
@@ -319,6 +342,7 @@ func (h *harness) sessionsKernel(t *testing.T, trivial []*ebpf.Program) {
 			s, err := maps.Totals()
 			return float64(s.ClientToPeerPackets), float64(s.PeerToClientPackets), err
 		},
+		verdicts: maps.Verdicts,
 	}
 	noFlow := func(off bool) {
 		if err := r.Server.Do(func() error { return prog.Reconfigure(cfg(off)) }); err != nil {
@@ -336,15 +360,26 @@ func (h *harness) sessionsKernel(t *testing.T, trivial []*ebpf.Program) {
 			hooks.OnChannelCreated(client, listenAddr, "UDP", user, "bench", relay, sink, sinkChan)
 		}
 		m.Sync()
-		installed = n
 		if got := maps.Len(); got != n {
 			t.Fatalf("%d bindings in the maps, want %d", got, n)
 		}
+		// The client speaks first, as a real one does: the program learns the
+		// listener address it replies from (until then the peer's datagrams
+		// pass: pass_client_addr_unknown).
+		for i := installed; i < n; i++ {
+			if err := unix.Sendto(load.clientFDs[i], load.c2p[0], 0, &unix.SockaddrInet4{Port: listenPort, Addr: [4]byte(listenIP)}); err != nil {
+				t.Fatalf("session %d: first datagram: %v", i, err)
+			}
+			if i%1000 == 999 {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		installed = n
 		t.Logf("%d sessions installed in %.2f s", n, time.Since(start).Seconds())
 		target := float64(n * sessionPPS)
 		rows := []*SessionRow{{Path: SessionsFlowCache, Sessions: n, Bindings: n, TargetPPS: target},
 			{Path: SessionsNoFlow, Sessions: n, Bindings: n, TargetPPS: target},
-			{Path: SessionsOneFlow, Sessions: n, Bindings: 1, TargetPPS: target}}
+			{Path: SessionsOneFlow, Sessions: n, Bindings: 1}}
 		if n == 1 {
 			rows = rows[:2] // the flow-cache row is the one flow
 		}
@@ -358,7 +393,7 @@ func (h *harness) sessionsKernel(t *testing.T, trivial []*ebpf.Program) {
 				// One flow at the packets/s the sessions were offered (the
 				// generator may fall short of the target at large N).
 				rate := math.Min(target, float64(max(got.c2p, got.p2c))/got.elapsed.Seconds())
-				rows[2].TargetPPS = rate
+				rows[2].TargetPPS += rate / float64(h.cfg.sessionsRounds) // the mean over the rounds
 				h.sessionInterval(t, load.first(1), rate, probe, trivial, rows[2])
 			}
 		}
@@ -423,6 +458,9 @@ func (h *harness) logSession(t *testing.T, row *SessionRow) {
 	t.Logf("%s, %d sessions: offered %.0f of %.0f pps per direction, delivered %.1f %%, program %.0f ns/run = %.2fx trivial (%.0f), server %.2f µs/pkt (process %.2f), kernel c2p %.1f %% p2c %.1f %%",
 		row.Path, row.Sessions, row.OfferedPPS/2, row.TargetPPS, 100*row.DeliveredShare, row.ProgMedianNs, row.Ratio, row.TrivialMedianNs,
 		row.TotalUsPerPkt, row.ProcUsPerPkt, 100*row.KernelShareC2P, 100*row.KernelShareP2C)
+	if len(row.OtherVerdicts) > 0 {
+		t.Logf("  other verdicts of the program: %v", row.OtherVerdicts)
+	}
 }
 
 // finish derives the row's figures from its sums and intervals.
