@@ -29,7 +29,7 @@ type SessionRow struct {
 	Intervals int     `json:"intervals"`
 	Seconds   float64 `json:"seconds"`
 	// Sent by the generator and delivered to the peer's (c2p) and the
-	// client's (p2c) UDP layer.
+	// client's (p2c) transport layer (Ip.InDelivers: see inDelivers).
 	SentC2P      uint64 `json:"sent_c2p"`
 	SentP2C      uint64 `json:"sent_p2c"`
 	DeliveredC2P uint64 `json:"delivered_c2p"`
@@ -153,7 +153,7 @@ func writeSessions(b *strings.Builder, r *Report) {
 		"with the flow cache, without it (`loader.Config.NoFlowCache`, the same maps), and one flow (session 0) at the packets/s the sessions " +
 		"were offered in the same round. Program ns/run is the relay program's run_time_ns / run_cnt (`kernel.bpf_stats_enabled`) over both " +
 		"directions, beside the trivial XDP_PASS programs on the client's and the peer's veth that every relayed frame meets; the ratios are " +
-		"medians of per-interval ratios. Server CPU is per delivered packet, both directions (softirq of all CPUs holds the generator's " +
+		"medians of per-interval ratios. Delivered is Ip.InDelivers growth in the receiving namespace (the client's for peer→client): Udp.InDatagrams counts a datagram when it is read, and the sessions' sockets are never read. Server CPU is per delivered packet, both directions (softirq of all CPUs holds the generator's " +
 		"sends, the veth hops and both receivers too; at a few hundred packets/s the tick-sampled softirq of a shared machine is mostly other work). " +
 		"In the daemon rows pion/turn's client reads every session's socket in the bench process (its STUN and the relayed datagrams), which " +
 		"takes CPU from the generator: their offered rate falls short of the target earlier than the kernel rows'. Where offered falls short of the target, the generator (one thread per direction, " +
