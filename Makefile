@@ -105,7 +105,7 @@ test-short: ## the unprivileged tests only
 	@for m in $(TEST_MODULES); do (cd $$m && $(GO) test -short -count=1 ./...) || exit 1; done
 
 bench: tools $(BIN)/stunnerd $(BIN)/stunnerd-v1.2.1 ## (root) stunnerd-xdp vs its userspace path, STUNner stunnerd and coturn; writes bench/out/report.md
-	BENCH=full $(GO) test ./bench -run '^TestBench$$' -v -count=1 -timeout 40m
+	BENCH=full $(GO) test ./bench -run '^TestBench$$' -v -count=1 -timeout 50m
 
 bench-smoke: tools $(BIN)/stunnerd $(BIN)/stunnerd-v1.2.1 ## (root) a tiny run of every benchmark stage (~1 min); fails if a report row is missing
 	BENCH=smoke $(GO) test ./bench -run '^TestBench$$' -v -count=1 -timeout 10m

@@ -54,6 +54,11 @@ type config struct {
 
 	shapeRate  float64       // packets/s the client sends in each node shape row
 	shapePoint time.Duration // how long
+
+	sessionsN       []int         // sessions of the kernel rows, ascending
+	sessionsServerN []int         // sessions (real allocations) of the daemon rows
+	sessionsPoint   time.Duration // one interval
+	sessionsRounds  int           // intervals per row, interleaved
 }
 
 var configs = map[string]config{
@@ -72,6 +77,7 @@ var configs = map[string]config{
 		userspaceLadder: []float64{20000, 50000, 100000, 150000, 200000, 0}, userspacePinned: []float64{50000, 100000, 150000},
 		userspaceRounds: 3, userspaceSearch: 3,
 		shapeRate: 5000, shapePoint: 3 * time.Second,
+		sessionsN: []int{1, 100, 1000, 10000}, sessionsServerN: []int{100, 1000}, sessionsPoint: 2 * time.Second, sessionsRounds: 3,
 	},
 	"smoke": {
 		mode:      "smoke",
@@ -86,6 +92,7 @@ var configs = map[string]config{
 		lo: 20000, hi: 100000,
 		userspaceLadder: []float64{20000, 100000, 0}, userspacePinned: []float64{100000}, userspaceRounds: 1, userspaceSearch: 1,
 		shapeRate: 2000, shapePoint: 500 * time.Millisecond,
+		sessionsN: []int{1, 20}, sessionsServerN: []int{3}, sessionsPoint: 500 * time.Millisecond, sessionsRounds: 1,
 	},
 }
 
@@ -135,6 +142,7 @@ func TestBench(t *testing.T) {
 		UserspacePoints:  (len(cfg.userspaceLadder) + len(cfg.userspacePinned) + 1) * cfg.userspaceRounds,
 		UserspaceSearch:  cfg.userspaceSearch,
 		ShapeRows:        len(netns.Shapes()) * len(shapeModes),
+		SessionRows:      sessionRows(cfg),
 	}
 	h.daemonBin, h.stunnerdBin, h.turncatBin = netns.RequireBinary(t, netns.Daemon), netns.RequireBinary(t, netns.Stunnerd), netns.RequireBinary(t, netns.Turncat)
 	h.stunnerd121Bin = netns.RequireBinary(t, netns.Stunnerd121)
@@ -168,6 +176,7 @@ func TestBench(t *testing.T) {
 	stage("userspace", h.stageUserspace)
 	stage("iperf", h.stageIperf)
 	stage("shapes", h.stageShapes)
+	stage("sessions", h.stageSessions)
 
 	h.rep.Targets, h.rep.Notes = h.targets()
 	h.rep.Meta.Duration = time.Since(started).Round(time.Second).String()
@@ -190,6 +199,17 @@ func TestBench(t *testing.T) {
 	if err := h.rep.Validate(); err != nil {
 		t.Errorf("the report is incomplete:\n%v", err)
 	}
+}
+
+// sessionRows is how many rows the sessions stage makes: per N with the flow
+// cache, without it and one flow (N=1: the first is the one flow), and the
+// three daemon rows per daemon N.
+func sessionRows(cfg config) int {
+	n := 3*len(cfg.sessionsN) + 3*len(cfg.sessionsServerN)
+	if len(cfg.sessionsN) > 0 && cfg.sessionsN[0] == 1 {
+		n--
+	}
+	return n
 }
 
 // listed reports whether name is in the comma-separated list.

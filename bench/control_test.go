@@ -32,10 +32,15 @@ func quietSlog() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
+// scalingConfig is the program configuration of the control, scaling and
+// sessions stages.
+func scalingConfig() loader.Config {
+	return loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: maxBindings}
+}
+
 func loadProgram(t *testing.T) *loader.Program {
 	t.Helper()
-	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{uint16(listenPort)}, MinRelayPort: 49152, MaxRelayPort: 65535,
-		MaxBindings: maxBindings}, quietSlog())
+	prog, err := loader.Load(scalingConfig(), quietSlog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,11 +168,20 @@ func (h *harness) stageControl(t *testing.T) {
 
 // ---- stage 5: scaling with the number of channels ----
 
-func (h *harness) stageScaling(t *testing.T) {
+// attachMirrored loads the relay program with cfg, attaches it natively to
+// the server's veths as the daemon does, fills the destinations table for
+// the one specific listener and returns the program, its maps and a mirror
+// that offloads to them; all are closed at cleanup (the program's close
+// detaches it).
+func (h *harness) attachMirrored(t *testing.T, cfg loader.Config) (*loader.Program, *channelmap.Maps, *mirror.Mirror) {
+	t.Helper()
 	r := h.rig
-	prog := loadProgram(t)
-	defer prog.Close() // detaches too
-	err := r.Server.Do(func() error {
+	prog, err := loader.Load(cfg, quietSlog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = prog.Close() })
+	err = r.Server.Do(func() error {
 		for _, iface := range r.ServerIfaces() {
 			if m, err := prog.Attach(iface, loader.ModeNative); err != nil || m != loader.ModeNative {
 				return fmt.Errorf("attach %s: %w (%s)", iface, err, m)
@@ -179,16 +193,20 @@ func (h *harness) stageScaling(t *testing.T) {
 		t.Fatal(err)
 	}
 	maps := channelmap.New(prog.Maps())
-	// The daemon's destinations table, for the one specific listener.
 	listen := listenAddr.AddrPort()
 	if err := maps.SetDestinations(map[netip.AddrPort]netip.AddrPort{listen: listen}); err != nil {
 		t.Fatal(err)
 	}
 	m := mirror.New(quietSlog())
-	defer m.Close()
+	t.Cleanup(m.Close)
 	m.SetOffload(maps)
-	hooks := m.EventHandler()
+	return prog, maps, m
+}
 
+func (h *harness) stageScaling(t *testing.T) {
+	r := h.rig
+	_, maps, m := h.attachMirrored(t, scalingConfig())
+	hooks := m.EventHandler()
 	maxN := h.cfg.scalingChannels[len(h.cfg.scalingChannels)-1]
 	nAllocs := (maxN + chansPerA - 1) / chansPerA
 	fds := make([]int, nAllocs)
@@ -378,6 +396,9 @@ func (h *harness) targets() ([]TargetResult, []string) {
 		Measured: fmt.Sprintf("client→peer %s ns = %s× floor (%s ns); peer→client %s ns = %s×", f(c2p, 0), f(c2p/floor, 2), f(floor, 0), f(p2c, 0), f(p2c/floor, 2)),
 		Met:      met(c2p/floor <= 2 && p2c/floor <= 2)})
 	out = append(out, h.userspaceTarget())
+	if st, ok := h.rep.sessionsTarget(); ok {
+		out = append(out, st)
+	}
 
 	notes := []string{
 		"Everything shares 2 vCPUs: the generator, the relay, the peer's receive path and softirq. On veth the XDP program runs in the NAPI poll that the sender's own transmit schedules, so for XDP the relay's work lands as softirq on the generator's CPU; the max rung uses " + strconv.Itoa(h.cfg.maxWorkers) + " generator threads (one per core).",

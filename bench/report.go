@@ -33,7 +33,9 @@ type Report struct {
 	Control   *ControlResult `json:"control,omitempty"`
 	Scaling   []ScalingPoint `json:"scaling"`
 	// Shapes are the node shapes of issue 23 in both modes.
-	Shapes   []ShapeRow      `json:"shapes"`
+	Shapes []ShapeRow `json:"shapes"`
+	// Sessions are issue 27's many sessions with a WebRTC-like mix.
+	Sessions []SessionRow    `json:"sessions"`
 	Targets  []TargetResult  `json:"targets"`
 	Expected ExpectedRows    `json:"expected"`
 	Notes    []string        `json:"notes,omitempty"`
@@ -254,6 +256,7 @@ type ExpectedRows struct {
 	UserspacePoints  int      `json:"userspace_points_per_server"`
 	UserspaceSearch  int      `json:"userspace_search_steps"`
 	ShapeRows        int      `json:"shape_rows"` // node shapes times two modes
+	SessionRows      int      `json:"session_rows"`
 }
 
 // Validate reports every missing row and every figure that is not a finite
@@ -348,6 +351,7 @@ func (r *Report) Validate() error {
 		}
 	}
 	errs = append(errs, r.validateShapes()...)
+	errs = append(errs, r.validateSessions()...)
 	if c := r.Control; c == nil {
 		errs = append(errs, errors.New("control: missing"))
 	} else if c.Installed != c.Bindings || c.BindingsPerSecond <= 0 || bad(c.HeapBytesPerBinding) || c.MapBytesPerSlot <= 0 {
@@ -615,6 +619,7 @@ func (r *Report) WriteMarkdown(dir string, lo, hi float64, plots []string) error
 
 	writeUserspace(&b, r)
 	writeShapes(&b, r)
+	writeSessions(&b, r)
 
 	b.WriteString("\n## 3. The user's benchmark: iperf2 through turncat\n\n")
 	it := table{head: []string{"server", "rate pps", "payload B", "seconds", "iperf sent", "received", "loss %", "server total µs/pkt", "server process µs/pkt", "turncat µs/pkt"}}
@@ -796,6 +801,16 @@ func (r *Report) Plot(dir string) ([]string, error) {
 			"'data/scaling-max.dat' using 1:4 axes x1y2 with linespoints pt 5 title 'softirq µs/pkt (max offered)', " +
 			"'data/scaling-fixed.dat' using 1:4 axes x1y2 with linespoints pt 9 dt 2 title 'softirq µs/pkt (fixed rate)'",
 	}
+	pngs := []string{"throughput.png", "cpu.png", "latency.png", "scaling.png"}
+	sessions, err := r.plotSessions(dir)
+	if err != nil {
+		return nil, err
+	}
+	if len(sessions) > 0 {
+		script = append(script, "unset logscale", "unset y2tics", "set ytics mirror")
+		script = append(script, sessions...)
+		pngs = append(pngs, "sessions.png")
+	}
 	if err := write("plots.gp", script); err != nil {
 		return nil, err
 	}
@@ -804,7 +819,7 @@ func (r *Report) Plot(dir string) ([]string, error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("gnuplot: %w\n%s", err, out)
 	}
-	return []string{"throughput.png", "cpu.png", "latency.png", "scaling.png"}, nil
+	return pngs, nil
 }
 
 // ReadJSON reads a report written by WriteJSON.
