@@ -35,7 +35,7 @@ var (
 // its maps go to the harness's private bpffs), so that every row says which.
 func daemonSpec(name, mode string, steered bool) serverSpec {
 	return serverSpec{name: name, xdpMode: mode, argv: func(h *harness, _ string) []string {
-		handover := "--handover-dir="
+		handover := "--steering-dir="
 		if steered {
 			handover += h.pins
 		}

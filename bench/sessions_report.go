@@ -9,6 +9,13 @@ import (
 	"strings"
 )
 
+// Row names of the sessions stage (the daemon rows use the server names).
+const (
+	SessionsFlowCache = "XDP native, flow cache (in-process program, mirror hooks)"
+	SessionsNoFlow    = "XDP native, no flow cache (same maps)"
+	SessionsOneFlow   = "XDP native, one flow at the same packets/s"
+)
+
 // SessionRow is one row of the sessions stage: N sessions, each sending a
 // WebRTC-like mix (audio 100 B at 50 packets/s and video 1,100 B at 100
 // packets/s) in both directions, over the stage's intervals of one path.

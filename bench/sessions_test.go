@@ -46,13 +46,6 @@ const (
 	sessionPortBase = 20000
 )
 
-// Row names of the sessions stage (the daemon rows use the server names).
-const (
-	SessionsFlowCache = "XDP native, flow cache (in-process program, mirror hooks)"
-	SessionsNoFlow    = "XDP native, no flow cache (same maps)"
-	SessionsOneFlow   = "XDP native, one flow at the same packets/s"
-)
-
 // mixLoad is what the generator sends: session i's client socket
 // clientFDs[i] sends ChannelData on channel to the listener, the peer's
 // socket peerFD sends to relays[i].
