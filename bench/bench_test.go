@@ -227,6 +227,9 @@ type harness struct {
 	pins                    string // private bpffs for the steered daemon's maps
 	peers                   *peers
 	liveObject              string // the relay object the live-cost stage runs ("": the embedded one)
+	// userspaceP2C: the userspace stage's load goes peer->client
+	// (BENCH_USERSPACE_P2C) and is counted at the client.
+	userspaceP2C bool
 }
 
 // command records a command line for the report.

@@ -245,7 +245,13 @@ func (h *harness) measure(t *testing.T, spec serverSpec, streams []*stream, rate
 	}
 	xdp := spec.xdpMode != ""
 	time.Sleep(300 * time.Millisecond) // what the previous rung queued drains
-	peerBefore, srvBefore := h.rig.Peer.Snmp(t), h.rig.Server.Snmp(t)
+	// Delivered is counted where the load goes: the peer, or the client
+	// (the userspace stage's peer->client load).
+	dest := h.rig.Peer
+	if h.userspaceP2C {
+		dest = h.rig.Client
+	}
+	peerBefore, srvBefore := dest.Snmp(t), h.rig.Server.Snmp(t)
 	var mBefore netns.Metrics
 	if xdp {
 		var err error
@@ -271,7 +277,7 @@ func (h *harness) measure(t *testing.T, spec serverSpec, streams []*stream, rate
 	if xdp && spec.xdpMode != "off" {
 		progNs = h.relayProgStats(t).nsPerRunSince(progBefore)
 	}
-	peerAfter, srvAfter := h.rig.Peer.Snmp(t), h.rig.Server.Snmp(t)
+	peerAfter, srvAfter := dest.Snmp(t), h.rig.Server.Snmp(t)
 	p := RelayPoint{Server: spec.name, TargetPPS: rate, Workers: workers, Seconds: g.elapsed.Seconds(), Sent: g.sent,
 		SendErrors: g.retries, XDPShare: -1, ProgNsPerRun: progNs}
 	got := delivered(peerAfter) - delivered(peerBefore)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -87,9 +88,23 @@ func (h *harness) userspaceOne(t *testing.T, spec serverSpec, round int) {
 	rs := h.startServer(t, spec)
 	defer h.stopServer(t, rs)
 	var streams []*stream
+	// BENCH_USERSPACE_P2C (debugging: the report's rows then hold the other
+	// direction): the sink sends to each allocation's relay address, on the
+	// channel bound to it, and the client namespace counts what arrives.
+	h.userspaceP2C = os.Getenv("BENCH_USERSPACE_P2C") != ""
+	defer func() { h.userspaceP2C = false }()
+	sinkFd, err := fdOf(h.peers.sink)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for range userspaceFlows {
 		sess := newSession(t, h, listenAddr)
 		defer sess.close()
+		if h.userspaceP2C {
+			relay := sess.relay.LocalAddr().(*net.UDPAddr)
+			streams = append(streams, &stream{fd: sinkFd, dst: sockaddr(relay.IP, relay.Port), payloads: [][]byte{make([]byte, 100)}})
+			continue
+		}
 		streams = append(streams, sess.stream(100))
 	}
 	pids := []int{rs.proc.PID()}

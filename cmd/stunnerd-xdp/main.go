@@ -195,8 +195,9 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.tcIfaces, "tc-iface", "lxc*,cali*,veth*,kind:vxlan,kind:geneve", "`PATTERN[,PATTERN]` (shell patterns) of interfaces the TC engine attaches to as they come and go, while XDP is\n"+
 		"attached: pods' host-side veths (Cilium lxc*, Calico cali*, bridge CNIs veth*), and by link kind (kind:vxlan,\n"+
 		"kind:geneve: overlay devices such as flannel.1, where a masqueraded peer's replies come back); empty: only beside XDP")
-	fs.BoolVar(&o.shortcut, "channeldata-shortcut", true, "in userspace, relay ChannelData on pion/turn's channels in the read loop: the write pion/turn\n"+
-		"would make, without its per-datagram handling (7 allocations); false: pion/turn handles every datagram")
+	fs.BoolVar(&o.shortcut, "channeldata-shortcut", true, "in userspace, relay on pion/turn's channels and permissions without pion/turn's per-datagram\n"+
+		"handling: ChannelData from clients in the listener's read loop, peers' datagrams in the relay socket's;\n"+
+		"the writes pion/turn would make; false: pion/turn handles every datagram")
 	fs.UintVar(&o.maxBindings, "max-bindings", daemon.DefaultMaxBindings, "channel bindings the XDP maps hold; beyond that flows stay in userspace")
 	o.userQuota, o.totalQuota = daemon.AutoQuota, daemon.AutoQuota
 	fs.Var(&o.userQuota, "user-quota", "allocations one user-id may hold at once (the user-id of ephemeral credentials EXPIRY:USERID\n"+

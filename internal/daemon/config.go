@@ -110,10 +110,11 @@ type Config struct {
 	// UDPThreadNum is the number of read loops per UDP listener, each on its
 	// own SO_REUSEPORT socket (STUNner's -u/--udp-thread-num); 0: one per CPU.
 	UDPThreadNum int
-	// NoShortcut leaves every ChannelData datagram that reaches userspace to
-	// pion/turn's own handler; by default the read loop relays those on
-	// pion's channels itself (userspace.Channels: the same write, without
-	// pion's per-datagram logging work).
+	// NoShortcut leaves every datagram that reaches userspace to pion/turn's
+	// own handlers; by default the listener's read loop relays ChannelData
+	// on pion's channels itself (userspace.Channels) and the relay sockets
+	// relay peers' datagrams to the client (userspace.Replies): the writes
+	// pion would make, without its per-datagram allocations.
 	NoShortcut bool
 
 	Logger *logging.Factory

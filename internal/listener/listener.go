@@ -76,8 +76,8 @@ type Settings struct {
 	// ReadLoops is the number of sockets, each with its pion/turn server,
 	// of a UDP listener.
 	ReadLoops int
-	// NoShortcut leaves every ChannelData datagram that reaches userspace to
-	// pion/turn's own handler (userspace.ListenerConn).
+	// NoShortcut leaves every datagram that reaches userspace to pion/turn's
+	// own handlers (userspace.ListenerConn, userspace.Replies).
 	NoShortcut bool
 	// MaxChannels bounds the channels one allocation holds (0: no limit).
 	MaxChannels int
@@ -211,16 +211,24 @@ func (s *Set) serverConfigs(st Settings, ls *Listener) ([]turn.ServerConfig, err
 			// (TTL, TOS), with the shortcut or without.
 			chans := userspace.NewChannels(relays, s.deps.Counters)
 			ls.quotas = append(ls.quotas, s.deps.Quota.NewServer())
-			c := sc
-			c.EventHandler = s.hooks(ls.quotas[i], relays, guard, &ls.ports,
-				chans.EventHandler, s.gate.wrap, s.destinationHooks(ls), s.flowHooks(ls, i))(base)
 			// Listener sockets, outermost first: the request checks, the
-			// counters and the shortcut, the traffic accounting, the
-			// header-field table, the batched socket.
+			// counters and the client->peer shortcut, the traffic
+			// accounting, the header-field table, the batched socket.
+			pc := guard.PacketConn(&userspace.ListenerConn{
+				PacketConn: s.deps.Traffic.ListenerConn(l.Name, chans.ListenerSocket(conn)),
+				Counters:   s.deps.Counters, Channels: chans, NoShortcut: st.NoShortcut})
+			// The peer->client shortcut writes to the listener socket as
+			// pion holds it; it learns each allocation's client from pion's
+			// own report, before every other stage.
+			var replies stage
+			if !st.NoShortcut {
+				replies = userspace.NewReplies(relays, pc, s.deps.Counters).EventHandler
+			}
+			c := sc
+			c.EventHandler = s.hooks(replies, ls.quotas[i], relays, guard, &ls.ports,
+				chans.EventHandler, s.gate.wrap, s.destinationHooks(ls), s.flowHooks(ls, i))(base)
 			c.PacketConnConfigs = []turn.PacketConnConfig{{
-				PacketConn: guard.PacketConn(&userspace.ListenerConn{
-					PacketConn: s.deps.Traffic.ListenerConn(l.Name, chans.ListenerSocket(conn)),
-					Counters:   s.deps.Counters, Channels: chans, NoShortcut: st.NoShortcut}),
+				PacketConn:            pc,
 				PermissionHandler:     s.limitPermissions(ls.quotas[i], permit),
 				RelayAddressGenerator: gen,
 			}}
@@ -237,7 +245,7 @@ func (s *Set) serverConfigs(st Settings, ls *Listener) ([]turn.ServerConfig, err
 		}
 		guard := s.guard(st, permit)
 		ls.quotas = append(ls.quotas, s.deps.Quota.NewServer())
-		sc.EventHandler = s.hooks(ls.quotas[0], relays, guard, &ls.ports)(base)
+		sc.EventHandler = s.hooks(nil, ls.quotas[0], relays, guard, &ls.ports)(base)
 		// Connection caps, deadlines, the (D)TLS handshake's timeout and
 		// bounded frames (connlimit): pion has none, and anyone can connect.
 		sc.ListenerConfigs = []turn.ListenerConfig{{
@@ -263,9 +271,12 @@ func (s *Set) guard(st Settings, permit turn.PermissionHandler) *turnguard.Guard
 	return g
 }
 
-// hooks is the hook chain of server qs, first stage first; inner are
-// the protocol's own stages, between the common ones and the port filter
-// (base). Every stage sees a report before the stages after it:
+// hooks is the hook chain of server qs, first stage first; outer (nil:
+// none) comes before every other stage, inner are the protocol's own stages,
+// between the common ones and the port filter (base). Every stage sees a
+// report before the stages after it:
+//   - outer: for UDP the peer->client shortcut (userspace.Replies), which
+//     learns each allocation's client as pion reports it;
 //   - the relay sockets' permission and channel tables take pion's events
 //     as it reports them: the sockets charge the rate limit only for what
 //     pion relays, whatever the stages after do with its reports;
@@ -278,8 +289,9 @@ func (s *Set) guard(st Settings, permit turn.PermissionHandler) *turnguard.Guard
 //   - inner: for UDP the shortcut's table, the gate (nothing after it runs
 //     once the daemon closed what they write to), the destinations tracker
 //     and the steering flow of each client.
-func (s *Set) hooks(qs quota.Server, relays *userspace.RelaySockets, guard *turnguard.Guard, ps *portState, inner ...stage) stage {
+func (s *Set) hooks(outer stage, qs quota.Server, relays *userspace.RelaySockets, guard *turnguard.Guard, ps *portState, inner ...stage) stage {
 	stages := append([]stage{
+		outer,
 		relays.PeerHooks,
 		new(replacements).wrap,
 		ps.withAllocationUsers,
@@ -288,7 +300,9 @@ func (s *Set) hooks(qs quota.Server, relays *userspace.RelaySockets, guard *turn
 	}, inner...)
 	return func(h turn.EventHandler) turn.EventHandler {
 		for j := len(stages) - 1; j >= 0; j-- {
-			h = stages[j](h)
+			if stages[j] != nil {
+				h = stages[j](h)
+			}
 		}
 		return h
 	}

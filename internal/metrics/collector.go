@@ -82,6 +82,7 @@ type collector struct {
 	mode, label, steering, userspace, full         *prometheus.Desc
 	refused, permRefused, userRateLimited          *prometheus.Desc
 	shortcut, ttlExpired, tcpConns, tcpRefused     *prometheus.Desc
+	peerShortcut                                   *prometheus.Desc
 	tcpClosed, oversized, requestsRefused          *prometheus.Desc
 	tcVerdicts                                     *prometheus.Desc
 }
@@ -125,6 +126,8 @@ func newCollector(src Source) *collector {
 				"stale_nonce (438: a nonce over 600 s old), channel_limit (508: --max-channels).", []string{"reason"}, nil),
 		shortcut: prometheus.NewDesc("stunnerd_xdp_userspace_shortcut_packets_total",
 			"Client-to-peer ChannelData datagrams the read loops relayed on pion/turn's channels without its per-datagram handling (--channeldata-shortcut); a part of the userspace path's packets.", nil, nil),
+		peerShortcut: prometheus.NewDesc("stunnerd_xdp_userspace_peer_shortcut_packets_total",
+			"Peer-to-client datagrams the relay sockets relayed to clients (ChannelData or Data indications) without pion/turn's per-datagram handling (--channeldata-shortcut); a part of the userspace path's packets.", nil, nil),
 		ttlExpired: prometheus.NewDesc("stunnerd_xdp_userspace_ttl_expired_total",
 			"Datagrams the userspace path dropped, in either direction, because they arrived with a TTL (hop limit) of 1 or 0 (RFC 8656 section 14; the XDP program passes them to userspace as verdict pass_ttl_expired).", nil, nil),
 		tcVerdicts: prometheus.NewDesc("stunnerd_xdp_tc_verdicts_total",
@@ -134,7 +137,7 @@ func newCollector(src Source) *collector {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.tcVerdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited, c.shortcut, c.ttlExpired,
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.tcVerdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited, c.shortcut, c.peerShortcut, c.ttlExpired,
 		c.tcpConns, c.tcpRefused, c.tcpClosed, c.oversized, c.requestsRefused} {
 		ch <- d
 	}
@@ -145,6 +148,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(ch, c.packets, u.ClientToPeerPackets.Load(), "userspace", "client_to_peer")
 	counter(ch, c.userRateLimited, u.RateLimited.Load())
 	counter(ch, c.shortcut, u.ShortcutPackets.Load())
+	counter(ch, c.peerShortcut, u.PeerShortcutPackets.Load())
 	counter(ch, c.ttlExpired, u.TTLExpired.Load())
 	counter(ch, c.packets, u.PeerToClientPackets.Load(), "userspace", "peer_to_client")
 	counter(ch, c.bytes, u.ClientToPeerBytes.Load(), "userspace", "client_to_peer")

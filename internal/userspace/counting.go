@@ -9,7 +9,6 @@ import (
 	"net"
 	"sync/atomic"
 
-	"github.com/pion/stun/v3"
 	"github.com/pion/turn/v4"
 
 	"github.com/l7mp/stunnerd-xdp/internal/udpio"
@@ -25,6 +24,10 @@ type Counters struct {
 	// themselves (Channels), not pion/turn's handler: a part of
 	// ClientToPeerPackets.
 	ShortcutPackets atomic.Uint64
+	// PeerShortcutPackets counts the datagrams from peers the relay sockets
+	// relayed to clients themselves (Replies), not pion/turn's handler: a
+	// part of PeerToClientPackets.
+	PeerShortcutPackets atomic.Uint64
 	// TTLExpired counts the datagrams dropped, in either direction, because
 	// they arrived with a TTL (hop limit) of 1 or 0 (see fields.go).
 	TTLExpired atomic.Uint64
@@ -70,19 +73,41 @@ func relayedData(p []byte) (int, bool) {
 	if len(p) >= 4 && p[0]&0xC0 == 0x40 {
 		return int(binary.BigEndian.Uint16(p[2:4])), true
 	}
-	// A Data indication: method Data (0x007), class indication: type 0x0017.
-	if len(p) >= 20 && binary.BigEndian.Uint16(p[0:2]) == 0x0017 {
-		m := &stun.Message{Raw: append([]byte(nil), p...)}
-		if err := m.Decode(); err != nil {
-			return 0, false
-		}
-		v, err := m.Get(stun.AttrData)
-		if err != nil {
-			return 0, false
-		}
-		return len(v), true
+	if len(p) >= stunHeader && binary.BigEndian.Uint16(p[0:2]) == typeDataIndication {
+		return dataAttrLen(p)
 	}
 	return 0, false
+}
+
+// dataAttrLen is the length of the first DATA attribute of the STUN message
+// p, where stun.Message's Decode then Get(AttrData) would find it (false:
+// Decode fails or there is none), without their copy of the message.
+func dataAttrLen(p []byte) (int, bool) {
+	size := int(binary.BigEndian.Uint16(p[2:4]))
+	if binary.BigEndian.Uint32(p[4:8]) != magicCookie || len(p) < stunHeader+size {
+		return 0, false
+	}
+	b := p[stunHeader : stunHeader+size]
+	found := -1
+	for offset := 0; offset < size; {
+		if len(b) < 4 {
+			return 0, false
+		}
+		typ, l := binary.BigEndian.Uint16(b[0:2]), int(binary.BigEndian.Uint16(b[2:4]))
+		b = b[4:]
+		if len(b) < padded(l) {
+			return 0, false
+		}
+		if typ == attrData && found < 0 {
+			found = l
+		}
+		b = b[padded(l):]
+		offset += 4 + padded(l)
+	}
+	if found < 0 {
+		return 0, false
+	}
+	return found, true
 }
 
 // relayConn wraps a relay socket (the innermost wrapper): what pion writes

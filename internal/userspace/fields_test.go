@@ -14,7 +14,7 @@ import (
 
 // sendingWith opens a loopback UDP socket that sends with ttl and tos and
 // reads with the fields.
-func sendingWith(t *testing.T, ttl, tos int) *udpio.Conn {
+func sendingWith(t testing.TB, ttl, tos int) *udpio.Conn {
 	t.Helper()
 	u := listenUDP(t).(*net.UDPConn)
 	rc, err := u.SyscallConn()

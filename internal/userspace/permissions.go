@@ -22,7 +22,7 @@ import (
 // as a whole on an event, read per datagram without a lock.
 type peerSet struct {
 	perms map[netip.Addr]struct{}
-	chans map[netip.AddrPort]struct{}
+	chans map[netip.AddrPort]uint16 // the peer's channel number
 }
 
 // relays tells whether pion relays a datagram from src.
@@ -47,7 +47,7 @@ type peers struct {
 func (p *peers) change(f func(*peerSet)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	next := &peerSet{perms: map[netip.Addr]struct{}{}, chans: map[netip.AddrPort]struct{}{}}
+	next := &peerSet{perms: map[netip.Addr]struct{}{}, chans: map[netip.AddrPort]uint16{}}
 	if cur := p.set.Load(); cur != nil {
 		next.perms, next.chans = maps.Clone(cur.perms), maps.Clone(cur.chans)
 	}
@@ -84,13 +84,13 @@ func (s *RelaySockets) PeerHooks(h turn.EventHandler) turn.EventHandler {
 		if chCreated != nil {
 			chCreated(src, dst, proto, user, realm, relay, peer, ch)
 		}
-		s.channel(relay, peer, true)
+		s.channel(relay, peer, ch, true)
 	}
 	h.OnChannelDeleted = func(src, dst net.Addr, proto, user, realm string, relay, peer net.Addr, ch uint16) {
 		if chDeleted != nil {
 			chDeleted(src, dst, proto, user, realm, relay, peer, ch)
 		}
-		s.channel(relay, peer, false)
+		s.channel(relay, peer, ch, false)
 	}
 	return h
 }
@@ -111,7 +111,7 @@ func (s *RelaySockets) permission(relay net.Addr, peer net.IP, on bool) {
 	})
 }
 
-func (s *RelaySockets) channel(relay, peer net.Addr, on bool) {
+func (s *RelaySockets) channel(relay, peer net.Addr, ch uint16, on bool) {
 	_, raw := s.get(relay)
 	k, ok := udpAddrPort(peer)
 	if raw == nil || !ok {
@@ -119,7 +119,7 @@ func (s *RelaySockets) channel(relay, peer net.Addr, on bool) {
 	}
 	raw.peers.change(func(p *peerSet) {
 		if on {
-			p.chans[k] = struct{}{}
+			p.chans[k] = ch
 		} else {
 			delete(p.chans, k)
 		}

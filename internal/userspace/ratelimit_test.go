@@ -18,7 +18,7 @@ func permit(c *relayConn, peer net.PacketConn) {
 	c.peers.change(func(p *peerSet) { p.perms[netip.AddrFrom4([4]byte(ip.To4()))] = struct{}{} })
 }
 
-func listenUDP(t *testing.T) net.PacketConn {
+func listenUDP(t testing.TB) net.PacketConn {
 	t.Helper()
 	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
 	if err != nil {
@@ -152,7 +152,7 @@ func TestRateLimitPermittedOnly(t *testing.T) {
 	// peer gets a channel (its exact address), the stranger has neither.
 	relay.peers.change(func(p *peerSet) {
 		p.perms = map[netip.Addr]struct{}{}
-		p.chans = map[netip.AddrPort]struct{}{netip.MustParseAddrPort(peer.LocalAddr().String()): {}}
+		p.chans = map[netip.AddrPort]uint16{netip.MustParseAddrPort(peer.LocalAddr().String()): 0x4000}
 	})
 	for i := 0; i < 20; i++ {
 		send(stranger)
@@ -175,7 +175,7 @@ func TestRateLimitPermittedOnly(t *testing.T) {
 	// A channel is to one address: another port of the same IP is a stranger
 	// without a permission for the IP.
 	relay.peers.change(func(p *peerSet) {
-		p.chans = map[netip.AddrPort]struct{}{netip.MustParseAddrPort(channelPeer.LocalAddr().String()): {}}
+		p.chans = map[netip.AddrPort]uint16{netip.MustParseAddrPort(channelPeer.LocalAddr().String()): 0x4000}
 	})
 	send(peer)
 	if !read(peer) || counters.RateLimited.Load() != 1 {

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"github.com/pion/turn/v4"
 )
@@ -307,11 +308,20 @@ func (g *socketsGenerator) AllocatePacketConn(network string, requestedPort int)
 	return rs, a, nil
 }
 
-// relaySocket leaves the set when closed.
+// relaySocket leaves the set when closed. With a way back to its client
+// (Replies), it relays what peers send itself.
 type relaySocket struct {
 	net.PacketConn
-	s   *RelaySockets
-	key netip.AddrPort
+	s     *RelaySockets
+	key   netip.AddrPort
+	reply atomic.Pointer[reply]
+}
+
+func (c *relaySocket) ReadFrom(p []byte) (int, net.Addr, error) {
+	if r := c.reply.Load(); r != nil {
+		return r.readFrom(c.PacketConn, p)
+	}
+	return c.PacketConn.ReadFrom(p)
 }
 
 func (c *relaySocket) Close() error {
