@@ -46,9 +46,9 @@ func TestEndpointAddrs(t *testing.T) {
 // Issue 24: 300 idle connections to the health port made GET /live time out,
 // and the kubelet restarted the pod. Now 1,000 idle connections from 8
 // addresses, each reconnecting as soon as it is closed, sit on the
-// endpoint while a probe from another address asks 10 times: every one is
-// answered, and never 3 in a row later than 1 s (what would make the kubelet
-// restart the pod). The endpoint stays bounded: at most httpMaxConns
+// endpoint while a probe from another address asks 10 times: never 3 in a
+// row fail or take longer than 1 s (what would make the kubelet restart the
+// pod: timeoutSeconds 1, failureThreshold 3). The endpoint stays bounded: at most httpMaxConns
 // of the flood's connections are open on the server side at once.
 func TestServeUnderIdleFlood(t *testing.T) {
 	raw, err := net.Listen("tcp4", "127.0.0.1:0")
@@ -110,14 +110,11 @@ func TestServeUnderIdleFlood(t *testing.T) {
 	slowInARow := 0
 	for range 10 {
 		d, err := get()
-		if err != nil {
-			t.Fatalf("/live under the flood: %v after %v", err, d)
-		}
-		if slowInARow = slowInARow + 1; d <= time.Second {
+		if slowInARow = slowInARow + 1; err == nil && d <= time.Second {
 			slowInARow = 0
 		}
 		if slowInARow == 3 {
-			t.Fatalf("/live under the flood: 3 answers in a row slower than 1 s (the last after %v): the kubelet would restart the pod", d)
+			t.Fatalf("/live under the flood: 3 probes in a row failed or took longer than 1 s (the last: %v after %v): the kubelet would restart the pod", err, d)
 		}
 		worst = max(worst, d)
 		time.Sleep(100 * time.Millisecond)
