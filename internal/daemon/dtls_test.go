@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"net/netip"
 	"testing"
@@ -73,7 +74,7 @@ func TestDTLSListener(t *testing.T) {
 	defer relay.Close()
 	// pion/turn v4's client STUNConn waits for more after a frame under 9
 	// bytes (consumeSingleTURNFrame): ChannelData with 5 bytes or more.
-	roundTrip(t, relay, peer)
+	testenv.RoundTrip(t, relay, peer)
 	if open := d.Guards().Conns.Open; open != 1 {
 		t.Fatalf("%d connections counted, want 1", open)
 	}
@@ -91,29 +92,6 @@ func TestDTLSListener(t *testing.T) {
 	}
 }
 
-// roundTrip relays a datagram from the client through relay to peer and the
-// answer back. pion/turn v4's client STUNConn waits for more after a frame
-// under 9 bytes (consumeSingleTURNFrame): payloads of 9 bytes or more.
-func roundTrip(t *testing.T, relay, peer net.PacketConn) {
-	t.Helper()
-	if _, err := relay.WriteTo([]byte("ping-ping"), peer.LocalAddr()); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 64)
-	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
-	n, from, err := peer.ReadFrom(buf)
-	if err != nil || string(buf[:n]) != "ping-ping" {
-		t.Fatalf("at the peer: %q, %v", buf[:n], err)
-	}
-	if _, err := peer.WriteTo([]byte("pong-pong"), from); err != nil {
-		t.Fatal(err)
-	}
-	_ = relay.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if n, _, err = relay.ReadFrom(buf); err != nil || string(buf[:n]) != "pong-pong" {
-		t.Fatalf("back at the client: %q, %v", buf[:n], err)
-	}
-}
-
 // With the steering, a second daemon binds the same DTLS listener (a rolling
 // update): the first daemon's DTLS session keeps relaying through it, and a
 // new session goes to the newer daemon.
@@ -122,28 +100,7 @@ func TestDTLSSteered(t *testing.T) {
 	cert, _, _ := testenv.SelfSigned(t)
 	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
 	pins := testenv.BPFFS(t)
-	start := func() *Daemon {
-		t.Helper()
-		lf, err := logging.New("all:WARN", "text", &testenv.LockedBuffer{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := Start(Config{
-			Listeners:    []config.ResolvedListener{{Name: "dtls", Protocol: config.DTLS, Addr: listen, Cert: &cert}},
-			Users:        map[string]string{"alice": "a"},
-			RelayAddress: netip.MustParseAddr("127.0.0.1"),
-			MinRelayPort: 62100, MaxRelayPort: 62199,
-			AllowPeers:  []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
-			XDPMode:     loader.ModeOff,
-			SteeringDir: pins,
-			Logger:      lf,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		return d
-	}
+	start := func() *Daemon { return startDTLS(t, listen, cert, pins, connlimit.Limits{}) }
 	allocate := func() net.PacketConn {
 		t.Helper()
 		relay, err := testenv.Allocate(t, &turn.ClientConfig{TURNServerAddr: listen.String(), STUNServerAddr: listen.String(),
@@ -161,13 +118,39 @@ func TestDTLSSteered(t *testing.T) {
 	defer peer.Close()
 	a := start()
 	old := allocate()
-	roundTrip(t, old, peer)
+	testenv.RoundTrip(t, old, peer)
 	b := start()
 	for range 3 {
-		roundTrip(t, old, peer)
+		testenv.RoundTrip(t, old, peer)
 	}
-	roundTrip(t, allocate(), peer)
+	testenv.RoundTrip(t, allocate(), peer)
 	if na, nb := a.AllocationCount(), b.AllocationCount(); na != 1 || nb != 1 {
 		t.Fatalf("allocations: first daemon %d, second %d; want 1 and 1", na, nb)
 	}
+}
+
+// startDTLS starts a daemon with one TURN-DTLS listener on listen for alice,
+// relaying to loopback peers, and closes it when the test ends.
+func startDTLS(t *testing.T, listen netip.AddrPort, cert tls.Certificate, steeringDir string, lim connlimit.Limits) *Daemon {
+	t.Helper()
+	lf, err := logging.New("all:WARN", "text", &testenv.LockedBuffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Start(Config{
+		Listeners:    []config.ResolvedListener{{Name: "dtls", Protocol: config.DTLS, Addr: listen, Cert: &cert}},
+		Users:        map[string]string{"alice": "a"},
+		RelayAddress: netip.MustParseAddr("127.0.0.1"),
+		MinRelayPort: 62100, MaxRelayPort: 62199,
+		AllowPeers:  []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		XDPMode:     loader.ModeOff,
+		SteeringDir: steeringDir,
+		ConnLimits:  lim,
+		Logger:      lf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
 }

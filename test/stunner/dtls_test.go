@@ -23,6 +23,8 @@ import (
 	stnrv1 "github.com/l7mp/stunner/pkg/apis/v1"
 	"github.com/pion/dtls/v3"
 	"github.com/pion/turn/v5"
+
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // certPEM is a self-signed certificate and key, base64-encoded PEM as a
@@ -114,23 +116,7 @@ func TestDTLSGateway(t *testing.T) {
 		}
 	}
 	defer relay.Close()
-	// pion/turn's client STUNConn waits for more after a frame under 9 bytes.
-	if _, err := relay.WriteTo([]byte("ping-ping"), peer.LocalAddr()); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 64)
-	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
-	n, from, err := peer.ReadFrom(buf)
-	if err != nil || string(buf[:n]) != "ping-ping" {
-		t.Fatalf("at the peer: %q, %v", buf[:n], err)
-	}
-	if _, err := peer.WriteTo([]byte("pong-pong"), from); err != nil {
-		t.Fatal(err)
-	}
-	_ = relay.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if n, _, err = relay.ReadFrom(buf); err != nil || string(buf[:n]) != "pong-pong" {
-		t.Fatalf("back at the client: %q, %v", buf[:n], err)
-	}
+	testenv.RoundTrip(t, relay, peer)
 }
 
 // allocateDTLS allocates with pion/turn v5 over a DTLS connection to server.
