@@ -153,9 +153,12 @@ func (l *steeredListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	client, ok := udpAddrPort(c.RemoteAddr())
-	if !ok {
+	// Behind the gate, as the allocations' steering hooks: the maps close
+	// with the daemon, while pion closes its connections after that.
+	if !ok || !l.s.gate.enter() {
 		return c, nil
 	}
+	defer l.s.gate.exit()
 	if err := l.s.deps.Steering.AddFlow(l.ls.group, client, l.ls.slots[0]); err != nil {
 		l.log.Warn("connection not steered: it breaks if a second daemon starts on this node while it lives", "error", err)
 		return c, nil
@@ -172,6 +175,10 @@ type steeredConn struct {
 
 func (c *steeredConn) Close() error {
 	c.once.Do(func() {
+		if !c.l.s.gate.enter() {
+			return // the daemon closed the steering
+		}
+		defer c.l.s.gate.exit()
 		if err := c.l.s.deps.Steering.RemoveFlow(c.l.ls.group, c.client, c.l.ls.slots[0]); err != nil {
 			c.l.log.Warn("steering", "error", err)
 		}
