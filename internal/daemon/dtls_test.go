@@ -40,27 +40,10 @@ func dialDTLS(t *testing.T, addr netip.AddrPort) net.Conn {
 // at the idle timeout as a TLS one is.
 func TestDTLSListener(t *testing.T) {
 	cert, _, _ := testenv.SelfSigned(t)
-	lf, err := logging.New("all:WARN", "text", &testenv.LockedBuffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
 	lim := connlimit.Defaults()
 	lim.IdleTimeout = 500 * time.Millisecond
-	d, err := Start(Config{
-		Listeners:    []config.ResolvedListener{{Name: "dtls", Protocol: config.DTLS, Addr: listen, Cert: &cert}},
-		Users:        map[string]string{"alice": "a"},
-		RelayAddress: netip.MustParseAddr("127.0.0.1"),
-		MinRelayPort: 62100, MaxRelayPort: 62199,
-		AllowPeers: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
-		XDPMode:    loader.ModeOff,
-		ConnLimits: lim,
-		Logger:     lf,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := startDTLS(t, listen, cert, "", lim)
 	peer, err := net.ListenPacket("udp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
