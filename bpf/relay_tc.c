@@ -36,8 +36,8 @@
  *   - a GSO skb (UDP GSO or GRO: several datagrams) is passed, never relayed
  *     as one datagram.
  *
- * Verdicts: TC_ACT_REDIRECT (relayed), TC_ACT_OK (the stack and pion/turn get
- * the skb, untouched), TC_ACT_SHOT (over a dropping rate limit, or a rewrite
+ * Verdicts: TC_ACT_REDIRECT (relayed), TCX_NEXT (the hook's next program, then
+ * the stack and pion/turn get the skb, untouched), TC_ACT_SHOT (over a dropping rate limit, or a rewrite
  * that failed half way). Counters: tc_verdicts, indexed by enum reason for the
  * reasons both engines share and by enum tc_reason for the TC engine's own. */
 #define RELAY_TC_ENGINE
@@ -528,5 +528,8 @@ int tc_turn_relay(struct __sk_buff *ctx)
 	__u32 reason = REASON_NOT_OURS;
 	int action = tc_relay(ctx, &reason);
 	tc_count(reason);
-	return action;
+	/* What it does not relay goes on to the hook's next program (another
+	 * Gateway's engine on the node), untouched, then to the stack: TC_ACT_OK
+	 * would end the tcx chain there. */
+	return action == TC_ACT_OK ? TC_NEXT : action;
 }

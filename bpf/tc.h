@@ -42,4 +42,9 @@ struct {
 	__uint(max_entries, 1);
 } tc_scratch SEC(".maps");
 
+/* tcx's TCX_NEXT (linux/bpf.h of 6.6+, which the build's headers may predate):
+ * the hook's next program sees the skb; after the last one, the stack. Under
+ * cls_bpf it reads as TC_ACT_UNSPEC, which goes on as well. */
+#define TC_NEXT (-1)
+
 #endif

@@ -178,7 +178,7 @@ func tcVerdictOf(xdp uint32) model.TCVerdict {
 	case uint32(model.Drop):
 		return model.TCShot
 	}
-	return model.TCOK
+	return model.TCNext
 }
 
 // TestTCGoldenPackets: every golden and hostile row of the XDP program through
@@ -316,7 +316,7 @@ func TestTCGSO(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			got, _ := e.checkTC(t, m, "a0", f, model.SKB{GSO: true})
-			if got.verdict != uint32(model.TCOK) || got.reason != bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_GSO) {
+			if got.verdict != uint32(model.TCNext) || got.reason != bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_GSO) {
 				t.Errorf("%v %s", model.TCVerdict(got.verdict), tcReasonName(got.reason))
 			}
 			if !bytes.Equal(got.out, f) {
@@ -375,7 +375,7 @@ func TestTCRateLimit(t *testing.T) {
 		verdict model.TCVerdict
 	}{
 		{"over/drop", channelmap.RateLimit{PacketsPerSecond: 50}, model.RateState{PacketTAT: owedFar}, model.TCShot},
-		{"over/pass", channelmap.RateLimit{PacketsPerSecond: 50, Pass: true}, model.RateState{PacketTAT: owedFar}, model.TCOK},
+		{"over/pass", channelmap.RateLimit{PacketsPerSecond: 50, Pass: true}, model.RateState{PacketTAT: owedFar}, model.TCNext},
 		{"over-bytes/drop", channelmap.RateLimit{BytesPerSecond: 1000}, model.RateState{ByteTAT: owedFar}, model.TCShot},
 		{"under", channelmap.RateLimit{PacketsPerSecond: 50}, model.RateState{}, model.TCRedirect},
 	} {
@@ -482,7 +482,7 @@ func TestTCReconfigure(t *testing.T) {
 		t.Fatal(err)
 	}
 	after := e.tcVerdicts(t)
-	if model.TCVerdict(ret) != model.TCOK || after[bpf.RelayReasonREASON_NOT_OURS] != before[bpf.RelayReasonREASON_NOT_OURS]+1 {
+	if model.TCVerdict(ret) != model.TCNext || after[bpf.RelayReasonREASON_NOT_OURS] != before[bpf.RelayReasonREASON_NOT_OURS]+1 {
 		t.Errorf("after: %v, not_ours %d -> %d (port %d is no listener's now)", model.TCVerdict(ret),
 			before[bpf.RelayReasonREASON_NOT_OURS], after[bpf.RelayReasonREASON_NOT_OURS], listenerPort)
 	}

@@ -89,7 +89,7 @@
 //     points; one whose csum_start points elsewhere passes), every other skb's
 //     a full checksum that carries the input's error over (rule 5 without its
 //     PARTIAL guess). Verdicts are TC actions: relayed packets are redirected,
-//     everything else goes on untouched (TC_ACT_OK), and what a dropping rate
+//     everything else goes on untouched (TCX_NEXT), and what a dropping rate
 //     limit refuses is shot.
 package model
 

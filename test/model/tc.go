@@ -12,15 +12,20 @@ type TCVerdict uint32
 
 // The verdicts the TC engine gives.
 const (
-	TCOK       TCVerdict = 0 // TC_ACT_OK: the stack and pion/turn get the skb
+	// TCNext is TCX_NEXT (-1): the next program on the hook sees the skb,
+	// untouched, then the stack and pion/turn. Not TC_ACT_OK, which would
+	// end the hook's chain: another daemon's TC engine (another Gateway of
+	// the node) after this one must see its own packets. Under cls_bpf it
+	// is TC_ACT_UNSPEC, which goes on as well.
+	TCNext     TCVerdict = 0xffffffff
 	TCShot     TCVerdict = 2 // TC_ACT_SHOT: over a dropping rate limit
 	TCRedirect TCVerdict = 7 // TC_ACT_REDIRECT: out of the FIB's egress
 )
 
 func (v TCVerdict) String() string {
 	switch v {
-	case TCOK:
-		return "TC_ACT_OK"
+	case TCNext:
+		return "TCX_NEXT"
 	case TCShot:
 		return "TC_ACT_SHOT"
 	case TCRedirect:
@@ -68,15 +73,15 @@ type TCResult struct {
 // given ifindex: Process with the skb path's rules (rule 8).
 func (m *Model) ProcessTC(ingress int, frame []byte, skb SKB) TCResult {
 	if skb.GSO {
-		return TCResult{Verdict: TCOK, Reason: bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_GSO), Frame: frame}
+		return TCResult{Verdict: TCNext, Reason: bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_GSO), Frame: frame}
 	}
 	if skb.VLAN {
-		return TCResult{Verdict: TCOK, Reason: bpf.RelayReasonREASON_NOT_IP, Frame: frame}
+		return TCResult{Verdict: TCNext, Reason: bpf.RelayReasonREASON_NOT_IP, Frame: frame}
 	}
 	m.skb = &skb
 	r := m.Process(ingress, frame)
 	m.skb = nil
-	v := TCOK
+	v := TCNext
 	switch r.Verdict {
 	case Drop:
 		v = TCShot

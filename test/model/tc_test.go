@@ -71,13 +71,13 @@ func TestTCChecksumByIPSummed(t *testing.T) {
 func TestTCPassesAndAnyEgress(t *testing.T) {
 	in := clientFrame("10.100.0.1", packet.ChannelData(0x4000, []byte("x"), nil)).Marshal()
 	m := newModel(t, binding)
-	if r := m.ProcessTC(2, in, model.SKB{GSO: true}); r.Verdict != model.TCOK || r.Reason != bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_GSO) || !bytes.Equal(r.Frame, in) {
+	if r := m.ProcessTC(2, in, model.SKB{GSO: true}); r.Verdict != model.TCNext || r.Reason != bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_GSO) || !bytes.Equal(r.Frame, in) {
 		t.Errorf("GSO: %v %v", r.Verdict, r.Reason)
 	}
-	if r := m.ProcessTC(2, in, model.SKB{VLAN: true}); r.Verdict != model.TCOK || r.Reason != bpf.RelayReasonREASON_NOT_IP || r.Counted != nil {
+	if r := m.ProcessTC(2, in, model.SKB{VLAN: true}); r.Verdict != model.TCNext || r.Reason != bpf.RelayReasonREASON_NOT_IP || r.Counted != nil {
 		t.Errorf("VLAN: %v %v", r.Verdict, r.Reason)
 	}
-	if r := m.ProcessTC(2, in, model.SKB{Checksum: model.ChecksumPartial}); r.Verdict != model.TCOK ||
+	if r := m.ProcessTC(2, in, model.SKB{Checksum: model.ChecksumPartial}); r.Verdict != model.TCNext ||
 		r.Reason != bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_PARTIAL_ELSEWHERE) || r.Counted != nil {
 		t.Errorf("PARTIAL elsewhere: %v %v", r.Verdict, r.Reason)
 	}
