@@ -364,8 +364,14 @@ func (d *Daemon) Status() status.Status {
 
 // offloadEngine names the path in use as STUNner's admin.offload_engine does.
 func (d *Daemon) offloadEngine() string {
-	if len(d.xdp.Attached()) == 0 {
-		return "None"
+	attached := d.xdp.Attached()
+	for _, m := range attached {
+		if m != loader.ModeTC {
+			return "XDP"
+		}
 	}
-	return "XDP"
+	if len(attached) > 0 {
+		return "TC" // another daemon's XDP program holds every interface
+	}
+	return "None"
 }

@@ -10,9 +10,9 @@ import (
 //   - listener ports: SO_REUSEPORT plus the steering program (internal/steering);
 //     a client with an allocation stays with its daemon, new ones go to the
 //     newest;
-//   - the XDP hook: one program per interface, so the newcomer serves from
-//     userspace and retries the attach until the old daemon has detached
-//     (attachretry.go);
+//   - the XDP hook: one program per interface, so the newcomer's TC engine
+//     relays its sessions there (loader.Engines, ModeTC) and it retries the
+//     XDP attach until the old daemon has detached (attachretry.go);
 //   - the health and metrics ports: the newcomer retries the bind until the
 //     old daemon is gone (internal/endpoints); probes use a per-pod unix socket
 //     meanwhile (Endpoints.ServeUnix).

@@ -10,20 +10,26 @@ import (
 // Engines is the XDP program with the TC engine beside it, as one program to
 // attach: on every interface the XDP program is attached to, the TC engine is
 // attached too (it relays what XDP passed for an egress XDP cannot transmit
-// to), and while the XDP program is attached anywhere, the TC engine also
-// follows the interfaces matching the patterns (pods' host-side veths,
-// tunnels: Discover). With no XDP attachment left (the kernel path off, or
-// handed over) the TC engine is detached everywhere: the kernel path is
-// either on, with both engines, or off.
+// to), and while the kernel path runs anywhere, the TC engine also follows
+// the interfaces matching the patterns (pods' host-side veths, tunnels:
+// Discover). Where another program holds the XDP hook (another Gateway's
+// daemon on the node: the hook takes one program), the TC engine relays on
+// the interface alone (ModeTC): tcx runs every daemon's engine in turn, each
+// passing on what is not its own (TCX_NEXT). Attach again tries XDP there,
+// keeping the TC engine in place. With no attachment left (the kernel path
+// off, or handed over) the TC engine is detached everywhere: the kernel path
+// is either on, with both engines, or off.
 type Engines struct {
 	*Program
 	TC       *TC
 	patterns []string
 	log      *slog.Logger
 
-	mu    sync.Mutex
-	stop  chan struct{}
-	ended chan struct{}
+	mu sync.Mutex
+	// tcOnly are the interfaces where the TC engine relays alone, by name.
+	tcOnly map[string]bool
+	stop   chan struct{}
+	ended  chan struct{}
 }
 
 // WithTC loads the TC engine over the program's maps.
@@ -32,21 +38,35 @@ func (p *Program) WithTC(patterns []string, log *slog.Logger) (*Engines, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Engines{Program: p, TC: tc, patterns: slices.Clone(patterns), log: log}, nil
+	return &Engines{Program: p, TC: tc, patterns: slices.Clone(patterns), log: log, tcOnly: map[string]bool{}}, nil
 }
 
 // Attach attaches the XDP program (as Program.Attach), then the TC engine to
-// the same interface, and starts following the patterns.
+// the same interface, and starts following the patterns. Where another
+// program holds the XDP hook (ErrXDPBusy) it attaches the TC engine alone
+// and returns ModeTC; called again there, it tries XDP again.
 func (e *Engines) Attach(iface string, mode Mode) (Mode, error) {
 	got, err := e.Program.Attach(iface, mode)
-	if err != nil {
+	switch {
+	case err == nil:
+		if err := e.TC.Attach(iface); err != nil {
+			e.log.Warn("TC engine not attached beside XDP", "iface", iface, "error", err)
+		}
+	case errors.Is(err, ErrXDPBusy):
+		if tcErr := e.TC.Attach(iface); tcErr != nil {
+			return ModeOff, errors.Join(err, tcErr)
+		}
+		got = ModeTC
+	default:
 		return got, err
-	}
-	if err := e.TC.Attach(iface); err != nil {
-		e.log.Warn("TC engine not attached beside XDP", "iface", iface, "error", err)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if got == ModeTC {
+		e.tcOnly[iface] = true
+	} else {
+		delete(e.tcOnly, iface)
+	}
 	if e.stop == nil && len(e.patterns) > 0 {
 		e.stop, e.ended = make(chan struct{}), make(chan struct{})
 		if err := e.TC.discover(e.stop, e.ended, e.patterns, e.log); err != nil {
@@ -56,11 +76,31 @@ func (e *Engines) Attach(iface string, mode Mode) (Mode, error) {
 	return got, nil
 }
 
-// Detach detaches both engines from the interface; the last XDP detach ends
-// the discovery and detaches the TC engine everywhere.
+// Attached returns the XDP program's attachments (Program.Attached) and the
+// interfaces where the TC engine relays alone, as ModeTC.
+func (e *Engines) Attached() map[string]Mode {
+	out := e.Program.Attached()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	tc := e.TC.Attached()
+	for iface := range e.tcOnly {
+		if _, ok := out[iface]; ok || !slices.Contains(tc, iface) {
+			continue
+		}
+		out[iface] = ModeTC
+	}
+	return out
+}
+
+// Detach detaches both engines from the interface; the last detach ends the
+// discovery and detaches the TC engine everywhere.
 func (e *Engines) Detach(iface string) error {
 	errs := []error{e.TC.Detach(iface), e.Program.Detach(iface)}
-	if len(e.Program.Attached()) == 0 {
+	e.mu.Lock()
+	delete(e.tcOnly, iface)
+	last := len(e.tcOnly) == 0
+	e.mu.Unlock()
+	if last && len(e.Program.Attached()) == 0 {
 		errs = append(errs, e.stopTC())
 	}
 	return errors.Join(errs...)
@@ -76,6 +116,7 @@ func (e *Engines) stopTC() error {
 		<-e.ended
 		e.stop, e.ended = nil, nil
 	}
+	clear(e.tcOnly)
 	var errs []error
 	for _, name := range e.TC.Attached() {
 		errs = append(errs, e.TC.Detach(name))

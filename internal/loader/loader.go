@@ -39,7 +39,16 @@ const (
 	ModeNative  Mode = "native"  // in the driver
 	ModeGeneric Mode = "generic" // in the stack, after the skb is built
 	ModeOff     Mode = "off"     // not attached: pion/turn relays everything
+	// ModeTC is not asked for, only reported (Engines.Attached): another
+	// program holds the interface's XDP hook (another Gateway's daemon on
+	// the node), so the TC engine relays there alone.
+	ModeTC Mode = "tc"
 )
+
+// ErrXDPBusy: another XDP program holds the interface's hook (another
+// daemon on the node: a second Gateway, or the previous pod of a rolling
+// update). The hook takes one program; tcx takes several (Engines).
+var ErrXDPBusy = errors.New("another XDP program holds the interface")
 
 // ParseMode parses --xdp-mode.
 func ParseMode(s string) (Mode, error) {
@@ -367,7 +376,13 @@ func (p *Program) Attach(iface string, mode Mode) (Mode, error) {
 		}
 		return m, nil
 	}
-	return ModeOff, fmt.Errorf("attach XDP to %s: %w", iface, errors.Join(errs...))
+	err = errors.Join(errs...)
+	// The kernel refuses a link over a program (EBUSY), and generic beside
+	// native (EEXIST): either way the hook is another program's.
+	if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EEXIST) {
+		return ModeOff, fmt.Errorf("attach XDP to %s: %w: %w", iface, ErrXDPBusy, err)
+	}
+	return ModeOff, fmt.Errorf("attach XDP to %s: %w", iface, err)
 }
 
 // Detach detaches the program from the interface of that name (its current

@@ -1,6 +1,8 @@
 package loader_test
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -127,20 +129,8 @@ func TestTCDiscover(t *testing.T) {
 // on with both engines, or off with neither.
 func TestEngines(t *testing.T) {
 	ns, cfg, log := tcTestNS(t)
-	tcx := func(name string) int { return tcxPrograms(t, ns, name) }
-	eventually := func(name string, want int) {
-		t.Helper()
-		if !tcxEventually(t, ns, name, want) {
-			t.Fatalf("%s: %d TC programs, want %d", name, tcx(name), want)
-		}
-	}
+	tcx, eventually, do := tcChecks(t, ns)
 	var e *loader.Engines
-	do := func(f func() error) {
-		t.Helper()
-		if err := ns.Do(f); err != nil {
-			t.Fatal(err)
-		}
-	}
 	do(func() error {
 		for _, n := range []string{"n0", "lxc3"} {
 			if err := addVeth(n); err != nil {
@@ -184,6 +174,91 @@ func TestEngines(t *testing.T) {
 			t.Errorf("%s: TC attached after Close", n)
 		}
 	}
+}
+
+// TestEnginesBesideAnotherXDP: two daemons' engines on one node (two
+// Gateways). The interface's XDP hook takes the first program; the second's
+// attach finds it busy (ErrXDPBusy) and its TC engine relays there alone
+// (ModeTC), in the same tcx chain as the first's, and follows the pods'
+// interfaces; once the first detaches, attaching again gets XDP.
+func TestEnginesBesideAnotherXDP(t *testing.T) {
+	ns, cfg, log := tcTestNS(t)
+	_, eventually, do := tcChecks(t, ns)
+	var first, second *loader.Engines
+	do(func() error {
+		for _, n := range []string{"n0", "lxc3"} {
+			if err := addVeth(n); err != nil {
+				return err
+			}
+		}
+		var err error
+		for _, e := range []**loader.Engines{&first, &second} {
+			prog, lerr := loader.Load(cfg, log)
+			if lerr != nil {
+				return lerr
+			}
+			if *e, err = prog.WithTC([]string{"lxc*"}, log); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	t.Cleanup(func() { _ = ns.Do(func() error { return errors.Join(second.Close(), first.Close()) }) })
+	attach := func(e *loader.Engines, want loader.Mode) {
+		t.Helper()
+		do(func() error {
+			got, err := e.Attach("n0", loader.ModeNative)
+			if err != nil || got != want {
+				return fmt.Errorf("attach: %q, %v; want %q", got, err, want)
+			}
+			if m := e.Attached(); len(m) != 1 || m["n0"] != want {
+				return fmt.Errorf("attached %v, want n0 %q", m, want)
+			}
+			return nil
+		})
+	}
+	attach(first, loader.ModeNative)
+	do(func() error {
+		_, err := second.Program.Attach("n0", loader.ModeNative)
+		if !errors.Is(err, loader.ErrXDPBusy) {
+			return fmt.Errorf("the XDP program's attach beside another: %v, want ErrXDPBusy", err)
+		}
+		return nil
+	})
+	attach(second, loader.ModeTC)
+	eventually("n0", 2)
+	eventually("lxc3", 2)
+	attach(second, loader.ModeTC) // again: still busy, nothing added
+	eventually("n0", 2)
+
+	do(func() error { return first.Detach("n0") })
+	eventually("n0", 1)
+	eventually("lxc3", 1) // the second's, still following the pods
+	attach(second, loader.ModeNative)
+	eventually("n0", 1)
+	do(func() error { return second.Detach("n0") })
+	for _, n := range []string{"n0", "lxc3"} {
+		eventually(n, 0)
+	}
+}
+
+// tcChecks are the engine tests' helpers in the namespace: the count of tcx
+// programs on a device, a wait for a count, and a call that must not fail.
+func tcChecks(t *testing.T, ns *testenv.NSWorker) (tcx func(string) int, eventually func(string, int), do func(func() error)) {
+	tcx = func(name string) int { return tcxPrograms(t, ns, name) }
+	eventually = func(name string, want int) {
+		t.Helper()
+		if !tcxEventually(t, ns, name, want) {
+			t.Fatalf("%s: %d TC programs, want %d", name, tcx(name), want)
+		}
+	}
+	do = func(f func() error) {
+		t.Helper()
+		if err := ns.Do(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return tcx, eventually, do
 }
 
 // tcxPrograms counts the programs at the named device's tcx ingress, as the

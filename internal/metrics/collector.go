@@ -100,7 +100,7 @@ func newCollector(src Source) *collector {
 		mirrorEvents: prometheus.NewDesc("stunnerd_xdp_mirror_events_total", "pion/turn events received by the mirror.", nil, nil),
 		mirrorErrors: prometheus.NewDesc("stunnerd_xdp_mirror_errors_total", "Map writes that failed (the flows stayed in userspace).", nil, nil),
 		drift:        prometheus.NewDesc("stunnerd_xdp_reconcile_repairs_total", "Differences between pion/turn and the maps repaired by the reconcile.", nil, nil),
-		mode:         prometheus.NewDesc("stunnerd_xdp_mode", "1 for the path in use: native or generic (XDP attached somewhere in that mode) or off (userspace only).", []string{"mode"}, nil),
+		mode:         prometheus.NewDesc("stunnerd_xdp_mode", "1 for the path in use: native or generic (XDP attached somewhere in that mode), tc (the TC engine alone where another daemon's XDP program holds the interface) or off (userspace only).", []string{"mode"}, nil),
 		steering:     prometheus.NewDesc("stunnerd_xdp_steering_total", "Listener packets the node's SO_REUSEPORT steering sent to the allocation's daemon (owner), the newest daemon (active), or left to the kernel's hash.", []string{"verdict"}, nil),
 		label:        prometheus.NewDesc("stunnerd_xdp_offload_label", "1 for the state of the node's stunner.l7mp.io/xdp-offload label (absent without --node-name).", []string{"state"}, nil),
 		userspace: prometheus.NewDesc("stunnerd_xdp_bindings_userspace",
@@ -201,7 +201,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for _, m := range attached {
 		inUse[m] = true
 	}
-	for _, m := range []loader.Mode{loader.ModeNative, loader.ModeGeneric, loader.ModeOff} {
+	for _, m := range []loader.Mode{loader.ModeNative, loader.ModeGeneric, loader.ModeTC, loader.ModeOff} {
 		v := 0.0
 		if inUse[m] || m == loader.ModeOff && len(attached) == 0 {
 			v = 1
@@ -225,7 +225,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for _, iface := range ifaces {
-		for _, mode := range []loader.Mode{loader.ModeNative, loader.ModeGeneric} {
+		for _, mode := range []loader.Mode{loader.ModeNative, loader.ModeGeneric, loader.ModeTC} {
 			v := 0.0
 			if attached[iface] == mode {
 				v = 1

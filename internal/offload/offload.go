@@ -269,15 +269,27 @@ func inputsWantXDP(in inputs) bool {
 	return in.mode() != loader.ModeOff
 }
 
-// Retry attaches where the mode wants XDP and the program is not attached:
-// another daemon's program still holds the interface, or the interface came
-// later, or was deleted and created again. Bindings stay where they are.
+// Retry attaches where the mode wants XDP and the program is not attached,
+// or the TC engine relays alone: another daemon's program still holds the
+// interface, or the interface came later, or was deleted and created again.
+// Bindings stay where they are.
 func (m *Manager) Retry() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.closed && m.applied != loader.ModeOff && m.applied != "" && len(m.missingLocked()) > 0 {
+	if !m.closed && m.applied != loader.ModeOff && m.applied != "" && (len(m.missingLocked()) > 0 || m.tcOnlyLocked()) {
 		_ = m.applyLocked(m.applied) // applyLocked logs what changed
 	}
+}
+
+// tcOnlyLocked says whether the TC engine relays alone somewhere: XDP is
+// to be tried there again.
+func (m *Manager) tcOnlyLocked() bool {
+	for _, mode := range m.attachedLocked() {
+		if mode == loader.ModeTC {
+			return true
+		}
+	}
+	return false
 }
 
 // Mode returns the mode the inputs give (what Start, the setters and Retry
@@ -307,11 +319,13 @@ func (m *Manager) applyLocked(mode loader.Mode) error {
 	attached := m.prog.Attached()
 	var errs []error
 	for _, iface := range m.ifaces {
-		if got, ok := attached[iface]; ok && (got == mode || mode == loader.ModeAuto) {
+		was, ok := attached[iface]
+		if ok && (was == mode || mode == loader.ModeAuto && was != loader.ModeTC) {
 			continue
 		}
-		if _, ok := attached[iface]; ok {
-			// A different mode was asked for: reattach.
+		if ok && was != loader.ModeTC {
+			// A different mode was asked for: reattach. (Where the TC
+			// engine relays alone, Attach tries XDP with it in place.)
 			if err := m.prog.Detach(iface); err != nil {
 				errs = append(errs, err)
 				continue
@@ -319,6 +333,14 @@ func (m *Manager) applyLocked(mode loader.Mode) error {
 			delete(attached, iface)
 		}
 		got, err := m.prog.Attach(iface, mode)
+		if err == nil && got == loader.ModeTC {
+			attached[iface] = got
+			if was != loader.ModeTC {
+				m.log.Info("XDP hook held by another program: the TC engine relays on the interface; retrying XDP",
+					"iface", iface, "mode", string(got))
+			}
+			continue
+		}
 		if err != nil {
 			errs = append(errs, err)
 			// Retried while another daemon holds the interface: say each

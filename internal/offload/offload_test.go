@@ -22,6 +22,8 @@ type fakeProgram struct {
 	mu       sync.Mutex
 	attached map[string]loader.Mode
 	busy     map[string]bool
+	// tc are busy interfaces where the TC engine relays alone (Engines).
+	tc       map[string]bool
 	attaches int
 	cfg      loader.Config
 	closed   bool
@@ -31,6 +33,10 @@ func (p *fakeProgram) Attach(iface string, mode loader.Mode) (loader.Mode, error
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.attaches++
+	if p.busy[iface] && p.tc[iface] {
+		p.attached[iface] = loader.ModeTC
+		return loader.ModeTC, nil
+	}
 	if p.busy[iface] {
 		return "", fmt.Errorf("attach %s: %w", iface, errBusy)
 	}
@@ -341,6 +347,36 @@ func TestAttachFailuresRetry(t *testing.T) {
 		t.Errorf("Retry attached while the mode is off")
 	}
 	f.want(t, loader.ModeOff)
+}
+
+// TestTCWhereXDPIsBusy: where another program holds the XDP hook and the TC
+// engine relays alone (Engines), the kernel path counts as on (the mirror
+// writes to the maps), and Retry keeps trying XDP there, with the TC engine
+// in place, until it gets it.
+func TestTCWhereXDPIsBusy(t *testing.T) {
+	f := newFixture(t, "", "", "eth0")
+	f.prog.tc = map[string]bool{"eth0": true}
+	f.prog.setBusy("eth0", true)
+	if err := f.m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.m.Attached(); got["eth0"] != loader.ModeTC || f.sink.current() != f.maps {
+		t.Fatalf("attached %v, mirror writes to %v; want eth0 tc and the maps", got, f.sink.current())
+	}
+	before := f.prog.attaches
+	f.m.Retry()
+	if f.prog.attaches != before+1 || f.sink.calls != 1 {
+		t.Fatalf("Retry made %d attaches, %d SetOffload calls; want one attach and the bindings left in place",
+			f.prog.attaches-before, f.sink.calls)
+	}
+	f.prog.setBusy("eth0", false)
+	f.m.Retry()
+	f.want(t, loader.ModeAuto)
+	before = f.prog.attaches
+	f.m.Retry()
+	if f.prog.attaches != before || f.sink.calls != 1 {
+		t.Errorf("Retry with XDP everywhere: %d attaches, %d SetOffload calls", f.prog.attaches-before, f.sink.calls)
+	}
 }
 
 // TestNoInterfaces: XDP wanted without an interface to run on.

@@ -220,20 +220,8 @@ func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
 				row.verdicts[strings.TrimSuffix(reason, `"}`)] = d
 			}
 		}
-		if labels, ok := strings.CutPrefix(name, "stunnerd_xdp_attached{"); ok && v == 1 {
-			var iface, m string
-			for _, kv := range strings.Split(strings.TrimSuffix(labels, "}"), ",") {
-				k, val, _ := strings.Cut(kv, "=")
-				switch val = strings.Trim(val, `"`); k {
-				case "iface":
-					iface = val
-				case "mode":
-					m = val
-				}
-			}
-			row.attached[iface] = m
-		}
 	}
+	row.attached = attachedModes(after)
 	t.Logf("%s", row)
 	return row
 }

@@ -473,15 +473,33 @@ type DaemonOptions struct {
 	// listener and relay addresses).
 	OffloadInterfaces []string
 	User, Password    string // the static TURN credentials
+	// Gateway, when set, is a second Gateway's daemon beside the first on the node: the
+	// config's name, and its listener, metrics and health ports instead of the rig's
+	// (ListenPort, 8080, 8086).
+	Gateway *Gateway
+	// Args are more flags.
+	Args []string
+}
+
+// Gateway names one of several Gateways served on a node, each by its own daemon.
+type Gateway struct {
+	Name                                string
+	ListenPort, MetricsPort, HealthPort uint16
 }
 
 // MetricsURL is where the daemon StartDaemon runs serves /metrics.
 func (r *NodeRig) MetricsURL() string { return "http://" + r.NodeIP.String() + ":8080/metrics" }
 
+// MetricsURL is where the Gateway's daemon serves /metrics on the rig's node.
+func (g *Gateway) MetricsURL(r *NodeRig) string {
+	return fmt.Sprintf("http://%s:%d/metrics", r.NodeIP, g.MetricsPort)
+}
+
 // StartDaemon runs the stunnerd-xdp binary in the node's namespace as a STUNner Dataplane runs
 // it on a hostNetwork node: a STUNner config whose one TURN-UDP listener is on the node IP, port
 // 3478, routing to a STATIC cluster of PeerCIDR, with metrics on NodeIP:8080 and health on
-// NodeIP:8086, and no flag but the mode and the handover directory. It waits at most 10 s for
+// NodeIP:8086 (a Gateway's own name and ports instead, when o.Gateway is set), and no flag but
+// the mode, the steering directory and o.Args. It waits at most 10 s for
 // /ready and stops the daemon when the test ends.
 func (r *NodeRig) StartDaemon(t testing.TB, o DaemonOptions) *Proc {
 	t.Helper()
@@ -490,21 +508,25 @@ func (r *NodeRig) StartDaemon(t testing.TB, o DaemonOptions) *Proc {
 	if len(o.OffloadInterfaces) > 0 {
 		offload = fmt.Sprintf("  offload_interfaces: [%s]\n", strings.Join(o.OffloadInterfaces, ", "))
 	}
+	g := Gateway{Name: string(r.Shape), ListenPort: 3478, MetricsPort: 8080, HealthPort: 8086}
+	if o.Gateway != nil {
+		g = *o.Gateway
+	}
 	conf := fmt.Sprintf(`version: v1
 admin:
   name: %[1]s
   loglevel: all:INFO
-  metrics_endpoint: "http://%[2]s:8080/metrics"
-  healthcheck_endpoint: "http://%[2]s:8086"
+  metrics_endpoint: "http://%[2]s:%[8]d/metrics"
+  healthcheck_endpoint: "http://%[2]s:%[9]d"
 %[3]sauth:
   type: static
   realm: %[4]s
   credentials: {username: %[5]s, password: %[6]s}
 listeners:
-  - {name: udp, protocol: TURN-UDP, address: %[2]s, port: 3478, routes: [peers]}
+  - {name: udp, protocol: TURN-UDP, address: %[2]s, port: %[10]d, routes: [peers]}
 clusters:
   - {name: peers, type: STATIC, endpoints: [%[7]s]}
-`, r.Shape, node, offload, config.DefaultRealm, o.User, o.Password, r.PeerCIDR)
+`, g.Name, node, offload, config.DefaultRealm, o.User, o.Password, r.PeerCIDR, g.MetricsPort, g.HealthPort, g.ListenPort)
 	path := filepath.Join(t.TempDir(), "stunnerd.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
@@ -513,6 +535,7 @@ clusters:
 	if o.Off {
 		args = append(args, "--xdp-mode=off")
 	}
+	args = append(args, o.Args...)
 	p := r.Node.Start(t, o.Binary, args...)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -523,7 +546,7 @@ clusters:
 		if p.Exited() {
 			return Abort(fmt.Errorf("the daemon exited: %w\n%s", p.Wait(time.Second), p.Stderr()))
 		}
-		return r.Node.GetOK("http://" + node + ":8086/ready")
+		return r.Node.GetOK(fmt.Sprintf("http://%s:%d/ready", node, g.HealthPort))
 	}); err != nil {
 		t.Fatalf("node %s: the daemon did not come up: %v", r.Shape, err)
 	}
