@@ -39,6 +39,17 @@
 // Liveness is the reuseport array itself: a slot holds a socket exactly as
 // long as the socket is open, which no heartbeat or clock can fake or delay.
 //
+// # Several Gateways on a node
+//
+// The daemons of every Gateway of a node share the directory, each in its
+// own groups (listener ports). A process stands in only for a newer process
+// of its own groups: Newer reads the group of each slot from steer_slot_grp,
+// a map this package creates beside the program's (the program does not
+// read it, and the pinned maps' layouts stay those of earlier versions, which
+// keep working in the same directory and ignore it). A slot claimed by such
+// a version has no record of its socket there: its group is unknown, and it
+// counts for every process, as all slots did before.
+//
 // # Locks and the pin directory
 //
 // Processes serialise changes under flock(2) on the directory's registry
@@ -56,6 +67,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"structs"
 	"sync"
 	"syscall"
 	"time"
@@ -134,7 +146,10 @@ type Steering struct {
 	dir  string
 	lock *os.File // shared lock on dir for the process's lifetime
 	objs bpf.SteerObjects
-	gen  uint64 // this process's generation: newer ones take the new flows
+	// slotGroups is steer_slot_grp: per slot, the group of the socket
+	// claimed there (slotGroup).
+	slotGroups *ebpf.Map
+	gen        uint64 // this process's generation: newer ones take the new flows
 	// lockTimeout bounds each wait for a flock.
 	lockTimeout time.Duration
 
@@ -152,6 +167,28 @@ type Steering struct {
 type registration struct {
 	group  Group
 	cookie uint64 // of the socket, to tell it from a later one in the slot
+}
+
+// slotGroup is a value of steer_slot_grp: the group of the socket with the
+// cookie. A record whose cookie is not the slot's socket's is stale: the slot
+// was claimed since by a version that does not write the map.
+type slotGroup struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Group  bpf.SteerGroup
+	_      [4]byte
+}
+
+// slotGroupsSpec is steer_slot_grp's layout, which every version that pins it
+// must keep: a process that meets a pin of another layout cannot open the
+// directory.
+var slotGroupsSpec = ebpf.MapSpec{
+	Name:       "steer_slot_grp",
+	Type:       ebpf.Array,
+	KeySize:    4,
+	ValueSize:  32,
+	MaxEntries: Slots,
+	Pinning:    ebpf.PinByName,
 }
 
 // Open loads the steering program over the pinned maps in dir, creating them
@@ -212,8 +249,14 @@ func open(dir string, lockTimeout time.Duration) (*Steering, bool, error) {
 		if err := bpf.LoadSteerObjects(&s.objs, opts); err != nil {
 			return err
 		}
+		spec := slotGroupsSpec
+		if s.slotGroups, err = ebpf.NewMapWithOptions(&spec, opts.Maps); err != nil {
+			s.objs.Close()
+			return fmt.Errorf("steering slot groups: %w", err)
+		}
 		if s.gen, err = s.nextGeneration(); err != nil {
 			s.objs.Close()
+			s.slotGroups.Close()
 			return fmt.Errorf("steering slots: %w", err)
 		}
 		return nil
@@ -318,7 +361,7 @@ func (s *Steering) RegisterSet(rcs []syscall.RawConn, g Group) ([]uint32, error)
 		}
 		for i, rc := range rcs {
 			slots[i] = first + uint32(i)
-			if cookies[i], err = s.claim(slots[i], rc); err != nil {
+			if cookies[i], err = s.claim(slots[i], rc, g); err != nil {
 				for _, slot := range slots[:i] {
 					_ = s.objs.SteerSockets.Delete(slot)
 				}
@@ -388,9 +431,10 @@ func (s *Steering) assertAllLocked() error {
 	})
 }
 
-// claim puts the socket into a free slot and attaches the program to its
-// reuseport group; it returns the socket's cookie. Under the registry lock.
-func (s *Steering) claim(slot uint32, rc syscall.RawConn) (uint64, error) {
+// claim puts the socket of the group into a free slot and attaches the
+// program to its reuseport group; it returns the socket's cookie. Under the
+// registry lock.
+func (s *Steering) claim(slot uint32, rc syscall.RawConn, g Group) (uint64, error) {
 	// A slot is free when its socket closed; a process killed with live
 	// allocations leaves entries naming it behind.
 	if err := s.purge(slot); err != nil {
@@ -411,6 +455,12 @@ func (s *Steering) claim(slot uint32, rc syscall.RawConn) (uint64, error) {
 	var cookie uint64
 	if cerr == nil {
 		cerr = s.objs.SteerSockets.Lookup(slot, &cookie)
+	}
+	// The group first: once steer_slots names the socket, Newer reads the
+	// group, and a record not written yet would count the socket for every
+	// group.
+	if cerr == nil {
+		cerr = s.slotGroups.Put(slot, slotGroup{Cookie: cookie, Group: g.key()})
 	}
 	if cerr == nil {
 		cerr = s.objs.SteerSlots.Put(slot, bpf.SteerSlotInfo{Cookie: cookie, Generation: s.gen})
@@ -640,13 +690,23 @@ func (s *Steering) Successor() (bool, error) {
 }
 
 // Newer reports whether a process that registered after this one still has
-// a live socket on the node, in service or draining: a successor that retired
-// (its pod deleted too, as in a node drain) is alive, one that was killed is
-// not (its sockets left the array when they closed).
+// a live socket in one of this process's groups, in service or draining: a
+// successor that retired (its pod deleted too, as in a node drain) is alive,
+// one that was killed is not (its sockets left the array when they closed).
+// Another Gateway's daemons, in other groups, do not count; a socket whose
+// group is unknown (claimed by an earlier version) does, as does every socket
+// when this process has no registration (it has no group to tell by).
 func (s *Steering) Newer() (bool, error) {
+	s.mu.Lock()
+	mine := make(map[bpf.SteerGroup]bool, len(s.slots))
+	for _, r := range s.slots {
+		mine[r.group.key()] = true
+	}
+	s.mu.Unlock()
 	var (
 		cookie uint64
 		info   bpf.SteerSlotInfo
+		rec    slotGroup
 	)
 	for slot := uint32(0); slot < Slots; slot++ {
 		err := s.objs.SteerSockets.Lookup(slot, &cookie)
@@ -659,7 +719,16 @@ func (s *Steering) Newer() (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("steering array slot %d: %w", slot, err)
 		}
-		if info.Cookie == cookie && info.Generation > s.gen {
+		if info.Cookie != cookie || info.Generation <= s.gen {
+			continue
+		}
+		if len(mine) == 0 {
+			return true, nil
+		}
+		if err := s.slotGroups.Lookup(slot, &rec); err != nil {
+			return false, fmt.Errorf("steering slot %d group: %w", slot, err)
+		}
+		if rec.Cookie != cookie || mine[rec.Group] {
 			return true, nil
 		}
 	}
@@ -721,7 +790,7 @@ func (s *Steering) close() error {
 	for _, slot := range slots {
 		errs = append(errs, s.Unregister(slot))
 	}
-	errs = append(errs, s.objs.Close())
+	errs = append(errs, s.objs.Close(), s.slotGroups.Close())
 	if unix.Flock(int(s.lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
 		errs = append(errs, os.RemoveAll(s.dir))
 	}
