@@ -3,11 +3,15 @@ package deploy_test
 import (
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -380,4 +384,93 @@ func relPath(t *testing.T, overlay, dir string) string {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// TestGatewayArgsDryRun runs the daemon on each Gateway's rendered args and
+// environment with -d (check and exit), against a config discovery server
+// standing in for the operator's: the binary takes every flag, asks for its
+// own Gateway's config for the pod's node, and finds the config valid. -w
+// (a websocket watch) is left out: the dry run then makes one GET.
+func TestGatewayArgsDryRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: not building the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "stunnerd-xdp")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/stunnerd-xdp")
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+
+	var mu sync.Mutex
+	var asked []string
+	cds := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		asked = append(asked, r.URL.String())
+		mu.Unlock()
+		id, ok := strings.CutPrefix(r.URL.Path, "/api/v1/configs/")
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		// What the operator renders for a TURN-UDP Gateway (its admin
+		// endpoints included, which the flags override).
+		fmt.Fprintf(w, `{"version":"v1","admin":{"name":%q,"metrics_endpoint":"http://:8080/metrics","healthcheck_endpoint":"http://0.0.0.0:8086","offload_engine":"None"},
+"auth":{"type":"static","realm":"stunner.l7mp.io","credentials":{"username":"user-1","password":"pass-1"}},
+"listeners":[{"name":"%s/udp-listener","protocol":"TURN-UDP","address":"$STUNNER_ADDR","port":3478,"routes":["media-plane"]}],
+"clusters":[{"name":"media-plane","type":"STATIC","protocol":"udp","endpoints":["10.244.1.7"]}]}`, id, id)
+	}))
+	defer cds.Close()
+
+	for _, p := range gatewayPods(t, render(t, gatewayExampleDir)) {
+		t.Run(p.name, func(t *testing.T) {
+			// The downward API's values on a node "node-1" whose address
+			// is loopback.
+			env := map[string]string{}
+			for _, e := range p.c.Env {
+				switch {
+				case e.ValueFrom == nil:
+					env[e.Name] = e.Value
+				case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName":
+					env[e.Name] = "node-1"
+				case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP":
+					env[e.Name] = "127.0.0.1"
+				default:
+					t.Fatalf("env %s: %+v is not simulated", e.Name, e.ValueFrom)
+				}
+			}
+			var args []string
+			for i := 0; i < len(p.c.Args); i++ {
+				a := p.c.Args[i]
+				switch {
+				case a == "-w":
+					continue
+				case a == "-c" && i+1 < len(p.c.Args):
+					args = append(args, "-c", cds.URL)
+					i++
+					continue
+				}
+				// The kubelet expands $(VAR) from the container's env.
+				for k, v := range env {
+					a = strings.ReplaceAll(a, "$("+k+")", v)
+				}
+				args = append(args, a)
+			}
+			cmd := exec.Command(bin, append(args, "-d")...)
+			cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+			for k, v := range env {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			out, err := cmd.CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "dry run: config valid") {
+				t.Fatalf("%q: %v\n%s", cmd.Args, err, out)
+			}
+			want := fmt.Sprintf("/api/v1/configs/%s/%s?node=node-1", p.namespace, p.name)
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Contains(asked, want) {
+				t.Errorf("the config discovery server was asked for %q, want %s", asked, want)
+			}
+		})
+	}
 }
