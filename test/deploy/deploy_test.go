@@ -1,9 +1,9 @@
 // Package deploy_test renders the project's kustomizations (deploy/daemonset,
-// deploy/monitoring) the way kubectl apply -k does and checks the properties production depends on: kubectl is not
-// needed, and every document must decode strictly into the Kubernetes API
-// types, so a misspelt field fails here instead of being dropped by the API
-// server. It is a module of its own so that kustomize stays out of the main
-// module.
+// deploy/gateway, deploy/monitoring) the way kubectl apply -k does and checks
+// the properties production depends on: kubectl is not needed, and every
+// document must decode strictly into the Kubernetes API types, so a misspelt
+// field fails here instead of being dropped by the API server. It is a module
+// of its own so that kustomize stays out of the main module.
 package deploy_test
 
 import (
@@ -39,6 +39,7 @@ type manifests struct {
 	daemonSets      []appsv1.DaemonSet
 	clusterRoles    []rbacv1.ClusterRole
 	bindings        []rbacv1.ClusterRoleBinding
+	dataplanes      []dataplane
 }
 
 // render runs kustomize on dir and decodes every resource strictly.
@@ -74,6 +75,9 @@ func render(t *testing.T, dir string) manifests {
 		case "ClusterRoleBinding":
 			m.bindings = append(m.bindings, rbacv1.ClusterRoleBinding{})
 			target = &m.bindings[len(m.bindings)-1]
+		case "Dataplane":
+			m.dataplanes = append(m.dataplanes, dataplane{})
+			target = &m.dataplanes[len(m.dataplanes)-1]
 		default:
 			t.Fatalf("unexpected %s %s in the rendering", r.GetKind(), r.GetName())
 		}
@@ -436,20 +440,9 @@ func deref(s *string) string {
 }
 
 func TestPrivilegedComponent(t *testing.T) {
-	base, err := filepath.Abs(daemonsetDir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	overlay := t.TempDir()
-	// kustomize refuses absolute paths to other kustomizations.
-	rel, err := filepath.Rel(overlay, base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kustomization := fmt.Sprintf("resources:\n  - %s\ncomponents:\n  - %s\n", rel, filepath.Join(rel, "components", "privileged"))
-	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeKustomization(t, overlay, fmt.Sprintf("resources:\n  - %s\ncomponents:\n  - %s\n",
+		relPath(t, overlay, daemonsetDir), relPath(t, overlay, filepath.Join(daemonsetDir, "components", "privileged"))))
 	m := render(t, overlay)
 	ds := one(t, "DaemonSet", m.daemonSets)
 	sc := container(t, ds).SecurityContext

@@ -3,8 +3,13 @@ package deploy_test
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
 
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -29,23 +34,33 @@ type podMonitor struct {
 			Any bool `json:"any"`
 		} `json:"namespaceSelector"`
 		PodMetricsEndpoints []struct {
-			Path        string `json:"path"`
-			Interval    string `json:"interval"`
-			HonorLabels bool   `json:"honorLabels"`
-			Relabelings []struct {
-				SourceLabels []string `json:"sourceLabels"`
-				TargetLabel  string   `json:"targetLabel"`
-				Regex        string   `json:"regex"`
-				Replacement  string   `json:"replacement"`
-				Action       string   `json:"action"`
-			} `json:"relabelings"`
+			Path        string       `json:"path"`
+			Interval    string       `json:"interval"`
+			HonorLabels bool         `json:"honorLabels"`
+			Relabelings []relabeling `json:"relabelings"`
 		} `json:"podMetricsEndpoints"`
 	} `json:"spec"`
 }
 
-// TestMonitoring: the PodMonitor selects the DaemonSet's pods (which carry
-// the labels stunnerctl selects dataplane pods by) and scrapes the metrics
-// port of the shipped config; the dashboard ConfigMap holds valid JSON for
+// scrapeTarget is a pod's annotations and the address it must be scraped at.
+type scrapeTarget struct {
+	annotations map[string]string
+	want        string
+}
+
+// relabeling is one of a PodMonitor endpoint's relabelings.
+type relabeling struct {
+	SourceLabels []string `json:"sourceLabels"`
+	TargetLabel  string   `json:"targetLabel"`
+	Regex        string   `json:"regex"`
+	Replacement  string   `json:"replacement"`
+	Action       string   `json:"action"`
+}
+
+// TestMonitoring: the PodMonitor selects the DaemonSets' pods (which carry
+// the labels stunnerctl selects dataplane pods by) and scrapes each at its
+// metrics port: the shipped config's, each Gateway's --metrics-addr, the
+// operator's 8080; the dashboard ConfigMap holds valid JSON for
 // Grafana's sidecar.
 func TestMonitoring(t *testing.T) {
 	ds := one(t, "DaemonSet", render(t, daemonsetDir).daemonSets)
@@ -107,16 +122,88 @@ func TestMonitoring(t *testing.T) {
 		t.Fatalf("%d endpoints, want 1", len(pm.Spec.PodMetricsEndpoints))
 	}
 	ep := pm.Spec.PodMetricsEndpoints[0]
+	if ep.Path != "/metrics" {
+		t.Errorf("the PodMonitor scrapes %s, want /metrics", ep.Path)
+	}
+	// The address Prometheus scrapes each kind of pod at, by the
+	// PodMonitor's own relabelings: the metrics port the pod listens on.
+	const podIP = "192.0.2.10"
 	metricsURL := stunnerConf(t, render(t, daemonsetDir)).Admin.MetricsEndpoint
 	port := metricsURL[strings.LastIndex(metricsURL, ":")+1 : strings.Index(metricsURL, "/metrics")]
-	want := fmt.Sprintf("$1:%s", port)
-	found := false
-	for _, rl := range ep.Relabelings {
-		if rl.TargetLabel == "__address__" {
-			found = rl.Replacement == want && len(rl.SourceLabels) == 1 && rl.SourceLabels[0] == "__meta_kubernetes_pod_ip"
+	targets := map[string]scrapeTarget{"deploy/daemonset": {ds.Spec.Template.Annotations, podIP + ":" + port}}
+	for _, p := range gatewayPods(t, render(t, gatewayExampleDir)) {
+		targets["deploy/gateway "+p.name] = scrapeTarget{p.ds.Spec.Template.Annotations, fmt.Sprintf("%s:%d", podIP, p.metricsPort)}
+		for k, v := range pm.Spec.Selector.MatchLabels {
+			if p.ds.Spec.Template.Labels[k] != v {
+				t.Errorf("the PodMonitor selects %s=%s, which %s's pods do not carry", k, v, p.ds.Name)
+			}
 		}
 	}
-	if !found || ep.Path != "/metrics" {
-		t.Errorf("the PodMonitor does not scrape the pod IP at %s%s (the config's %s): %+v", port, ep.Path, metricsURL, ep)
+	// The operator's pods: no port annotation, metrics on :8080
+	// (enableMetricsEndpoint renders http://:8080/metrics).
+	targets["the operator's Deployment"] = scrapeTarget{operatorPodAnnotations(t), podIP + ":8080"}
+	for name, tg := range targets {
+		meta := map[string]string{"__meta_kubernetes_pod_ip": podIP, "__meta_kubernetes_pod_node_name": "node-1"}
+		for k, v := range tg.annotations {
+			meta["__meta_kubernetes_pod_annotation_"+sanitizeLabelName(k)] = v
+		}
+		if got := relabel(t, ep.Relabelings, meta)["__address__"]; got != tg.want {
+			t.Errorf("%s: the PodMonitor scrapes %q, want %s", name, got, tg.want)
+		}
 	}
+}
+
+// relabel applies relabeling rules as Prometheus does (action replace only,
+// the one the PodMonitor uses): the source labels' values joined by ";",
+// matched by the whole regex, the target set to the expanded replacement.
+func relabel(t *testing.T, rules []relabeling, lset map[string]string) map[string]string {
+	t.Helper()
+	out := maps.Clone(lset)
+	for _, r := range rules {
+		if r.Action != "replace" && r.Action != "" {
+			t.Fatalf("relabel action %s: only replace is simulated", r.Action)
+		}
+		regex, replacement := r.Regex, r.Replacement
+		if regex == "" {
+			regex = "(.*)"
+		}
+		if replacement == "" {
+			replacement = "$1"
+		}
+		re, err := regexp.Compile("^(?:" + regex + ")$")
+		if err != nil {
+			t.Fatalf("relabel regex %q: %v", r.Regex, err)
+		}
+		vals := make([]string, len(r.SourceLabels))
+		for i, l := range r.SourceLabels {
+			vals[i] = out[l]
+		}
+		val := strings.Join(vals, ";")
+		m := re.FindStringSubmatchIndex(val)
+		if m == nil {
+			continue
+		}
+		out[r.TargetLabel] = string(re.ExpandString(nil, replacement, val, m))
+	}
+	return out
+}
+
+// sanitizeLabelName is how Prometheus names an annotation's meta label.
+func sanitizeLabelName(s string) string {
+	return regexp.MustCompile(`[^a-zA-Z0-9_]`).ReplaceAllString(s, "_")
+}
+
+// operatorPodAnnotations are the pod annotations of the Deployment STUNner's
+// operator rendered for deploy/stunner's Dataplane (test/operator's fixture).
+func operatorPodAnnotations(t *testing.T) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("../operator/testdata/operator-v1.2.1/deployment.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d appsv1.Deployment
+	if err := yaml.UnmarshalStrict(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d.Spec.Template.Annotations
 }

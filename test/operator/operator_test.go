@@ -1,7 +1,8 @@
 // Package operator runs STUNner's gateway operator (v1.2.1) against the real
 // API server of test/kubeapi and keeps what it rendered for this project's
 // Dataplane (deploy/stunner) as a fixture, which the API server's own Pod
-// Security admission then judges.
+// Security admission then judges; it judges the pods of deploy/gateway's
+// DaemonSets (one per Gateway, in place of the operator's pods) the same way.
 package operator
 
 import (
