@@ -76,3 +76,35 @@ func TestStandInForDeadSuccessor(t *testing.T) {
 		t.Error("the old daemon stood in for a successor that drains")
 	}
 }
+
+// TestStandInBesideOtherGateway: another Gateway's daemon on the node (its own
+// listener port, the same steering directory) registered after the draining
+// daemon; the draining daemon's successor dies. The draining daemon stands in
+// for its own Gateway all the same: the other Gateway's daemon is nobody's
+// successor here (steering.Newer counts only the daemon's own listeners).
+func TestStandInBesideOtherGateway(t *testing.T) {
+	testenv.RequireRoot(t)
+	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+	other := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+	pins := testenv.BPFFS(t)
+	old, _, err := startOn(t, listen, pins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocate(t, listen)
+	old.Drain()
+	if _, _, err := startOn(t, other, pins); err != nil { // the other Gateway's daemon
+		t.Fatal(err)
+	}
+	successor, _, err := startOn(t, listen, pins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the old daemon hands over", 3*time.Second, old.xdp.HandedOver)
+	successor.Close()
+	waitUntil(t, "the old daemon stands in beside the other Gateway's daemon", 4*time.Second, func() bool { return !old.Draining() })
+	allocate(t, listen)
+	if n := old.AllocationCount(); n != 2 {
+		t.Errorf("standing in: %d allocations, want 2", n)
+	}
+}

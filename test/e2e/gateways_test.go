@@ -83,6 +83,11 @@ func gatewaysShareANode(t *testing.T, off bool) {
 			want = ""
 		}
 		waitGatewayAttached(t, r, gs[i].gw, r.NIC, want)
+		// STUNner's admin.offload in /status names the engine in use.
+		engine := map[string]string{"native": `"offload":"XDP[`, "tc": `"offload":"TC[`, "": `"offload":"None[`}[want]
+		if _, body, err := r.Node.HTTPGet(fmt.Sprintf("http://%s:%d/status", r.NodeIP, gs[i].gw.HealthPort)); err != nil || !strings.Contains(body, engine) {
+			t.Errorf("%s: /status %v %s, want %s", gs[i].gw.Name, err, body, engine)
+		}
 		allocateGateway(t, r, gs[i], off)
 	}
 
