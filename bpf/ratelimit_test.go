@@ -94,14 +94,16 @@ func TestRateLimit(t *testing.T) {
 	p2c := fromPeer(b, data(100)).Marshal()
 	ms := uint64(time.Millisecond)
 
-	// 50 pps: a packet costs 20 ms, the burst is 50 ms: from nothing owed, 3
-	// packets go at once (owing 0, 20, 40 ms before each) and the 4th waits.
-	e.setRateLimit(t, m, channelmap.RateLimit{PacketsPerSecond: 50})
+	// 25 pps: a packet costs 40 ms, the burst is 50 ms: from nothing owed, 2
+	// packets go at once (owing 0, 40 ms before each) and the 3rd waits (owing
+	// 80 ms, less the time the test took: up to 30 ms of it on a loaded
+	// machine still leaves it over the burst).
+	e.setRateLimit(t, m, channelmap.RateLimit{PacketsPerSecond: 25})
 	e.owe(t, m, b, model.RateState{})
 	for i, f := range []struct {
 		ingress string
 		frame   []byte
-	}{{"a0", c2p()}, {"b0", p2c}, {"a0", c2p()}} {
+	}{{"a0", c2p()}, {"b0", p2c}} {
 		if got, _ := e.check(t, m, f.ingress, f.frame); !relayed(got.verdict) {
 			t.Fatalf("packet %d of the burst: %v %s, want relayed", i, model.Verdict(got.verdict), reasonName(got.reason))
 		}
@@ -112,12 +114,14 @@ func TestRateLimit(t *testing.T) {
 		t.Fatalf("a dropped packet was charged: owed %+v, then %+v", before, after)
 	}
 
-	// Time passing is the debt shrinking: 70 ms owed is over the burst; 30 ms
-	// owed (as 40 ms later) goes and owes 20 ms more.
+	// Time passing is the debt shrinking: at 50 pps (20 ms a packet), 90 ms
+	// owed is over the burst; 30 ms owed (as 60 ms later) goes and owes 20 ms
+	// more.
+	e.setRateLimit(t, m, channelmap.RateLimit{PacketsPerSecond: 50})
 	now := model.MonotonicNow()
-	e.owe(t, m, b, model.RateState{PacketTAT: now + 70*ms})
+	e.owe(t, m, b, model.RateState{PacketTAT: now + 90*ms})
 	if got, _ := e.check(t, m, "a0", c2p()); got.verdict != xdpDrop {
-		t.Fatalf("70 ms owed: %v, want DROP", model.Verdict(got.verdict))
+		t.Fatalf("90 ms owed: %v, want DROP", model.Verdict(got.verdict))
 	}
 	e.owe(t, m, b, model.RateState{PacketTAT: now + 30*ms})
 	if got, _ := e.check(t, m, "a0", c2p()); !relayed(got.verdict) {
@@ -130,7 +134,7 @@ func TestRateLimit(t *testing.T) {
 	// Pass instead of drop: the same program, the map changed. The packet
 	// leaves untouched for pion/turn, whose relay limits it the same way.
 	e.setRateLimit(t, m, channelmap.RateLimit{PacketsPerSecond: 50, Pass: true})
-	e.owe(t, m, b, model.RateState{PacketTAT: model.MonotonicNow() + 70*ms})
+	e.owe(t, m, b, model.RateState{PacketTAT: model.MonotonicNow() + 90*ms})
 	e.wantLimited(t, m, xdpPass, "a0", c2p(), "b0", p2c)
 
 	// Bytes: 1000 B/s, 100 bytes of data cost 100 ms: one packet goes, the
