@@ -24,8 +24,9 @@ import (
 //     the successor has not started yet): new allocations are refused, XDP
 //     stays until exit;
 //   - draining for a successor: a newer daemon takes the new flows; this one
-//     hands XDP over to it (HandOver) and relays its own sessions in
-//     userspace until they end;
+//     hands XDP over to it (HandOver) and relays its own sessions until they
+//     end with its TC engine behind the newcomer's XDP program (in
+//     userspace without a TC engine);
 //   - standing in: the successor it drained for is dead (killed, crashed)
 //     and no newer daemon lives on the node: the node must not be left without
 //     service, so this daemon takes new allocations again, is ready, takes
@@ -96,17 +97,22 @@ func (d *Daemon) standIn() {
 }
 
 // handOverXDP gives the XDP hook to a newer daemon on the node once one serves
-// our listeners: this daemon's live sessions move to pion/turn in userspace
-// (the mirror loses nothing), and the newcomer's retry attaches its program
+// our listeners: this daemon's live sessions stay in the kernel with its TC
+// engine (offload.Yielder; without one they move to pion/turn in userspace,
+// the mirror losing nothing), and the newcomer's retry attaches its program
 // within XDPRetryInterval, so the sessions of the rest of the drain, all of
-// them new ones, run in the kernel. Without a successor (a plain stop) XDP
-// stays until exit.
+// them new ones, run on XDP. Without a successor (a plain stop) XDP stays
+// until exit.
 func (d *Daemon) handOverXDP() {
 	if d.xdp.HandedOver() {
 		return
 	}
 	wasAttached, err := d.xdp.HandOver()
-	if wasAttached {
+	switch {
+	case wasAttached && len(d.xdp.Attached()) > 0:
+		d.log.Info("another daemon serves this node: XDP handed over to it, live sessions continue in the kernel with the TC engine",
+			"allocations", d.AllocationCount())
+	case wasAttached:
 		d.log.Info("another daemon serves this node: XDP handed over to it, live sessions continue in userspace",
 			"allocations", d.AllocationCount())
 	}

@@ -92,6 +92,21 @@ func (e *Engines) Attached() map[string]Mode {
 	return out
 }
 
+// YieldXDP gives the interface's XDP hook up to another daemon (a rolling
+// update's successor) and keeps relaying there with the TC engine alone
+// (ModeTC): the sessions this daemon still holds stay in the kernel, behind
+// the successor's program, which passes what is not its own. Attach takes
+// the hook back.
+func (e *Engines) YieldXDP(iface string) error {
+	if err := e.Program.Detach(iface); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.tcOnly[iface] = true
+	e.mu.Unlock()
+	return e.TC.Attach(iface)
+}
+
 // Detach detaches both engines from the interface; the last detach ends the
 // discovery and detaches the TC engine everywhere.
 func (e *Engines) Detach(iface string) error {

@@ -236,7 +236,23 @@ func TestEnginesBesideAnotherXDP(t *testing.T) {
 	eventually("lxc3", 1) // the second's, still following the pods
 	attach(second, loader.ModeNative)
 	eventually("n0", 1)
-	do(func() error { return second.Detach("n0") })
+
+	// The second yields the hook (a draining daemon to its successor): its
+	// TC engine stays, and the first takes XDP.
+	do(func() error {
+		if err := second.YieldXDP("n0"); err != nil {
+			return err
+		}
+		if m := second.Attached(); len(m) != 1 || m["n0"] != loader.ModeTC {
+			return fmt.Errorf("after yielding: attached %v, want n0 tc", m)
+		}
+		return nil
+	})
+	eventually("n0", 1)
+	eventually("lxc3", 1)
+	attach(first, loader.ModeNative)
+	eventually("n0", 2)
+	do(func() error { return errors.Join(second.Detach("n0"), first.Detach("n0")) })
 	for _, n := range []string{"n0", "lxc3"} {
 		eventually(n, 0)
 	}

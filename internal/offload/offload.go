@@ -21,7 +21,10 @@
 // line pins the mode against config pushes (as every other flag does). Row 1
 // holds from HandOver until TakeBack: a draining daemon gives the hook to its
 // successor, and takes it back if the successor dies before it (then rows 2-6
-// decide again, and the program, kept loaded, is attached again). Attach
+// decide again, and the program, kept loaded, is attached again). While rows
+// 2-6 would run XDP, a program with a TC engine (Yielder) keeps it relaying
+// the daemon's own sessions where XDP was (mode tc), behind the successor's
+// program: a rollout's drain costs no userspace CPU. Attach
 // failures do not change the mode: an interface that cannot take the program
 // (another daemon holds it during a rolling update, it does not exist yet) is
 // served from userspace and tried again by Retry, on a timer and on link
@@ -67,6 +70,15 @@ type Program interface {
 	Reconfigure(loader.Config) error
 	Close() error
 }
+
+// Yielder is a Program that can give an interface's XDP hook up and go on
+// relaying there with its TC engine alone (loader.Engines): what a daemon
+// does for its successor, so that its own sessions stay in the kernel.
+type Yielder interface {
+	YieldXDP(iface string) error
+}
+
+var _ Yielder = (*loader.Engines)(nil)
 
 // LoadFunc loads the program and returns it with its binding maps.
 type LoadFunc func(loader.Config) (Program, mirror.Offload, error)
@@ -303,6 +315,9 @@ func (m *Manager) Mode() loader.Mode {
 func (m *Manager) applyLocked(mode loader.Mode) error {
 	m.applied = mode
 	if mode == loader.ModeOff {
+		if m.in.handedOver && inputsWantXDP(m.in) && m.yieldLocked() {
+			return nil
+		}
 		return m.disableLocked()
 	}
 	if len(m.ifaces) == 0 {
@@ -381,6 +396,31 @@ func (m *Manager) setOffloadLocked(on bool) {
 		return
 	}
 	m.sink.SetOffload(nil)
+}
+
+// yieldLocked gives every XDP hook up to the successor and keeps the TC
+// engine relaying there (Yielder), the bindings in the maps: this daemon's
+// sessions stay in the kernel for the rest of its drain. It reports whether
+// the TC engine relays anywhere; false leaves the rest to disableLocked.
+func (m *Manager) yieldLocked() bool {
+	y, ok := m.prog.(Yielder)
+	if !ok {
+		return false
+	}
+	for iface, mode := range m.attachedLocked() {
+		if mode == loader.ModeTC {
+			continue
+		}
+		if err := y.YieldXDP(iface); err != nil {
+			m.log.Warn("cannot keep the TC engine where XDP was handed over; the interface's sessions go to userspace", "iface", iface, "error", err)
+			if err := m.prog.Detach(iface); err != nil {
+				m.log.Warn("detaching", "iface", iface, "error", err)
+			}
+			continue
+		}
+		m.log.Info("XDP handed over; the TC engine relays this daemon's sessions on the interface", "iface", iface)
+	}
+	return len(m.attachedLocked()) > 0
 }
 
 func (m *Manager) disableLocked() error {

@@ -535,3 +535,62 @@ func TestSinkMaps(t *testing.T) {
 		t.Fatal("the maps were freed with writers still holding them")
 	}
 }
+
+// yieldingProgram is a fakeProgram with a TC engine that can stay where XDP
+// is handed over (Yielder, as loader.Engines).
+type yieldingProgram struct{ *fakeProgram }
+
+func (p yieldingProgram) YieldXDP(iface string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.attached[iface] = loader.ModeTC
+	return nil
+}
+
+// TestHandOverKeepsTC: with a TC engine, the hand-over gives the XDP hooks up
+// and keeps the engine relaying the daemon's sessions (mode tc, the bindings
+// left in the maps); Retry does not take XDP back while the successor lives;
+// TakeBack does. The node label asking for off still takes everything off.
+func TestHandOverKeepsTC(t *testing.T) {
+	f := newFixture(t, "", "")
+	f.m = New(Options{
+		Log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Load: func(loader.Config) (Program, mirror.Offload, error) { f.loads++; return yieldingProgram{f.prog}, f.maps, nil },
+		Sink: f.sink, Interfaces: []string{"eth0", "eth1"},
+	})
+	t.Cleanup(func() { _ = f.m.Close() })
+	if err := f.m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if was, err := f.m.HandOver(); !was || err != nil {
+		t.Fatalf("hand-over: %v, %v", was, err)
+	}
+	tcEverywhere := func(when string) {
+		t.Helper()
+		got := f.m.Attached()
+		if len(got) != 2 || got["eth0"] != loader.ModeTC || got["eth1"] != loader.ModeTC {
+			t.Errorf("%s: attached %v, want tc on eth0 and eth1", when, got)
+		}
+		if f.sink.current() != f.maps || f.sink.calls != 1 {
+			t.Errorf("%s: the mirror writes to %v (%d calls), want the maps, never moved", when, f.sink.current(), f.sink.calls)
+		}
+	}
+	tcEverywhere("handed over")
+	before := f.prog.attaches
+	f.m.Retry()
+	if f.prog.attaches != before {
+		t.Errorf("Retry attached XDP while the successor holds it")
+	}
+	tcEverywhere("after a retry")
+	if was, err := f.m.TakeBack(); !was || err != nil {
+		t.Fatalf("take back: %v, %v", was, err)
+	}
+	f.want(t, loader.ModeAuto)
+	if _, err := f.m.HandOver(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.SetLabel(nodelabel.Detach); err != nil {
+		t.Fatal(err)
+	}
+	f.want(t, loader.ModeOff)
+}

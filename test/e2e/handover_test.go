@@ -38,8 +38,8 @@ func xdpIfaces(st dstatus.Status) int {
 // one node, with real binaries in a network namespace: the old daemon serves a
 // session; the new one starts on the same ports while it runs and takes the
 // next allocation; the old one is told to stop, hands XDP over to the new one
-// (its session continues in userspace), drains its session to the end and
-// exits. Neither session loses more than 1 %.
+// (its session continues in the kernel with its TC engine), drains its
+// session to the end and exits. Neither session loses more than 1 %.
 // In userspace mode every ChannelData of the old session reaches the shared
 // listener port, so the steering alone keeps it with its daemon. The last
 // case stops the old daemon first and starts the new one during its drain,
@@ -149,7 +149,9 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 		t.Errorf("the new daemon's readiness probe: %v", err)
 	}
 	// With a successor on the node the old daemon hands XDP over at once: its
-	// own session continues in userspace, the successor's moves to XDP.
+	// own session continues in the kernel with its TC engine, behind the
+	// successor's XDP program; the successor's moves to XDP.
+	var oldKernelAtHandover uint64
 	if mode == "native" {
 		waitFor(t, "the new daemon takes over XDP during the old one's drain", 6*time.Second, func() bool {
 			return xdpIfaces(socketStatus(t, sockB)) == len(r.ServerIfaces())
@@ -159,9 +161,11 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 			t.Fatal("the old session ended before the handover could be seen: lengthen it")
 		default:
 		}
-		if st := socketStatus(t, sockA); len(st.XDP.Attached) != 0 {
-			t.Errorf("old daemon still attached after the handover: %+v", st)
+		st := socketStatus(t, sockA)
+		if xdpIfaces(st) != 0 || len(st.XDP.Attached) != len(r.ServerIfaces()) {
+			t.Errorf("old daemon after the handover: %+v, want its TC engine alone on every interface", st.XDP)
 		}
+		oldKernelAtHandover = st.XDP.XDPPackets
 	}
 	// A client arriving now goes to the new daemon, not to the draining one
 	// (which would refuse it with 486).
@@ -175,11 +179,19 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 	check("old daemon's session across the new daemon's start and its own drain", <-done1)
 	stA = socketStatus(t, sockA)
 	t.Logf("old daemon before its last allocation ends: %+v steering %+v", stA, *stA.XDP.Steering)
-	if stA.XDP.Steering.Owner < 1000 {
-		t.Errorf("steering sent %d datagrams to allocation owners, want the old session's thousands", stA.XDP.Steering.Owner)
-	}
-	if stA.XDP.UserspacePackets < 1000 {
-		t.Errorf("old daemon relayed %d packets in userspace: its session did not continue there", stA.XDP.UserspacePackets)
+	if mode == "native" {
+		if grew := stA.XDP.XDPPackets - oldKernelAtHandover; grew < 1000 {
+			t.Errorf("the old daemon's kernel path relayed %d packets after the handover: its session did not stay in the kernel", grew)
+		}
+	} else {
+		// In userspace every datagram of the old session reaches the shared
+		// listener port: the steering keeps it with its daemon.
+		if stA.XDP.Steering.Owner < 1000 {
+			t.Errorf("steering sent %d datagrams to allocation owners, want the old session's thousands", stA.XDP.Steering.Owner)
+		}
+		if stA.XDP.UserspacePackets < 1000 {
+			t.Errorf("old daemon relayed %d packets in userspace: its session did not continue there", stA.XDP.UserspacePackets)
+		}
 	}
 	// Refresh(0) reaches the old daemon through the steering; it exits.
 	if err := relay1.Close(); err != nil {
@@ -252,7 +264,7 @@ func successorKilled(t *testing.T, mode string) {
 	})
 	waitFor(t, "the old daemon drains for the new one", 3*time.Second, func() bool {
 		st := socketStatus(t, sockA)
-		return st.Status == "TERMINATING" && len(st.XDP.Attached) == 0
+		return st.Status == "TERMINATING" && xdpIfaces(st) == 0
 	})
 	relay2, err := allocateFrom(t, r.Client)
 	if err != nil {
