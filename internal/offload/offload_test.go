@@ -554,8 +554,11 @@ func (p yieldingProgram) YieldXDP(iface string) error {
 func TestHandOverKeepsTC(t *testing.T) {
 	f := newFixture(t, "", "")
 	f.m = New(Options{
-		Log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Load: func(loader.Config) (Program, mirror.Offload, error) { f.loads++; return yieldingProgram{f.prog}, f.maps, nil },
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Load: func(loader.Config) (Program, mirror.Offload, error) {
+			f.loads++
+			return yieldingProgram{f.prog}, f.maps, nil
+		},
 		Sink: f.sink, Interfaces: []string{"eth0", "eth1"},
 	})
 	t.Cleanup(func() { _ = f.m.Close() })
