@@ -64,8 +64,11 @@ Two daemons may run on one node at once (a rolling update with surge): they
 share the TURN ports through SO_REUSEPORT and a steering program whose maps are
 pinned under --steering-dir; clients with allocations stay with their daemon,
 new clients go to the newest one, and the newcomer takes over XDP when the old
-one detaches. The probe command checks this process's health over
---health-socket, which stays per-pod while the health port is shared.
+one detaches (the old one's TC engine keeps relaying its sessions). Daemons of
+different Gateways run side by side too, each on its own ports: an interface
+takes one XDP program, the first daemon's; the others' TC engines relay there
+in the kernel until it frees. The probe command checks this process's health
+over --health-socket, which stays per-pod while the health port is shared.
 
 ADDR may be 0.0.0.0 (then --relay-address is required). Example:
   stunnerd-xdp --relay-address 10.0.0.5 --log=all:INFO,turn:DEBUG turn://user1:passwd1@0.0.0.0:3478
@@ -188,7 +191,7 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.relayAddr, "relay-address", "", "`IP` that relay sockets bind to and relayed packets leave from\n(default: the listener address when it is not a wildcard)")
 	fs.UintVar(&o.minPort, "min-relay-port", daemon.DefaultMinRelayPort, "lowest relay port (relay ports are host ports)")
 	fs.UintVar(&o.maxPort, "max-relay-port", daemon.DefaultMaxRelayPort, "highest relay port")
-	fs.StringVar(&o.xdpMode, "xdp-mode", string(loader.ModeAuto), "XDP attach `MODE`: auto (native, then generic, then userspace), native, generic or off;\ngiven, it wins over the config's admin.offload_engine; the node label stunner.l7mp.io/xdp-offload wins over both")
+	fs.StringVar(&o.xdpMode, "xdp-mode", string(loader.ModeAuto), "XDP attach `MODE`: auto (native, then generic, then userspace), native, generic or off (where\nanother daemon's XDP program holds an interface, the TC engine relays there alone); given, it wins over the config's admin.offload_engine; the node label stunner.l7mp.io/xdp-offload wins over both")
 	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
 	fs.BoolVar(&o.tcEngine, "tc-engine", true, "load the TC engine beside XDP: it relays on the skb path what XDP cannot transmit (into a pod's veth,\n"+
 		"a bridge, a VXLAN/Geneve device) and what local pods send to relay ports (on the interfaces --tc-iface matches)")
