@@ -91,7 +91,7 @@ func TestServeUnderIdleFlood(t *testing.T) {
 	defer func() { close(stop); wg.Wait() }()
 	time.Sleep(time.Second) // the flood is in place
 	get := func() (time.Duration, error) {
-		c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		c := &http.Client{Timeout: 2 * raceSlowdown * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 		start := time.Now()
 		resp, err := c.Get("http://" + addr.String() + "/live")
 		if err == nil {
@@ -103,18 +103,19 @@ func TestServeUnderIdleFlood(t *testing.T) {
 		return time.Since(start), err
 	}
 	// The kubelet restarts the pod after failureThreshold (3) probes in a
-	// row that took longer than timeoutSeconds (1 s): that must not happen.
-	// One slow answer on a loaded machine is not a restart; the flood used to
-	// make every probe time out.
+	// row that took longer than timeoutSeconds (1 s, the operator's): that
+	// must not happen. One slow answer on a loaded machine is not a restart;
+	// the flood used to make every probe time out.
+	timeout := raceSlowdown * time.Second
 	var worst time.Duration
 	slowInARow := 0
 	for range 10 {
 		d, err := get()
-		if slowInARow = slowInARow + 1; err == nil && d <= time.Second {
+		if slowInARow = slowInARow + 1; err == nil && d <= timeout {
 			slowInARow = 0
 		}
 		if slowInARow == 3 {
-			t.Fatalf("/live under the flood: 3 probes in a row failed or took longer than 1 s (the last: %v after %v): the kubelet would restart the pod", err, d)
+			t.Fatalf("/live under the flood: 3 probes in a row failed or took longer than %v (the last: %v after %v): the kubelet would restart the pod", timeout, err, d)
 		}
 		worst = max(worst, d)
 		time.Sleep(100 * time.Millisecond)
