@@ -16,6 +16,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
@@ -292,19 +293,12 @@ func (h *harness) stageSessions(t *testing.T) {
 	defer enableBPFStats(t).Close()
 	h.command("sessions stage: N sessions (%v, and %v through the daemons), each %d B at 50 pps and %d B at 100 pps per direction; %d rounds of %v per row",
 		h.cfg.sessionsN, h.cfg.sessionsServerN, sessionAudio, sessionVideo, h.cfg.sessionsRounds, h.cfg.sessionsPoint)
-	r := h.rig
-	var trivial []*ebpf.Program
-	for _, at := range []struct {
-		ns    *netns.NS
-		iface string
-	}{{r.Peer, r.PeerIf.Name}, {r.Client, r.ClientIf.Name}} {
-		p, err := xdpProgOn(at.ns, at.iface)
-		if err != nil {
-			t.Fatal(err)
+	trivial := h.trivialProgs(t)
+	defer func() {
+		for _, p := range trivial {
+			_ = p.Close()
 		}
-		defer p.Close()
-		trivial = append(trivial, p)
-	}
+	}()
 	t.Run("kernel", func(t *testing.T) { h.sessionsKernel(t, trivial) })
 	for _, spec := range []serverSpec{specXDPNative, specXDPOff, specCoturn} {
 		for _, n := range h.cfg.sessionsServerN {
@@ -323,19 +317,7 @@ func (h *harness) sessionsKernel(t *testing.T, trivial []*ebpf.Program) {
 		return c
 	}
 	prog, maps, m := h.attachMirrored(t, cfg(false))
-	hooks := m.EventHandler()
-	maxN := h.cfg.sessionsN[len(h.cfg.sessionsN)-1]
-	sinkFD, err := fdOf(h.peers.sink)
-	if err != nil {
-		t.Fatal(err)
-	}
-	load := newMixLoad(sinkChan, sockaddr(listenIP, listenPort), sinkFD)
-	sink := &net.UDPAddr{IP: peerIP, Port: sinkPort}
-	for i := range maxN {
-		fd, _ := rawSocket(t, r.Client, clientIP, sessionPortBase+i, 4096) // never read: what arrives is dropped at the buffer
-		load.clientFDs = append(load.clientFDs, fd)
-		load.relays = append(load.relays, sockaddr(relayIP, 49152+i))
-	}
+	load := h.sessionLoad(t, h.cfg.sessionsN[len(h.cfg.sessionsN)-1])
 	probe := sessionProbe{
 		relay: func() (progStats, error) { return statsOf(prog.XDP()) },
 		kernel: func() (float64, float64, error) {
@@ -352,28 +334,7 @@ func (h *harness) sessionsKernel(t *testing.T, trivial []*ebpf.Program) {
 	installed := 0
 	for _, n := range h.cfg.sessionsN {
 		start := time.Now()
-		for i := installed; i < n; i++ {
-			client := &net.UDPAddr{IP: clientIP, Port: sessionPortBase + i}
-			relay := &net.UDPAddr{IP: relayIP, Port: 49152 + i}
-			hooks.OnAllocationCreated(client, listenAddr, "UDP", user, "bench", relay, 0)
-			hooks.OnPermissionCreated(client, listenAddr, "UDP", user, "bench", relay, peerIP)
-			hooks.OnChannelCreated(client, listenAddr, "UDP", user, "bench", relay, sink, sinkChan)
-		}
-		m.Sync()
-		if got := maps.Len(); got != n {
-			t.Fatalf("%d bindings in the maps, want %d", got, n)
-		}
-		// The client speaks first, as a real one does: the program learns the
-		// listener address it replies from (until then the peer's datagrams
-		// pass: pass_client_addr_unknown).
-		for i := installed; i < n; i++ {
-			if err := unix.Sendto(load.clientFDs[i], load.c2p[0], 0, &unix.SockaddrInet4{Port: listenPort, Addr: [4]byte(listenIP)}); err != nil {
-				t.Fatalf("session %d: first datagram: %v", i, err)
-			}
-			if i%1000 == 999 {
-				time.Sleep(10 * time.Millisecond)
-			}
-		}
+		installSessions(t, m, maps, load, installed, n)
 		installed = n
 		t.Logf("%d sessions installed in %.2f s", n, time.Since(start).Seconds())
 		target := float64(n * sessionPPS)
@@ -401,6 +362,68 @@ func (h *harness) sessionsKernel(t *testing.T, trivial []*ebpf.Program) {
 			row.finish()
 			h.logSession(t, row)
 			h.rep.Sessions = append(h.rep.Sessions, *row)
+		}
+	}
+}
+
+// trivialProgs returns the trivial XDP programs on the client's and the
+// peer's veth, which every relayed frame meets (the caller closes them).
+func (h *harness) trivialProgs(t *testing.T) []*ebpf.Program {
+	r := h.rig
+	var trivial []*ebpf.Program
+	for _, at := range []struct {
+		ns    *netns.NS
+		iface string
+	}{{r.Peer, r.PeerIf.Name}, {r.Client, r.ClientIf.Name}} {
+		p, err := xdpProgOn(at.ns, at.iface)
+		if err != nil {
+			t.Fatal(err)
+		}
+		trivial = append(trivial, p)
+	}
+	return trivial
+}
+
+// sessionLoad opens the client sockets of n sessions and returns their load.
+func (h *harness) sessionLoad(t *testing.T, n int) *mixLoad {
+	sinkFD, err := fdOf(h.peers.sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := newMixLoad(sinkChan, sockaddr(listenIP, listenPort), sinkFD)
+	for i := range n {
+		fd, _ := rawSocket(t, h.rig.Client, clientIP, sessionPortBase+i, 4096) // never read: what arrives is dropped at the buffer
+		load.clientFDs = append(load.clientFDs, fd)
+		load.relays = append(load.relays, sockaddr(relayIP, 49152+i))
+	}
+	return load
+}
+
+// installSessions makes sessions [from, n) through the mirror's hooks (each
+// an allocation of its own, one channel to the sink), waits until all n are
+// in the maps, and lets each new session's client speak first, as a real one
+// does: the program learns the listener address it replies from (until then
+// the peer's datagrams pass: pass_client_addr_unknown).
+func installSessions(t *testing.T, m *mirror.Mirror, maps *channelmap.Maps, load *mixLoad, from, n int) {
+	hooks := m.EventHandler()
+	sink := &net.UDPAddr{IP: peerIP, Port: sinkPort}
+	for i := from; i < n; i++ {
+		client := &net.UDPAddr{IP: clientIP, Port: sessionPortBase + i}
+		relay := &net.UDPAddr{IP: relayIP, Port: 49152 + i}
+		hooks.OnAllocationCreated(client, listenAddr, "UDP", user, "bench", relay, 0)
+		hooks.OnPermissionCreated(client, listenAddr, "UDP", user, "bench", relay, peerIP)
+		hooks.OnChannelCreated(client, listenAddr, "UDP", user, "bench", relay, sink, sinkChan)
+	}
+	m.Sync()
+	if got := maps.Len(); got != n {
+		t.Fatalf("%d bindings in the maps, want %d", got, n)
+	}
+	for i := from; i < n; i++ {
+		if err := unix.Sendto(load.clientFDs[i], load.c2p[0], 0, &unix.SockaddrInet4{Port: listenPort, Addr: [4]byte(listenIP)}); err != nil {
+			t.Fatalf("session %d: first datagram: %v", i, err)
+		}
+		if i%1000 == 999 {
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 }
