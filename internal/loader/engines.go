@@ -16,9 +16,10 @@ import (
 // daemon on the node: the hook takes one program), the TC engine relays on
 // the interface alone (ModeTC): tcx runs every daemon's engine in turn, each
 // passing on what is not its own (TCX_NEXT). Attach again tries XDP there,
-// keeping the TC engine in place. With no attachment left (the kernel path
-// off, or handed over) the TC engine is detached everywhere: the kernel path
-// is either on, with both engines, or off.
+// keeping the TC engine in place; YieldXDP is the way back to ModeTC (a
+// draining daemon gives the hook to its successor). With no attachment left
+// (the kernel path off) the TC engine is detached everywhere: the kernel path
+// is either on, with one or both engines, or off.
 type Engines struct {
 	*Program
 	TC       *TC
