@@ -167,6 +167,15 @@ func (c *BatchConn) WriteToFields(p []byte, addr net.Addr, f Fields) (int, error
 	return c.UDPConn.WriteTo(p, addr)
 }
 
+// Buffered is the number of datagrams of the last recvmmsg that ReadFrom has
+// not handed out yet: while it is above 0, ReadFrom returns without a system
+// call, let alone a wait.
+func (c *BatchConn) Buffered() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n - c.next
+}
+
 // ReadFrom implements net.PacketConn. Sources come as Go's own ReadFrom
 // gives them, except that an IPv4 source on an IPv4 socket has its IP in
 // 16-byte form, as on a dual-stack socket: pion/turn keys every datagram's

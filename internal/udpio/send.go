@@ -37,6 +37,9 @@ type sender struct {
 	iov     unix.Iovec
 	msg     unix.Msghdr
 	sendMsg func(fd uintptr) bool // s.sendmsg, bound once
+	// batch, when armed (Conn.Defer), takes the next write, labelled tag.
+	batch *SendBatch
+	tag   int
 }
 
 func newSender(c *net.UDPConn) (*sender, error) {
@@ -109,6 +112,12 @@ func (s *sender) sendto(fd uintptr) bool {
 // reports false when a is not an address it takes (the caller then uses Go's
 // own WriteTo, which also reports the errors, and f is lost).
 func (s *sender) writeTo(c *net.UDPConn, p []byte, addr net.Addr, f Fields) (int, bool, error) {
+	return s.writeToOrQueue(nil, c, p, addr, f)
+}
+
+// writeToOrQueue is writeTo that, for conn (nil: none) armed with a batch,
+// queues the datagram there instead of sending it.
+func (s *sender) writeToOrQueue(conn *Conn, c *net.UDPConn, p []byte, addr net.Addr, f Fields) (int, bool, error) {
 	a, ok := addr.(*net.UDPAddr)
 	if !ok {
 		return 0, false, nil
@@ -133,6 +142,11 @@ func (s *sender) writeTo(c *net.UDPConn, p []byte, addr net.Addr, f Fields) (int
 	if f.Valid {
 		s.ctllen = putFields(&s.ctl, v6, f)
 		send = s.sendMsg
+	}
+	if conn != nil && s.batch != nil {
+		s.queue(conn, addr, f.Valid)
+		s.p = nil
+		return len(p), true, nil
 	}
 	err := s.rc.Write(send)
 	s.p = nil
@@ -221,7 +235,7 @@ func (c *Conn) WriteTo(p []byte, addr net.Addr) (int, error) {
 // WriteToFields is WriteTo with the datagram's TTL and TOS set to f (unknown:
 // the socket's own).
 func (c *Conn) WriteToFields(p []byte, addr net.Addr, f Fields) (int, error) {
-	if n, ok, err := c.s.writeTo(c.UDPConn, p, addr, f); ok {
+	if n, ok, err := c.s.writeToOrQueue(c, c.UDPConn, p, addr, f); ok {
 		return n, err
 	}
 	return c.UDPConn.WriteTo(p, addr)

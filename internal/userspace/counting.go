@@ -46,14 +46,35 @@ type ListenerConn struct {
 	NoShortcut bool
 }
 
-// ReadFrom returns the next datagram that is not relayed here.
+// ReadFrom returns the next datagram that is not relayed here. What the
+// shortcut relays in batches goes out before a read that may wait and before
+// anything goes to pion (see batch.go).
 func (c *ListenerConn) ReadFrom(p []byte) (int, net.Addr, error) {
+	t := c.Channels
+	if t == nil || c.NoShortcut {
+		return c.PacketConn.ReadFrom(p)
+	}
 	for {
-		n, addr, err := c.PacketConn.ReadFrom(p)
-		// pion drops a datagram that fills its buffer (possibly truncated).
-		if err != nil || c.Channels == nil || c.NoShortcut || n >= len(p) || !c.Channels.relay(p[:n], addr) {
+		if n, addr, ok, err := t.handBack(p); ok {
 			return n, addr, err
 		}
+		if t.mustFlush() {
+			t.flush()
+			continue
+		}
+		n, addr, err := c.PacketConn.ReadFrom(p)
+		// pion drops a datagram that fills its buffer (possibly truncated).
+		if err == nil && n < len(p) && t.relay(p[:n], addr) {
+			continue
+		}
+		if t.pending() {
+			t.flush()
+			if t.handingBack() {
+				t.queueBack(p[:n], addr, err)
+				continue
+			}
+		}
+		return n, addr, err
 	}
 }
 

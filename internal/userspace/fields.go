@@ -83,6 +83,7 @@ func (t *Channels) ListenerSocket(c net.PacketConn) net.PacketConn {
 	if !ok {
 		return c
 	}
+	t.batch = newSendBatch(b)
 	return &listenerSocket{BatchConn: b, t: t}
 }
 

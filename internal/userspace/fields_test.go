@@ -62,24 +62,10 @@ func TestFieldsAcrossPion(t *testing.T) {
 			name = "shortcut"
 		}
 		t.Run(name, func(t *testing.T) {
-			counters := &Counters{}
-			relays := NewRelaySockets()
-			tbl := NewChannels(relays, counters)
+			w := newWrapped(t)
+			counters, tbl, raw, gen := w.counters, w.tbl, w.raw, w.gen
 			h := tbl.EventHandler(turn.EventHandler{})
-			raw, err := udpio.NewBatchConn(listenUDP(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			lc := &ListenerConn{PacketConn: tbl.ListenerSocket(raw), Counters: counters, Channels: tbl, NoShortcut: !shortcut}
-			gen := relays.Generator(&RelayAddressGenerator{
-				RelayAddressGeneratorPortRange: turn.RelayAddressGeneratorPortRange{
-					RelayAddress: net.IPv4(127, 0, 0, 1), Address: "127.0.0.1", MinPort: 50000, MaxPort: 60000,
-				},
-				Counters: counters, Sockets: relays,
-			})
-			if err := gen.Validate(); err != nil {
-				t.Fatal(err)
-			}
+			lc := w.listenerConn(shortcut, nil)
 			client, other := sendingWith(t, 37, 0xB9), sendingWith(t, 5, 0x04)
 			peerSock := sendingWith(t, 23, 0x2A)
 			clientAddr, peerAddr := client.LocalAddr(), peerSock.LocalAddr()

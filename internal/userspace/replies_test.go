@@ -126,20 +126,9 @@ type turnServer struct {
 }
 
 func startTurnServer(t testing.TB, replies bool, bindTimeout time.Duration) *turnServer {
-	counters := &Counters{}
-	relays := NewRelaySockets()
-	tbl := NewChannels(relays, counters)
-	raw, err := udpio.NewBatchConn(listenUDP(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lc := net.PacketConn(&ListenerConn{PacketConn: tbl.ListenerSocket(raw), Counters: counters, Channels: tbl})
-	gen := relays.Generator(&RelayAddressGenerator{
-		RelayAddressGeneratorPortRange: turn.RelayAddressGeneratorPortRange{
-			RelayAddress: net.IPv4(127, 0, 0, 1), Address: "127.0.0.1", MinPort: 50000, MaxPort: 60000,
-		},
-		Counters: counters, Sockets: relays,
-	})
+	w := newWrapped(t)
+	counters, relays, tbl, raw, gen := w.counters, w.relays, w.tbl, w.raw, w.gen
+	lc := net.PacketConn(w.listenerConn(true, nil))
 	h := tbl.EventHandler(turn.EventHandler{})
 	if replies {
 		h = NewReplies(relays, lc, counters).EventHandler(h)

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 
 	"github.com/pion/turn/v4"
+
+	"github.com/l7mp/stunnerd-xdp/internal/udpio"
 )
 
 // Channels is one pion/turn server's channel bindings as its event hooks
@@ -35,6 +37,9 @@ type Channels struct {
 	byClient map[netip.AddrPort]*clientRoutes
 
 	cur current // the datagram the read loop is handling (see fields.go)
+	// batch is the read loop's send batch (see batch.go); nil: every
+	// datagram goes out as it is relayed.
+	batch *sendBatch
 }
 
 // chanKey is pion's key of an allocation on one socket (the client's
@@ -47,6 +52,10 @@ type chanKey struct {
 type route struct {
 	relay net.PacketConn // the allocation's relay socket, as pion holds it
 	peer  net.Addr       // the channel's peer, as pion holds it
+	raw   *relayConn     // relay's innermost wrapper (nil: not ours)
+	// conn is raw's socket when it can defer writes to peer into a batch
+	// (nil: every write goes out at once).
+	conn *udpio.Conn
 }
 
 // clientRoutes is what one allocation has here.
@@ -162,7 +171,13 @@ func (t *Channels) channelCreated(src, peer net.Addr, ch uint16) {
 	if _, ok := t.routes[ck]; !ok {
 		c.channels = append(c.channels, ch)
 	}
-	t.routes[ck] = route{relay: c.relay, peer: peer}
+	r := route{relay: c.relay, peer: peer, raw: c.raw}
+	if c.raw != nil {
+		if uc, ok := c.raw.PacketConn.(*udpio.Conn); ok && c.raw.raw != nil && uc.Takes(peer) {
+			r.conn = uc
+		}
+	}
+	t.routes[ck] = r
 }
 
 func (t *Channels) channelDeleted(src net.Addr, ch uint16) {
@@ -216,6 +231,14 @@ func (t *Channels) relay(p []byte, src net.Addr) bool {
 	t.mu.RUnlock()
 	if !ok {
 		return false
+	}
+	if t.batch != nil && (t.batch.b.Len() > 0 || t.batch.listen.Buffered() > 0) {
+		// More datagrams come without a wait: batch them. A datagram that
+		// cannot join the batch goes to pion, after it (its order).
+		if r.conn == nil || len(p) > slotSize {
+			return false
+		}
+		return t.relayDeferred(p, src, r, length)
 	}
 	data := p[4 : 4+length]
 	if n, err := r.relay.WriteTo(data, r.peer); err != nil || n != len(data) {
