@@ -74,7 +74,7 @@ var configs = map[string]config{
 		scalingChannels: []int{1, 100, 10000, 100000}, scalingRate: 100000, scalingPoint: 5 * time.Second,
 		liveRate: 50000, livePoint: 2 * time.Second, liveRounds: 5,
 		lo: 20000, hi: 100000,
-		userspaceLadder: []float64{20000, 50000, 100000, 150000, 200000, 0}, userspacePinned: []float64{50000, 100000, 150000},
+		userspaceLadder: []float64{20000, 50000, 100000, 150000, 200000, 0}, userspacePinned: []float64{50000, 100000, 150000, 250000, 350000},
 		userspaceRounds: 3, userspaceSearch: 3,
 		shapeRate: 5000, shapePoint: 3 * time.Second,
 		sessionsN: []int{1, 100, 1000, 10000}, sessionsServerN: []int{100, 1000}, sessionsPoint: 2 * time.Second, sessionsRounds: 3,
