@@ -630,7 +630,10 @@ func (m *Model) fromPeer(ingress int, frame []byte, in datagram) Result {
 // overIngressMTU tells a packet longer than its ingress interface's MTU, as far
 // as the program measures (point 9).
 func (m *Model) overIngressMTU(ingress int, in datagram) bool {
-	if len(in.ip) <= MTUCheckAbove {
+	// The TC engine does not measure: on the skb path a datagram above its
+	// ingress MTU is a GSO skb, passed before anything else (ProcessTC), and
+	// the devices refuse longer frames before TC.
+	if m.skb != nil || len(in.ip) <= MTUCheckAbove {
 		return false
 	}
 	ifc := m.iface(ingress)
