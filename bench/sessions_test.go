@@ -338,7 +338,7 @@ func (h *harness) sessionsKernel(t *testing.T, trivial []*ebpf.Program) {
 		installed = n
 		t.Logf("%d sessions installed in %.2f s", n, time.Since(start).Seconds())
 		target := float64(n * sessionPPS)
-		rows := []*SessionRow{{Path: SessionsFlowCache, Sessions: n, Bindings: n, TargetPPS: target},
+		rows := []*SessionRow{{Path: SessionsFlowCache, Sessions: n, Bindings: n, TargetPPS: target, FlowsAside: maps.FlowsAside()},
 			{Path: SessionsNoFlow, Sessions: n, Bindings: n, TargetPPS: target},
 			{Path: SessionsOneFlow, Sessions: n, Bindings: 1}}
 		if n == 1 {

@@ -245,6 +245,15 @@ func newEnv(t testing.TB) *env {
 	return e
 }
 
+// setFlowsAside sets the program's flow caches aside or uses them (as
+// channelmap does for the number of bindings installed).
+func (e *env) setFlowsAside(t testing.TB, aside bool) {
+	t.Helper()
+	if err := bpf.NewFlowGate(e.prog.Maps().FibGen).SetFlowsAside(aside); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // fibGen reads the program's FIB generation.
 func (e *env) fibGen(t testing.TB) uint32 {
 	t.Helper()

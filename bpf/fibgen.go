@@ -9,8 +9,9 @@ import (
 
 // fib_gen's entries (maps.h).
 const (
-	fibGenCurrent uint32 = 0 // what the program compares; 0: caches off
-	fibGenHigh    uint32 = 1 // the highest generation ever current
+	fibGenCurrent    uint32 = 0 // what the program compares; 0: caches off
+	fibGenHigh       uint32 = 1 // the highest generation ever current
+	fibGenFlowsAside uint32 = 2 // FLOWS_ASIDE: nonzero, the flow caches are not used
 )
 
 // FibGen is the program's FIB generation (its fib_gen map): every next hop
@@ -77,6 +78,37 @@ func (g *FibGen) bump(enable bool) error {
 	}
 	if err := g.m.Put(fibGenCurrent, gen); err != nil {
 		return fmt.Errorf("write the FIB generation: %w", err)
+	}
+	return nil
+}
+
+// FlowGate is the program's switch between using its flow caches and
+// setting them aside (fib_gen[FLOWS_ASIDE]): one word in the map the
+// program reads the FIB generation from, written on its own.
+type FlowGate struct{ m *ebpf.Map }
+
+// NewFlowGate returns the switch kept in m, a fib_gen map.
+func NewFlowGate(m *ebpf.Map) *FlowGate { return &FlowGate{m: m} }
+
+// FlowsAside tells whether the flow caches are set aside.
+func (g *FlowGate) FlowsAside() (bool, error) {
+	var v uint32
+	if err := g.m.Lookup(fibGenFlowsAside, &v); err != nil {
+		return false, fmt.Errorf("read the flow caches' switch: %w", err)
+	}
+	return v != 0, nil
+}
+
+// SetFlowsAside makes the program leave its flow caches alone (aside) or use
+// them again. Their entries describe themselves (both generations), so one
+// left from before is used again only while it still stands for its binding.
+func (g *FlowGate) SetFlowsAside(aside bool) error {
+	var v uint32
+	if aside {
+		v = 1
+	}
+	if err := g.m.Put(fibGenFlowsAside, v); err != nil {
+		return fmt.Errorf("set the flow caches aside (%v): %w", aside, err)
 	}
 	return nil
 }

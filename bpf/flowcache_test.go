@@ -178,6 +178,40 @@ func TestFlowCache(t *testing.T) {
 		}
 	})
 
+	// Set aside (channelmap does it while more bindings are installed than
+	// a region holds well), the caches are neither read nor filled; used
+	// again, they are filled and stand in for the maps as before.
+	t.Run("set aside, they are neither read nor filled", func(t *testing.T) {
+		gate := bpf.NewFlowGate(maps.FibGen)
+		aside := func(t *testing.T, on bool) {
+			t.Helper()
+			if err := gate.SetFlowsAside(on); err != nil {
+				t.Fatal(err)
+			}
+		}
+		relayed(t)
+		aside(t, true)
+		defer aside(t, false)
+		restore := unmapped(t)
+		passes(t, "a0", c2p, bpf.RelayReasonREASON_NOT_LISTENER_ADDR)
+		passes(t, "b0", p2c, bpf.RelayReasonREASON_NO_PEER_BINDING)
+		restore()
+		if err := e.maps.InvalidateNextHops(); err != nil { // nothing cached in the new generation
+			t.Fatal(err)
+		}
+		relayed(t)
+		if n := e.cachedFlows(t, b); n != [2]int{} {
+			t.Fatalf("flows cached while the caches stand aside: %v", n)
+		}
+		aside(t, false)
+		relayed(t)
+		if n := e.cachedFlows(t, b); n != [2]int{1, 1} {
+			t.Fatalf("cached flows once used again: %v, want one each", n)
+		}
+		defer unmapped(t)()
+		relayedUnmapped(t)
+	})
+
 	t.Run("removing the binding ends them", func(t *testing.T) {
 		relayed(t)
 		if err := e.maps.Delete(b.Key()); err != nil {

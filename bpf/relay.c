@@ -192,6 +192,18 @@ static __always_inline __u32 fib_generation(void)
 	return g ? *g : 0;
 }
 
+/* flow_generation is the generation the flow caches are used in: gen, or 0
+ * (not used) when the program was loaded without them or while they stand
+ * aside (fib_gen[FLOWS_ASIDE]). */
+static __always_inline __u32 flow_generation(__u32 gen)
+{
+	if (!cfg.flow_cache)
+		return 0;
+	__u32 k = FLOWS_ASIDE;
+	__u32 *aside = bpf_map_lookup_elem(&fib_gen, &k);
+	return aside && *aside ? 0 : gen;
+}
+
 /* hop_valid tells whether a cached next hop answers this lookup as
  * bpf_fib_lookup would now. */
 static __always_inline int hop_valid(const struct next_hop *h, __u32 gen, __u32 in_ifindex, const struct rewrite *rw)
@@ -592,7 +604,8 @@ struct c2p_found {
 /* c2p_lookup finds the binding of a ChannelData message: from this CPU's flow
  * cache while the entry stands for it, else through the destination and
  * binding maps (and cached). The flow caches are shared by both engines:
- * their entries describe themselves. */
+ * their entries describe themselves. gen is flow_generation's: 0 leaves the
+ * cache alone. */
 static __always_inline int c2p_lookup(const struct input *in, const struct udphdr *udp, __be16 channel, __u32 gen,
 				      struct c2p_found *b)
 {
@@ -601,7 +614,7 @@ static __always_inline int c2p_lookup(const struct input *in, const struct udphd
 	b->f = 0;
 	b->alloc_id = 0;
 	b->hit = 0;
-	if (cfg.flow_cache && gen) {
+	if (gen) {
 		__u64 h = addr_hash(addr_hash(cfg.flow_seed, &in->saddr), &in->daddr);
 		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 32) | ((__u64)udp->dest << 16) | channel));
 		b->f = bpf_map_lookup_elem(&c2p_flows, &idx);
@@ -793,7 +806,8 @@ static __always_inline int c2p_ip4(const struct cursor *c, const struct input *i
 
 /* p2c_lookup finds the binding of a peer's datagram: the flow entry's own
  * (this CPU's, stable while the program runs) while it stands for it, or a
- * copy (*v) of the hash map element's taken between checks (and cached).
+ * copy (*v) of the hash map element's taken between checks (and cached;
+ * gen is flow_generation's: 0 leaves the cache alone).
  * -1 with *bind and *st set, or the reason to pass. */
 static __always_inline int p2c_lookup(const struct input *in, const struct udphdr *udp, __u32 gen,
 				      struct p2c_binding *v, const struct p2c_binding **bind,
@@ -804,7 +818,7 @@ static __always_inline int p2c_lookup(const struct input *in, const struct udphd
 	int hit = 0;
 	*st = 0;
 	*bind = v;
-	if (cfg.flow_cache && gen) {
+	if (gen) {
 		__u64 h = flow_mix(cfg.flow_seed, ((__u64)peer_addr << 32) | relay_addr);
 		__u32 idx = flow_index(flow_mix(h, ((__u64)udp->source << 16) | udp->dest));
 		f = bpf_map_lookup_elem(&p2c_flows, &idx);
@@ -951,7 +965,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	}
 	__u32 gen = fib_generation();
 	struct c2p_found b;
-	if ((r = c2p_lookup(in, udp, channel, gen, &b)) >= 0 || (r = c2p_admit(c, in, udp)) >= 0) {
+	if ((r = c2p_lookup(in, udp, channel, flow_generation(gen), &b)) >= 0 || (r = c2p_admit(c, in, udp)) >= 0) {
 		*reason = r;
 		return XDP_PASS;
 	}
@@ -1089,7 +1103,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	struct binding_state *st;
 	struct p2c_binding v;
 	const struct p2c_binding *bind;
-	int r = p2c_lookup(in, udp, gen, &v, &bind, &st);
+	int r = p2c_lookup(in, udp, flow_generation(gen), &v, &bind, &st);
 	if (r >= 0) {
 		*reason = r;
 		return XDP_PASS;

@@ -287,7 +287,7 @@ static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct curso
 	 * entries describe themselves), and learned as XDP learns it (and XDP's
 	 * reply next hop dropped). */
 	struct c2p_found b;
-	if ((r = c2p_lookup(in, udp, channel, fib_generation(), &b)) >= 0 || (r = c2p_admit(c, in, udp)) >= 0) {
+	if ((r = c2p_lookup(in, udp, channel, flow_generation(fib_generation()), &b)) >= 0 || (r = c2p_admit(c, in, udp)) >= 0) {
 		*reason = r;
 		return TC_ACT_OK;
 	}
@@ -447,7 +447,7 @@ static __always_inline int tc_peer_to_client(struct __sk_buff *ctx, struct curso
 	struct binding_state *st;
 	struct p2c_binding v;
 	const struct p2c_binding *bind;
-	int r = p2c_lookup(in, udp, fib_generation(), &v, &bind, &st);
+	int r = p2c_lookup(in, udp, flow_generation(fib_generation()), &v, &bind, &st);
 	if (r >= 0) {
 		*reason = r;
 		return TC_ACT_OK;

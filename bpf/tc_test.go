@@ -430,9 +430,13 @@ func FuzzTCBindingsVsModel(f *testing.F) {
 	for _, s := range seeds {
 		f.Add(s.spec, uint8(0), s.pick, s.dst, s.flags, s.complete, data(100))
 	}
+	// Bit 7 of ingress sets the flow caches aside (see FuzzRelayBindingsVsModel).
+	f.Add([]byte{0, 0, 0, 0x70, 0x40, 1}, uint8(0x80), uint8(0), uint8(0), uint8(1), false, data(100))
+	f.Add([]byte{0x85, 0, 0, 0x20, 0x10, 1}, uint8(0x80), uint8(1), uint8(0), uint8(0), true, data(100))
 	f.Fuzz(func(t *testing.T, spec []byte, ingress, pick, dst, flags uint8, complete bool, payload []byte) {
 		bs := decodeBindings(spec)
 		e.replace(t, bs)
+		e.setFlowsAside(t, ingress&0x80 != 0)
 		m := e.newModel(t, bs)
 		e.fuzzRateLimit(t, m, spec, bs)
 		if len(payload) > maxRunFrame-64 {
@@ -446,7 +450,7 @@ func FuzzTCBindingsVsModel(f *testing.F) {
 		if !skbRunnable(frame) {
 			return
 		}
-		e.checkTC(t, m, ifaceNames[int(ingress)%len(ifaceNames)], frame, skb)
+		e.checkTC(t, m, ifaceNames[int(ingress&0x7f)%len(ifaceNames)], frame, skb)
 	})
 }
 

@@ -261,3 +261,46 @@ func TestAllocIDs(t *testing.T) {
 		t.Fatalf("reused bucket owes %+v (%v), want nothing", ar, err)
 	}
 }
+
+// TestFlowsAside: the program's flow caches stand aside while more bindings
+// are installed than five eighths of a CPU's region (128 entries for 100
+// bindings: above 80) and are used again below half of it (64), as the
+// program reads the switch (fib_gen[FLOWS_ASIDE]).
+func TestFlowsAside(t *testing.T) {
+	m, maps := loadRelayMaps(t, 100)
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if region := int(maps.C2pFlows.MaxEntries()) / cpus; region != 128 {
+		t.Fatalf("a region of %d flows for 100 bindings, want 128", region)
+	}
+	gate := bpf.NewFlowGate(maps.FibGen)
+	want := func(n int, aside bool) {
+		t.Helper()
+		inKernel, err := gate.FlowsAside()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.FlowsAside() != aside || inKernel != aside {
+			t.Fatalf("%d bindings: flows aside %v (the program's switch %v), want %v", n, m.FlowsAside(), inKernel, aside)
+		}
+	}
+	binding := func(i int) channelmap.Binding {
+		return channelmap.Binding{Client: netip.AddrPortFrom(netip.MustParseAddr("10.1.0.1"), uint16(40000+i)),
+			Listener: netip.MustParseAddrPort("10.100.0.1:3478"), Channel: 0x4000,
+			Peer: netip.MustParseAddrPort("10.200.0.2:5000"), Relay: netip.AddrPortFrom(netip.MustParseAddr("10.200.0.1"), uint16(50000+i))}
+	}
+	for i := 1; i <= 100; i++ {
+		if err := m.Upsert(binding(i)); err != nil {
+			t.Fatal(err)
+		}
+		want(i, i > 80)
+	}
+	for i := 100; i >= 1; i-- {
+		if err := m.Delete(binding(i).Key()); err != nil {
+			t.Fatal(err)
+		}
+		want(i-1, i-1 >= 64)
+	}
+}
