@@ -165,9 +165,10 @@ func writeSessions(b *strings.Builder, r *Report) {
 		"daemon's program in the bench process and make each session an allocation of its own (client port, relay port, one channel) through " +
 		"`mirror.Mirror`'s hooks, not through pion/turn; the daemon rows run real pion/turn allocations. Per N the kernel rows take turns: " +
 		"with the flow cache, without it (`loader.Config.NoFlowCache`, the same maps), and one flow (session 0) at the packets/s the sessions " +
-		"were offered in the same round. The flow-cache rows run the program as the daemon does: `channelmap` sets the caches aside " +
-		"(neither read nor filled) while more bindings are installed than 5/8 of a CPU's region of entries (2,560 of 4,096), and uses them " +
-		"again below half of it; such rows say \"caches set aside\". Program ns/run is the relay program's run_time_ns / run_cnt (`kernel.bpf_stats_enabled`) over both " +
+		"were offered in the same round. The flow-cache rows run the program as the daemon does: every second `channelmap.GateFlows` counts the bindings whose " +
+		"counters moved and sets the caches aside (neither read nor filled) while more of them send than 5/8 of a CPU's region of entries " +
+		"(2,560 of 4,096), and uses them again below half of it; the stage runs that count every second too, each interval after 2.1 s of " +
+		"its own traffic (two counts), and rows whose caches stood aside after it say \"caches set aside\". Program ns/run is the relay program's run_time_ns / run_cnt (`kernel.bpf_stats_enabled`) over both " +
 		"directions, beside the trivial XDP_PASS programs on the client's and the peer's veth that every relayed frame meets; the ratios are " +
 		"medians of per-interval ratios. Delivered is Ip.InDelivers growth in the receiving namespace (the client's for peer→client): Udp.InDatagrams counts a datagram when it is read, and the sessions' sockets are never read. Server CPU is per delivered packet, both directions (softirq of all CPUs holds the generator's " +
 		"sends, the veth hops and both receivers too; at a few hundred packets/s the tick-sampled softirq of a shared machine is mostly other work). " +

@@ -249,7 +249,7 @@ func newEnv(t testing.TB) *env {
 // channelmap does for the number of bindings installed).
 func (e *env) setFlowsAside(t testing.TB, aside bool) {
 	t.Helper()
-	if err := bpf.NewFlowGate(e.prog.Maps().FibGen).SetFlowsAside(aside); err != nil {
+	if err := bpf.NewFibGen(e.prog.Maps().FibGen).SetFlowsAside(aside); err != nil {
 		t.Fatal(err)
 	}
 }

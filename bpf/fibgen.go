@@ -9,10 +9,15 @@ import (
 
 // fib_gen's entries (maps.h).
 const (
-	fibGenCurrent    uint32 = 0 // what the program compares; 0: caches off
-	fibGenHigh       uint32 = 1 // the highest generation ever current
-	fibGenFlowsAside uint32 = 2 // FLOWS_ASIDE: nonzero, the flow caches are not used
+	fibGenCurrent uint32 = 0 // what the program compares; 0: caches off
+	fibGenHigh    uint32 = 1 // the highest generation ever current
 )
+
+// flowsAside is FLOWS_ASIDE, the top bit of a generation: set in the current
+// one, the program's flow caches stand aside. The high mark keeps it too, so
+// that it outlives the caches being off and holds for every FibGen over the
+// map; generations count in the other 31 bits.
+const flowsAside = 1 << 31
 
 // FibGen is the program's FIB generation (its fib_gen map): every next hop
 // and flow the program cached in an older generation is resolved again on its
@@ -58,6 +63,10 @@ func (g *FibGen) Disable() error {
 func (g *FibGen) bump(enable bool) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	return g.bumpLocked(enable)
+}
+
+func (g *FibGen) bumpLocked(enable bool) error {
 	var gen, high uint32
 	if err := g.m.Lookup(fibGenCurrent, &gen); err != nil {
 		return fmt.Errorf("read the FIB generation: %w", err)
@@ -68,47 +77,49 @@ func (g *FibGen) bump(enable bool) error {
 	if err := g.m.Lookup(fibGenHigh, &high); err != nil {
 		return fmt.Errorf("read the FIB generation: %w", err)
 	}
-	gen = max(gen, high)
-	if gen++; gen == 0 {
+	aside := high & flowsAside
+	gen = max(gen&^flowsAside, high&^flowsAside)
+	if gen = (gen + 1) &^ flowsAside; gen == 0 {
 		gen = 1 // wrapped: 0 would turn the caches off
 	}
 	// The mark first: a generation is never current before it is recorded.
-	if err := g.m.Put(fibGenHigh, gen); err != nil {
+	if err := g.m.Put(fibGenHigh, gen|aside); err != nil {
 		return fmt.Errorf("write the FIB generation: %w", err)
 	}
-	if err := g.m.Put(fibGenCurrent, gen); err != nil {
+	if err := g.m.Put(fibGenCurrent, gen|aside); err != nil {
 		return fmt.Errorf("write the FIB generation: %w", err)
 	}
 	return nil
-}
-
-// FlowGate is the program's switch between using its flow caches and
-// setting them aside (fib_gen[FLOWS_ASIDE]): one word in the map the
-// program reads the FIB generation from, written on its own.
-type FlowGate struct{ m *ebpf.Map }
-
-// NewFlowGate returns the switch kept in m, a fib_gen map.
-func NewFlowGate(m *ebpf.Map) *FlowGate { return &FlowGate{m: m} }
-
-// FlowsAside tells whether the flow caches are set aside.
-func (g *FlowGate) FlowsAside() (bool, error) {
-	var v uint32
-	if err := g.m.Lookup(fibGenFlowsAside, &v); err != nil {
-		return false, fmt.Errorf("read the flow caches' switch: %w", err)
-	}
-	return v != 0, nil
 }
 
 // SetFlowsAside makes the program leave its flow caches alone (aside) or use
-// them again. Their entries describe themselves (both generations), so one
-// left from before is used again only while it still stands for its binding.
-func (g *FlowGate) SetFlowsAside(aside bool) error {
-	var v uint32
-	if aside {
-		v = 1
+// them again, from a new generation on: what they hold describes itself, and
+// nothing cached before the change is used after it.
+func (g *FibGen) SetFlowsAside(aside bool) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var high uint32
+	if err := g.m.Lookup(fibGenHigh, &high); err != nil {
+		return fmt.Errorf("read the FIB generation: %w", err)
 	}
-	if err := g.m.Put(fibGenFlowsAside, v); err != nil {
+	if (high&flowsAside != 0) == aside {
+		return nil
+	}
+	high ^= flowsAside
+	if err := g.m.Put(fibGenHigh, high); err != nil {
+		return fmt.Errorf("set the flow caches aside (%v): %w", aside, err)
+	}
+	if err := g.bumpLocked(false); err != nil {
 		return fmt.Errorf("set the flow caches aside (%v): %w", aside, err)
 	}
 	return nil
+}
+
+// FlowsAside tells whether the flow caches are set aside.
+func (g *FibGen) FlowsAside() (bool, error) {
+	var high uint32
+	if err := g.m.Lookup(fibGenHigh, &high); err != nil {
+		return false, fmt.Errorf("read the FIB generation: %w", err)
+	}
+	return high&flowsAside != 0, nil
 }

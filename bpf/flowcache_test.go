@@ -182,7 +182,7 @@ func TestFlowCache(t *testing.T) {
 	// a region holds well), the caches are neither read nor filled; used
 	// again, they are filled and stand in for the maps as before.
 	t.Run("set aside, they are neither read nor filled", func(t *testing.T) {
-		gate := bpf.NewFlowGate(maps.FibGen)
+		gate := bpf.NewFibGen(maps.FibGen)
 		aside := func(t *testing.T, on bool) {
 			t.Helper()
 			if err := gate.SetFlowsAside(on); err != nil {

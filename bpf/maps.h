@@ -248,20 +248,19 @@ struct {
  * until userspace sets it. [1] is the highest generation [0] ever held, kept
  * by userspace (bpf.FibGen) so that a cache turned on again starts above
  * every generation an entry may carry; the program never reads it.
- * [FLOWS_ASIDE] is nonzero while the flow caches stand aside (neither read
- * nor filled): userspace (internal/channelmap) sets it while more bindings
- * are installed than a CPU's region holds well, where most packets would
- * read an entry that stands for another flow and refill it, which costs
- * more than the hash lookups alone. It shares [0]'s cache line, which every
- * packet reads anyway. Entries describe themselves: when the caches are
- * used again, an entry left from before is used only if both its
- * generations still hold. */
-#define FLOWS_ASIDE 2
+ * The top bit of a generation (FLOWS_ASIDE) sets the flow caches aside:
+ * neither read nor filled. Userspace (internal/channelmap) sets it while
+ * more bindings send than a CPU's region holds well, where most packets
+ * would read an entry that stands for another flow and refill it, which
+ * costs more than the hash lookups alone. It rides in the word every packet
+ * reads anyway (no second lookup on the path). Changing it starts a new
+ * generation, so nothing cached before is used after. */
+#define FLOWS_ASIDE 0x80000000u
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, __u32);
-	__uint(max_entries, 3);
+	__uint(max_entries, 2);
 } fib_gen SEC(".maps");
 
 struct {

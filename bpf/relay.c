@@ -194,14 +194,10 @@ static __always_inline __u32 fib_generation(void)
 
 /* flow_generation is the generation the flow caches are used in: gen, or 0
  * (not used) when the program was loaded without them or while they stand
- * aside (fib_gen[FLOWS_ASIDE]). */
+ * aside (FLOWS_ASIDE). */
 static __always_inline __u32 flow_generation(__u32 gen)
 {
-	if (!cfg.flow_cache)
-		return 0;
-	__u32 k = FLOWS_ASIDE;
-	__u32 *aside = bpf_map_lookup_elem(&fib_gen, &k);
-	return aside && *aside ? 0 : gen;
+	return cfg.flow_cache && !(gen & FLOWS_ASIDE) ? gen : 0;
 }
 
 /* hop_valid tells whether a cached next hop answers this lookup as

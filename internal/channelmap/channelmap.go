@@ -179,10 +179,9 @@ type Maps struct {
 	// write tries it again first, since cached flows and next hops may
 	// stand for what the maps no longer say.
 	invalidPending bool
-	// flowGate sets the program's flow caches aside while more bindings
-	// are installed than flowsAsideAbove (see gateFlows); flowsAside is
-	// what the program was last told.
-	flowGate   *bpf.FlowGate
+	// The program's flow caches stand aside while more bindings are
+	// installed than flowsAsideAbove (see gateFlows); flowsAside is what
+	// the program was last told (through fibGen).
 	flowSlots  int // entries of one CPU's region of a flow cache
 	flowsAside bool
 	// Listener ids: the program keys bindings by the listener's id, which the
@@ -220,6 +219,8 @@ type entry struct {
 	gen     uint64
 	slotGen uint32 // the slot's generation (see Maps.slotGen)
 	account string
+	// seen is the slot's packets (both ways) at the last GateFlows.
+	seen uint64
 }
 
 type freedID struct {
@@ -240,7 +241,6 @@ func New(m *bpf.RelayMaps) *Maps {
 		wirePorts:    m.WirePorts,
 		states:       m.BindingStates,
 		fibGen:       bpf.NewFibGen(m.FibGen),
-		flowGate:     bpf.NewFlowGate(m.FibGen),
 		flowSlots:    flowRegion(m.C2pFlows),
 		rateLimits:   m.RateLimits,
 		allocRates:   m.AllocRates,
@@ -275,37 +275,70 @@ func flowRegion(flows *ebpf.Map) int {
 // and refills it, which costs more than the hash lookups alone. Measured with
 // the sessions stage of make bench and 4,096 entries (program ns per packet
 // with the caches / without): 0.81x at 2,000 bindings, 1.07x at 3,000, 1.25x
-// at 10,000. So the caches stand aside above flowsAsideAbove eighths of a
-// region and are used again below flowsUseBelow eighths (apart, so that a
-// count around one mark does not flip them with every binding).
+// at 10,000. So the caches stand aside while more bindings than
+// flowsAsideAbove eighths of a region send, and are used again below
+// flowsUseBelow eighths (apart, so that a count around one mark does not flip
+// them every time). Bindings that do not send cost the caches nothing: a
+// binding lives on for minutes after its client left (pion/turn's channel
+// lifetime), and one flow among thousands of idle bindings is one flow.
 const (
 	flowsAsideAbove = 5 // eighths of a region: 2,560 of 4,096
 	flowsUseBelow   = 4
 )
 
-// gateFlows sets the flow caches aside or uses them again for the number of
-// bindings installed now. A failed write is tried again by the next change
-// (the caches only cost or save time: what they hold describes itself).
-// Called with mu held.
-func (m *Maps) gateFlows() {
+// GateFlows sets the program's flow caches aside, or uses them again, for
+// the number of bindings that relayed a packet in the kernel since the last
+// call (their slots' counters moved). Called periodically (mirror.Mirror's
+// reconcile loop, every mirror.FlowGateInterval). While fewer bindings are
+// installed than the mark, no counter needs reading (a binding first read
+// after that counts as sending once).
+func (m *Maps) GateFlows() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.flowSlots == 0 {
-		return
+		return nil
 	}
 	n := len(m.bindings)
+	if !m.flowsAside && n*8 <= flowsAsideAbove*m.flowSlots || m.flowsAside && n*8 < flowsUseBelow*m.flowSlots {
+		return m.setFlowsAside(false)
+	}
+	active := 0
+	var errs []error
+	for k, e := range m.bindings {
+		s, err := m.bindingStats(e.id)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if p := s.ClientToPeerPackets + s.PeerToClientPackets; p != e.seen {
+			active++
+			e.seen = p
+			m.bindings[k] = e
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...) // undecided: a count that misses bindings is no count
+	}
 	aside := m.flowsAside
 	switch {
-	case !aside && n*8 > flowsAsideAbove*m.flowSlots:
+	case !aside && active*8 > flowsAsideAbove*m.flowSlots:
 		aside = true
-	case aside && n*8 < flowsUseBelow*m.flowSlots:
+	case aside && active*8 < flowsUseBelow*m.flowSlots:
 		aside = false
 	}
+	return m.setFlowsAside(aside)
+}
+
+// setFlowsAside tells the program (called with mu held).
+func (m *Maps) setFlowsAside(aside bool) error {
 	if aside == m.flowsAside {
-		return
+		return nil
 	}
-	if err := m.flowGate.SetFlowsAside(aside); err != nil {
-		return
+	if err := m.fibGen.SetFlowsAside(aside); err != nil {
+		return err
 	}
 	m.flowsAside = aside
+	return nil
 }
 
 // FlowsAside tells whether the program's flow caches are set aside for the
@@ -673,7 +706,6 @@ func (m *Maps) Upsert(b Binding) error {
 		e.gen = m.gen
 	}
 	m.bindings[k] = e
-	m.gateFlows()
 	if moved {
 		// The next hop the program cached for the old peer is not the new
 		// one's, nor are the flows it cached: resolve again (the program
@@ -747,7 +779,6 @@ func (m *Maps) fail(k Key, existed bool, id uint32) {
 	old := m.bindings[k]
 	delete(m.bindings, k)
 	m.retire(old)
-	m.gateFlows()
 }
 
 // mapErr marks a full map.
@@ -787,7 +818,6 @@ func (m *Maps) Delete(k Key) error {
 	}
 	delete(m.bindings, k)
 	m.retire(e)
-	m.gateFlows()
 	return nil
 }
 

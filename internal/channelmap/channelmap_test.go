@@ -263,9 +263,11 @@ func TestAllocIDs(t *testing.T) {
 }
 
 // TestFlowsAside: the program's flow caches stand aside while more bindings
-// are installed than five eighths of a CPU's region (128 entries for 100
-// bindings: above 80) and are used again below half of it (64), as the
-// program reads the switch (fib_gen[FLOWS_ASIDE]).
+// send (their slots' counters moved since the last GateFlows) than five
+// eighths of a CPU's region (128 entries for 100 bindings: above 80), and are
+// used again below half of it (64), as the program reads the switch (the top
+// bit of the FIB generation, kept in the map). Bindings installed but idle
+// do not count.
 func TestFlowsAside(t *testing.T) {
 	m, maps := loadRelayMaps(t, 100)
 	cpus, err := ebpf.PossibleCPU()
@@ -275,15 +277,18 @@ func TestFlowsAside(t *testing.T) {
 	if region := int(maps.C2pFlows.MaxEntries()) / cpus; region != 128 {
 		t.Fatalf("a region of %d flows for 100 bindings, want 128", region)
 	}
-	gate := bpf.NewFlowGate(maps.FibGen)
-	want := func(n int, aside bool) {
+	fibGen := bpf.NewFibGen(maps.FibGen)
+	gate := func(what string, aside bool) {
 		t.Helper()
-		inKernel, err := gate.FlowsAside()
+		if err := m.GateFlows(); err != nil {
+			t.Fatal(err)
+		}
+		inMap, err := fibGen.FlowsAside()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m.FlowsAside() != aside || inKernel != aside {
-			t.Fatalf("%d bindings: flows aside %v (the program's switch %v), want %v", n, m.FlowsAside(), inKernel, aside)
+		if m.FlowsAside() != aside || inMap != aside {
+			t.Fatalf("%s: flows aside %v (the map says %v), want %v", what, m.FlowsAside(), inMap, aside)
 		}
 	}
 	binding := func(i int) channelmap.Binding {
@@ -291,16 +296,55 @@ func TestFlowsAside(t *testing.T) {
 			Listener: netip.MustParseAddrPort("10.100.0.1:3478"), Channel: 0x4000,
 			Peer: netip.MustParseAddrPort("10.200.0.2:5000"), Relay: netip.AddrPortFrom(netip.MustParseAddr("10.200.0.1"), uint16(50000+i))}
 	}
+	// send makes the first n installed bindings' slots count a packet, as
+	// the program does when it relays one.
+	send := func(n int) {
+		t.Helper()
+		var id uint32
+		var st bpf.RelayBindingState
+		it := maps.BindingStates.Iterate()
+		var ids []uint32
+		for it.Next(&id, &st) {
+			if st.Gen != 0 {
+				ids = append(ids, id)
+			}
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids[:n] {
+			if err := maps.BindingStates.Lookup(id, &st); err != nil {
+				t.Fatal(err)
+			}
+			st.Stats.C2pPackets++
+			if err := maps.BindingStates.Put(id, st); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	for i := 1; i <= 100; i++ {
 		if err := m.Upsert(binding(i)); err != nil {
 			t.Fatal(err)
 		}
-		want(i, i > 80)
 	}
-	for i := 100; i >= 1; i-- {
+	gate("100 bindings, none sending", false)
+	send(81)
+	gate("81 sending", true)
+	send(64)
+	gate("64 sending", true)
+	send(63)
+	gate("63 sending", false)
+	send(80)
+	gate("80 sending", false)
+	send(100)
+	gate("100 sending", true)
+	gate("none sending", false)
+	send(100)
+	gate("100 sending", true)
+	for i := 100; i > 63; i-- {
 		if err := m.Delete(binding(i).Key()); err != nil {
 			t.Fatal(err)
 		}
-		want(i-1, i-1 >= 64)
 	}
+	gate("63 installed", false)
 }

@@ -575,17 +575,46 @@ func (m *Mirror) RecheckPending() int {
 	return n
 }
 
-// RunReconcile reconciles every interval, and rechecks pending bindings
-// every RecheckInterval, until stop is closed.
+// FlowGateInterval is how often an offload that gates its flow caches by
+// the bindings sending (FlowGater) counts them.
+const FlowGateInterval = time.Second
+
+// FlowGater is an Offload whose flow caches stand aside while many of its
+// bindings send (channelmap.Maps.GateFlows).
+type FlowGater interface {
+	GateFlows() error
+}
+
+// GateFlows lets the offload, if it is a FlowGater, count its bindings
+// that send and set its flow caches aside or use them.
+func (m *Mirror) GateFlows() error {
+	m.smu.RLock()
+	g, ok := m.offload.(FlowGater)
+	m.smu.RUnlock()
+	if !ok {
+		return nil
+	}
+	return g.GateFlows()
+}
+
+// RunReconcile reconciles every interval, rechecks pending bindings every
+// RecheckInterval and gates the flow caches every FlowGateInterval, until
+// stop is closed.
 func (m *Mirror) RunReconcile(interval time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	recheck := time.NewTicker(RecheckInterval)
 	defer recheck.Stop()
+	gate := time.NewTicker(FlowGateInterval)
+	defer gate.Stop()
 	for {
 		select {
 		case <-stop:
 			return
+		case <-gate.C:
+			if err := m.GateFlows(); err != nil {
+				m.log.Debug("flow caches: cannot count the bindings that send", "error", err)
+			}
 		case <-recheck.C:
 			m.RecheckPending()
 		case <-t.C:

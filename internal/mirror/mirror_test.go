@@ -286,3 +286,38 @@ func TestSetOffloadMovesBindings(t *testing.T) {
 		t.Fatal("binding left in the maps on detach")
 	}
 }
+
+// gatingOffload is a fakeOffload that counts its GateFlows calls.
+type gatingOffload struct {
+	*fakeOffload
+	gated chan struct{}
+}
+
+func (g *gatingOffload) GateFlows() error {
+	select {
+	case g.gated <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// TestReconcileLoopGatesFlows: the reconcile loop lets an offload that
+// gates its flow caches (channelmap.Maps) count its bindings that send, every
+// FlowGateInterval, whatever the reconcile interval.
+func TestReconcileLoopGatesFlows(t *testing.T) {
+	m := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(m.Close)
+	g := &gatingOffload{fakeOffload: newFake(), gated: make(chan struct{}, 1)}
+	m.SetOffload(g)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); m.RunReconcile(time.Hour, stop) }()
+	defer func() { close(stop); <-done }()
+	for i := range 2 {
+		select {
+		case <-g.gated:
+		case <-time.After(10 * FlowGateInterval):
+			t.Fatalf("GateFlows call %d did not come within %v", i+1, 10*FlowGateInterval)
+		}
+	}
+}
