@@ -302,22 +302,26 @@ func (m *Maps) GateFlows() error {
 	if !m.flowsAside && n*8 <= flowsAsideAbove*m.flowSlots || m.flowsAside && n*8 < flowsUseBelow*m.flowSlots {
 		return m.setFlowsAside(false)
 	}
-	active := 0
-	var errs []error
-	for k, e := range m.bindings {
-		s, err := m.bindingStats(e.id)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if p := s.ClientToPeerPackets + s.PeerToClientPackets; p != e.seen {
-			active++
-			e.seen = p
-			m.bindings[k] = e
-		}
+	// The slots are read outside the lock (an Upsert meanwhile does not
+	// wait for thousands of reads); a binding replaced or removed meanwhile
+	// is not counted, one installed meanwhile counts at the next call.
+	m.mu.Unlock()
+	snap, slots, errs := m.snapshotSlots()
+	m.mu.Lock()
+	if err := errors.Join(errs...); err != nil {
+		return err // undecided: a count that misses bindings is no count
 	}
-	if len(errs) > 0 {
-		return errors.Join(errs...) // undecided: a count that misses bindings is no count
+	active := 0
+	for i, e := range snap {
+		s := slots[i].Stats
+		if p := s.C2pPackets + s.P2cPackets; p != e.seen {
+			active++
+			k := e.binding.Key()
+			if cur, ok := m.bindings[k]; ok && cur.gen == e.gen {
+				cur.seen = p
+				m.bindings[k] = cur
+			}
+		}
 	}
 	aside := m.flowsAside
 	switch {
@@ -941,30 +945,23 @@ func (m *Maps) AccountTotals() (map[string]Stats, error) {
 	return out, err
 }
 
-// eachLive reads the counters of the installed bindings: one lookup per
-// binding, outside the lock, so the cost follows the live bindings (not the
-// map's size) and writers are not held up. Then, under the lock, it calls
+// eachLive reads the counters of the installed bindings outside the lock
+// (readSlots: batches of slots up to the highest id given out, which stays
+// within slotsDense times the live bindings, or a lookup per binding), so
+// the cost follows the live bindings (not the map's size) and writers are
+// not held up. Then, under the lock, it calls
 // retired (to take the removed bindings' totals) and f with each binding
 // still installed as it was read. A binding removed or moved to another
 // account meanwhile is skipped: its counters are in the retired totals taken
 // under the same lock, so a sum of both only grows.
 func (m *Maps) eachLive(retired func(), f func(entry, Stats)) error {
-	m.mu.Lock()
-	snap := make([]entry, 0, len(m.bindings))
-	for _, e := range m.bindings {
-		snap = append(snap, e)
-	}
-	m.mu.Unlock()
-
+	snap, slots, errs := m.snapshotSlots()
 	live := make([]Stats, len(snap))
-	var errs []error
-	for i, e := range snap {
-		s, err := m.bindingStats(e.id)
-		if err != nil {
-			errs = append(errs, err)
+	for i := range snap {
+		if errs[i] != nil {
 			snap[i].gen = 0 // not counted: the caller reports the error
 		}
-		live[i] = s
+		live[i] = statsOf(slots[i].Stats)
 	}
 
 	m.mu.Lock()
@@ -976,6 +973,24 @@ func (m *Maps) eachLive(retired func(), f func(entry, Stats)) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// snapshotSlots copies the installed bindings' entries under mu and reads
+// their state slots outside it (readSlots).
+func (m *Maps) snapshotSlots() ([]entry, []bpf.RelayBindingState, []error) {
+	m.mu.Lock()
+	snap := make([]entry, 0, len(m.bindings))
+	for _, e := range m.bindings {
+		snap = append(snap, e)
+	}
+	next := m.nextID
+	m.mu.Unlock()
+	ids := make([]uint32, len(snap))
+	for i, e := range snap {
+		ids[i] = e.id
+	}
+	slots := make([]bpf.RelayBindingState, len(snap))
+	return snap, slots, m.readSlots(ids, next, slots)
 }
 
 func (m *Maps) bindingStats(id uint32) (Stats, error) {

@@ -31,7 +31,7 @@ func (f *failingMap) Put(k, v any) error {
 	return f.Map.Put(k, v)
 }
 
-func newTestMaps(t *testing.T, maxBindings uint32) (*Maps, *bpf.RelayMaps) {
+func newTestMaps(t testing.TB, maxBindings uint32) (*Maps, *bpf.RelayMaps) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	prog, err := loader.Load(loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: maxBindings},
@@ -615,4 +615,111 @@ func TestTranslatedRelay(t *testing.T) {
 	if got, ok := dumpOne(t, m, b.Key()); !ok || got.Relay != b.Relay || got.Wire.IsValid() {
 		t.Fatalf("dump %v (%v), want relay %v untranslated", got, ok, b.Relay)
 	}
+}
+
+// slotTestBinding is the i-th of many bindings: a client port and a relay
+// port of its own.
+func slotTestBinding(i int) Binding {
+	return Binding{Client: netip.AddrPortFrom(netip.MustParseAddr("10.100.0.2"), uint16(1024+i)),
+		Listener: testBinding.Listener, Channel: 0x4000, Peer: testBinding.Peer,
+		Relay: netip.AddrPortFrom(netip.MustParseAddr("10.200.0.1"), uint16(1024+i))}
+}
+
+// installCounting installs n bindings and gives each slot counters of its
+// own (c2p packets = 1000+id), as the program would count them.
+func installCounting(t testing.TB, m *Maps, raw *bpf.RelayMaps, n int) {
+	t.Helper()
+	for i := range n {
+		if err := m.Upsert(slotTestBinding(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.bindings {
+		var st bpf.RelayBindingState
+		if err := raw.BindingStates.Lookup(e.id, &st); err != nil {
+			t.Fatal(err)
+		}
+		st.Stats = bpf.RelayBindingStats{C2pPackets: 1000 + uint64(e.id), C2pBytes: 7 * uint64(e.id), P2cPackets: 3, P2cBytes: uint64(e.id)}
+		if err := raw.BindingStates.Put(e.id, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestReadSlots: many dense bindings are read in batches, few or sparse ones
+// one by one; either way each binding gets its own slot, as a lookup of it
+// gives.
+func TestReadSlots(t *testing.T) {
+	m, raw := newTestMaps(t, 4096)
+	const n = 600 // above slotBatch/slotsDense: batches
+	installCounting(t, m, raw, n)
+	check := func(what string, wantBatch bool) {
+		t.Helper()
+		snap, slots, errs := m.snapshotSlots()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		m.mu.Lock()
+		next := m.nextID
+		m.mu.Unlock()
+		if batch := batchable(len(snap), next); batch != wantBatch {
+			t.Fatalf("%s: %d bindings below id %d read in batches: %v, want %v", what, len(snap), next, batch, wantBatch)
+		}
+		for i, e := range snap {
+			var want bpf.RelayBindingState
+			if err := raw.BindingStates.Lookup(e.id, &want); err != nil {
+				t.Fatal(err)
+			}
+			if slots[i] != want || slots[i].Stats.C2pPackets != 1000+uint64(e.id) {
+				t.Fatalf("%s: binding %v (id %d) read %+v, its slot holds %+v", what, e.binding, e.id, slots[i].Stats, want.Stats)
+			}
+		}
+		live, err := m.Live()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(live) != len(snap) {
+			t.Fatalf("%s: Live has %d bindings, want %d", what, len(live), len(snap))
+		}
+	}
+	check("600 of 600", true)
+	for i := 100; i < n; i++ {
+		if err := m.Delete(slotTestBinding(i).Key()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("100 of 600", false)
+}
+
+// BenchmarkReadSlots reads the slots of 10,000 installed bindings, as
+// metrics, the connection-tracking refresh and GateFlows do: in batches,
+// and one lookup each (what they did before).
+func BenchmarkReadSlots(b *testing.B) {
+	m, raw := newTestMaps(b, 16384)
+	const n = 10000
+	installCounting(b, m, raw, n)
+	snap, _, _ := m.snapshotSlots()
+	ids := make([]uint32, len(snap))
+	for i, e := range snap {
+		ids[i] = e.id
+	}
+	out := make([]bpf.RelayBindingState, len(ids))
+	b.Run("batches", func(b *testing.B) {
+		for b.Loop() {
+			if err := errors.Join(m.readSlots(ids, n, out)...); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("one by one", func(b *testing.B) {
+		for b.Loop() {
+			for i, id := range ids {
+				if err := m.states.Lookup(id, &out[i]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
 }

@@ -3,8 +3,6 @@ package channelmap
 import (
 	"errors"
 	"fmt"
-
-	"github.com/l7mp/stunnerd-xdp/bpf"
 )
 
 // Live is an installed binding with what the program keeps in its slot.
@@ -19,32 +17,24 @@ type Live struct {
 
 // Live returns the installed bindings with their counters and learned reply
 // sources, for those who follow the kernel path's activity per binding
-// (internal/ctrefresh). It costs one map lookup per binding, outside the
-// lock, as eachLive. A binding removed meanwhile is left out: its slot no
+// (internal/ctrefresh). It reads the slots outside the lock, as eachLive
+// (readSlots: a few batch lookups for thousands of bindings). A binding removed meanwhile is left out: its slot no
 // longer holds the generation it was installed with.
 func (m *Maps) Live() ([]Live, error) {
-	m.mu.Lock()
-	snap := make([]entry, 0, len(m.bindings))
-	for _, e := range m.bindings {
-		snap = append(snap, e)
-	}
-	m.mu.Unlock()
-
+	snap, slots, readErrs := m.snapshotSlots()
 	out := make([]Live, 0, len(snap))
-	var (
-		errs []error
-		st   bpf.RelayBindingState
-	)
-	for _, e := range snap {
-		if err := m.states.Lookup(e.id, &st); err != nil {
-			errs = append(errs, fmt.Errorf("read the slot of binding %v: %w", e.binding, err))
+	var errs []error
+	for i, e := range snap {
+		if readErrs[i] != nil {
+			errs = append(errs, fmt.Errorf("binding %v: %w", e.binding, readErrs[i]))
 			continue
 		}
+		st := &slots[i]
 		if st.Gen != e.slotGen {
 			continue
 		}
 		b := e.binding
-		b.ReplySource, b.ReplyPort = learned(&st)
+		b.ReplySource, b.ReplyPort = learned(st)
 		out = append(out, Live{Binding: b, Stats: statsOf(st.Stats)})
 	}
 	return out, errors.Join(errs...)
