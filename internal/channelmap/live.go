@@ -18,8 +18,9 @@ type Live struct {
 // Live returns the installed bindings with their counters and learned reply
 // sources, for those who follow the kernel path's activity per binding
 // (internal/ctrefresh). It reads the slots outside the lock, as eachLive
-// (readSlots: a few batch lookups for thousands of bindings). A binding removed meanwhile is left out: its slot no
-// longer holds the generation it was installed with.
+// (readSlots: a few batch lookups for thousands of bindings). A binding
+// removed meanwhile is left out: its slot no longer holds the generation it
+// was installed with.
 func (m *Maps) Live() ([]Live, error) {
 	snap, slots, readErrs := m.snapshotSlots()
 	out := make([]Live, 0, len(snap))

@@ -29,13 +29,22 @@ const slotsDense = 4
 func (m *Maps) readSlots(ids []uint32, next uint32, out []bpf.RelayBindingState) []error {
 	errs := make([]error, len(ids))
 	if batchable(len(ids), next) {
-		slots, err := m.batchSlots(next)
+		// at[id] is id's place in ids plus one (0: not asked for, or read).
+		at := make([]int32, next)
+		for i, id := range ids {
+			if id < next {
+				at[id] = int32(i) + 1
+			}
+		}
+		err := m.batchSlots(next, func(id uint32, st *bpf.RelayBindingState) {
+			if id < next && at[id] != 0 {
+				out[at[id]-1], at[id] = *st, 0
+			}
+		})
 		if err == nil {
 			for i, id := range ids {
-				if id < uint32(len(slots)) {
-					out[i] = slots[id]
-				} else {
-					errs[i] = fmt.Errorf("read the slot of binding %d: beyond the %d read", id, len(slots))
+				if id >= next || at[id] != 0 {
+					errs[i] = fmt.Errorf("read the slot of binding %d: not in the slots below %d read", id, next)
 				}
 			}
 			return errs
@@ -56,29 +65,27 @@ func batchable(n int, next uint32) bool {
 	return n >= slotBatch/slotsDense && int(next) <= slotsDense*n
 }
 
-// batchSlots reads slots [0, n) in batches of slotBatch.
-func (m *Maps) batchSlots(n uint32) ([]bpf.RelayBindingState, error) {
-	slots := make([]bpf.RelayBindingState, n)
+// batchSlots hands put the slots [0, n) (and up to a batch beyond), read in
+// batch lookups of slotBatch.
+func (m *Maps) batchSlots(n uint32, put func(id uint32, st *bpf.RelayBindingState)) error {
 	keys := make([]uint32, slotBatch)
 	vals := make([]bpf.RelayBindingState, slotBatch)
 	var cursor ebpf.MapBatchCursor
 	for done := uint32(0); done < n; {
 		got, err := m.states.BatchLookup(&cursor, keys, vals, nil)
 		for j := range got {
-			if keys[j] < n {
-				slots[keys[j]] = vals[j]
-			}
+			put(keys[j], &vals[j])
 			done = max(done, keys[j]+1)
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break // the array's end
+			return nil // the array's end
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if got == 0 {
-			return nil, errors.New("batch lookup of the state slots returned nothing")
+			return errors.New("batch lookup of the state slots returned nothing")
 		}
 	}
-	return slots, nil
+	return nil
 }
