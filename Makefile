@@ -9,7 +9,7 @@ TESTFLAGS ?= -count=1 -p 1 -timeout 40m
 # goroutines meet there; instrumenting the traffic tests would only slow them.
 RACEFLAGS ?= -race -short -count=1 -timeout 20m
 
-.PHONY: help generate check-generate check-repo build tools kube-bins test test-short test-race test-modules fuzz-ci vet lint demo bench bench-smoke clean
+.PHONY: help generate check-generate check-repo build tools kube-bins test test-short test-race test-modules test-kernels fuzz-ci vet lint demo bench bench-smoke clean
 
 # golangci-lint is built from the module proxy at this version (go install
 # checks it against the checksum database); .golangci.yml configures it.
@@ -90,6 +90,13 @@ test-modules: ## vet and run the test modules under test/ that build against STU
 		echo "test module $$m"; \
 		(cd $$m && $(GO) vet ./... && $(GO) test $(TESTFLAGS) ./...) || exit 1; \
 	done
+
+# The kernels Kubernetes nodes run, booted under qemu (TCG): Debian's 5.10,
+# 6.1 and 6.12 (test/kernels, docs/testing.md says what runs where).
+KERNELS ?= bullseye bookworm trixie
+
+test-kernels: tools ## (root) boot Debian's 5.10, 6.1 and 6.12 kernels under qemu and run the kernel-facing tests in each (KERNELS=...)
+	GO=$(GO) BIN=$(BIN) test/kernels/matrix.sh $(KERNELS)
 
 test-race: ## the -short tests under the race detector
 	$(GO) test $(RACEFLAGS) ./...

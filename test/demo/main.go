@@ -36,8 +36,9 @@ func main() {
 	size := flag.Int("size", 100, "iperf datagram size in bytes")
 	seconds := flag.Int("seconds", 10, "iperf run time")
 	mode := flag.String("xdp-mode", "native", "stunnerd-xdp --xdp-mode")
+	minShare := flag.Float64("min-kernel-share", 0, "fail unless at least this `percent` of client->peer was relayed in the kernel (make test-kernels: 99)")
 	flag.Parse()
-	if err := run(*daemon, *turncat, *mode, *rate, *size, *seconds); err != nil {
+	if err := run(*daemon, *turncat, *mode, *rate, *size, *seconds, *minShare); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -67,7 +68,7 @@ func (d *demo) close() {
 	})
 }
 
-func run(daemon, turncat, mode string, rate, size, seconds int) error {
+func run(daemon, turncat, mode string, rate, size, seconds int, minShare float64) error {
 	if os.Geteuid() != 0 {
 		return errors.New("the demo builds network namespaces and attaches XDP: run it as root")
 	}
@@ -170,12 +171,17 @@ func run(daemon, turncat, mode string, rate, size, seconds int) error {
 	if err != nil {
 		return err
 	}
-	report(res, size, before.Samples(), after.Samples())
+	c2p := report(res, size, before.Samples(), after.Samples())
 	fmt.Println("daemon log:", logf.Name())
+	if c2p < minShare {
+		return fmt.Errorf("%.2f %% of client->peer relayed in the kernel, under --min-kernel-share %.2f %%", c2p, minShare)
+	}
 	return nil
 }
 
-func report(res netns.IperfResult, size int, before, after map[string]float64) {
+// report prints what the run delivered and what each path relayed, and
+// returns the kernel's share of client->peer in percent.
+func report(res netns.IperfResult, size int, before, after map[string]float64) (c2pShare float64) {
 	d := func(name string) float64 { return after[name] - before[name] }
 	secs := res.Duration.Seconds()
 	fmt.Println()
@@ -190,6 +196,9 @@ func report(res netns.IperfResult, size int, before, after map[string]float64) {
 			share = 100 * x / (x + u)
 		}
 		fmt.Printf("relayed %-15s XDP %9.0f  userspace %7.0f  (%.2f %% in the kernel)\n", dir+":", x, u, share)
+		if dir == "client_to_peer" {
+			c2pShare = share
+		}
 	}
 	fmt.Println("XDP verdicts during the run:")
 	var lines []string
@@ -200,6 +209,7 @@ func report(res netns.IperfResult, size int, before, after map[string]float64) {
 	}
 	sort.Strings(lines)
 	fmt.Println(strings.Join(lines, "\n"))
+	return c2pShare
 }
 
 func matching(m map[string]float64, prefix string) []string {

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs inside a guest (matrix.sh -> kernels.sh run): the kernel-facing tests,
+# each a row of results.tsv in $KERNELS_OUT: name, PASS/FAIL, seconds, and
+# what the row measured. Every test binary was built on the host into
+# $KERNELS_BIN; the guest's file system is the host's, read-only.
+set -uo pipefail
+: "${KERNELS_BIN:?}" "${KERNELS_OUT:?}"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=$KERNELS_OUT
+: > "$out/results.tsv"
+uname -r > "$out/uname"
+
+# row NAME DIR CMD...: runs CMD in DIR, its output in NAME.log.
+row() {
+	local name=$1 dir=$2; shift 2
+	local t0=$SECONDS st=PASS
+	echo "suite: $name: $*"
+	(cd "$root/$dir" && timeout -k 10 "${KERNELS_ROW_TIMEOUT:-1500}" "$@") > "$out/$name.log" 2>&1 || st=FAIL
+	local what
+	what=$(summary "$name")
+	printf '%s\t%s\t%s\t%s\n' "$name" "$st" $((SECONDS - t0)) "$what" >> "$out/results.tsv"
+	echo "suite: $name: $st in $((SECONDS - t0)) s ${what:+($what)}"
+	[ "$st" = PASS ] || tail -n 40 "$out/$name.log"
+}
+
+# summary NAME: one line of what the row's log says (go test's counts, the
+# demo's kernel share).
+summary() {
+	local log=$out/$1.log p f s
+	p=$(grep -c -- '--- PASS' "$log"); f=$(grep -c -- '--- FAIL' "$log"); s=$(grep -c -- '--- SKIP' "$log")
+	if [ "$1" = demo ]; then
+		grep -o '([0-9.]* % in the kernel)' "$log" | head -1 | tr -d '()'
+	elif [ $((p + f + s)) -gt 0 ]; then
+		echo "$p passed, $f failed, $s skipped"
+	fi
+}
+
+gotest=(-test.count=1 -test.v -test.timeout 30m)
+
+row loader internal/loader "$KERNELS_BIN/loader.test" "${gotest[@]}"
+row goldens bpf "$KERNELS_BIN/bpf.test" "${gotest[@]}"
+row demo . "$KERNELS_BIN/demo" --daemon "$KERNELS_BIN/stunnerd-xdp" --turncat "$KERNELS_BIN/turncat" \
+	--rate "${KERNELS_DEMO_RATE:-2000}" --seconds 5 --min-kernel-share 99
+row shapes test/e2e "$KERNELS_BIN/e2e.test" "${gotest[@]}" -test.run "TestNodeShapeTwins${KERNELS_SHAPES:+/($KERNELS_SHAPES)$}"
+# The node-shape table (shapes_test.go logs it) for docs/testing.md.
+sed -n '/node shapes, /,/^--- /p' "$out/shapes.log" | grep -E '^\s+[a-z0-9-]+ +(default|off) ' > "$out/shapes.table" || true
+grep -q FAIL "$out/results.tsv" && exit 1
+exit 0
