@@ -356,7 +356,7 @@ type udpPeer struct {
 func startPeer(t *testing.T, ns *netns.NS, addr string, echo bool, ttl int) *udpPeer {
 	t.Helper()
 	p := &udpPeer{conn: listenUDP(t, ns, addr, ttl), tags: map[uint64]int{}}
-	_ = p.conn.SetReadBuffer(4 << 20)
+	testenv.ReadBuffer(t, p.conn, 4<<20)
 	go func() {
 		buf := make([]byte, 65536)
 		for {
