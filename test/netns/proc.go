@@ -14,7 +14,7 @@ import (
 )
 
 // stopGrace is how long Stop waits after SIGTERM before it sends SIGKILL.
-const stopGrace = 5 * time.Second
+var stopGrace = testenv.Timeout(5 * time.Second)
 
 // Proc is a process started in a namespace by NS.Start. It runs in its own process group, which
 // Stop and Kill signal as a whole, and is stopped when the test ends if still running.
@@ -103,7 +103,7 @@ func (p *Proc) Wait(timeout time.Duration) error {
 	}
 }
 
-// Stop sends SIGTERM to the process group, then SIGKILL if it is still running after 5s, and
+// Stop sends SIGTERM to the process group, then SIGKILL if it is still running after stopGrace (5 s, scaled), and
 // returns the exit error (an *exec.ExitError for the signal when it had to be stopped).
 func (p *Proc) Stop() error {
 	if p.Exited() {
