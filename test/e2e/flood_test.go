@@ -11,6 +11,7 @@ import (
 	"github.com/pion/stun/v3"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestJunkFloodLogsBounded: at the default log level, a stranger's 20,000
@@ -118,7 +119,7 @@ func bogusSTUN(n int) error {
 	if _, err := c.WriteTo(req.Raw, to); err != nil {
 		return err
 	}
-	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(testenv.Timeout(2 * time.Second)))
 	buf := make([]byte, 1500)
 	m, _, err := c.ReadFrom(buf)
 	if err != nil {
