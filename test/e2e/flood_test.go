@@ -11,6 +11,7 @@ import (
 	"github.com/pion/stun/v3"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/test/netns"
 	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
@@ -41,7 +42,15 @@ func TestJunkFloodLogsBounded(t *testing.T) {
 		s, n, _ := echoSession(t, relay, 500, 6*time.Second)
 		done <- result{s, n}
 	}()
-	time.Sleep(time.Second) // the channel is bound and the session flows
+	// The floods start once the session's channel is bound and offloaded.
+	if err := netns.Eventually(10*time.Second, 20*time.Millisecond, func() error {
+		if st := status(t, r.Server); st.XDP.Channels != 1 || st.XDP.Offloaded != 1 {
+			return fmt.Errorf("%+v", st)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the session's channel: %v", err)
+	}
 	before := strings.Count(p.Stderr(), "\n")
 
 	const junk = 20000
