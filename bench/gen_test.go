@@ -23,6 +23,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 	"github.com/l7mp/stunnerd-xdp/test/packet"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // ---- the load generator ----
@@ -253,8 +254,8 @@ func newSessionIn(t *testing.T, h *harness, ns *netns.NS, ip net.IP, server *net
 	if err != nil {
 		t.Fatalf("client socket: %v", err)
 	}
-	_ = s.conn.SetReadBuffer(4 << 20)
-	_ = s.conn.SetWriteBuffer(4 << 20)
+	testenv.ReadBuffer(t, s.conn, 4<<20)
+	testenv.WriteBuffer(t, s.conn, 4<<20)
 	if s.fd, err = fdOf(s.conn); err != nil {
 		t.Fatal(err)
 	}

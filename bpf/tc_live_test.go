@@ -400,7 +400,7 @@ func addNoDAD(l netlink.Link, cidr string) error {
 func exchange(t *testing.T, from, to *net.UDPConn, dst netip.AddrPort, skip int, msg func(int) []byte,
 	check func(int, netip.AddrPort, []byte) error) int {
 	t.Helper()
-	_ = to.SetReadBuffer(4 << 20)
+	testenv.ReadBuffer(t, to, 4<<20)
 	got := make(chan int)
 	go func() {
 		n, buf := 0, make([]byte, 2048)

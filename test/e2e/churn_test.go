@@ -14,6 +14,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // taggedSession is a good flow: it sends datagrams carrying its own tag and a
@@ -40,7 +41,7 @@ func (s *taggedSession) run(t *testing.T, relay net.PacketConn, tag uint64, rate
 		defer close(readDone)
 		buf := make([]byte, 1500)
 		for {
-			_ = relay.SetReadDeadline(time.Now().Add(time.Second))
+			_ = relay.SetReadDeadline(time.Now().Add(testenv.Timeout(time.Second))) // the last echoes
 			n, from, err := relay.ReadFrom(buf)
 			if err != nil {
 				return

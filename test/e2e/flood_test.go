@@ -11,6 +11,8 @@ import (
 	"github.com/pion/stun/v3"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
+	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestJunkFloodLogsBounded: at the default log level, a stranger's 20,000
@@ -40,7 +42,15 @@ func TestJunkFloodLogsBounded(t *testing.T) {
 		s, n, _ := echoSession(t, relay, 500, 6*time.Second)
 		done <- result{s, n}
 	}()
-	time.Sleep(time.Second) // the channel is bound and the session flows
+	// The floods start once the session's channel is bound and offloaded.
+	if err := netns.Eventually(10*time.Second, 20*time.Millisecond, func() error {
+		if st := status(t, r.Server); st.XDP.Channels != 1 || st.XDP.Offloaded != 1 {
+			return fmt.Errorf("%+v", st)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the session's channel: %v", err)
+	}
 	before := strings.Count(p.Stderr(), "\n")
 
 	const junk = 20000
@@ -118,7 +128,7 @@ func bogusSTUN(n int) error {
 	if _, err := c.WriteTo(req.Raw, to); err != nil {
 		return err
 	}
-	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(testenv.Timeout(2 * time.Second)))
 	buf := make([]byte, 1500)
 	m, _, err := c.ReadFrom(buf)
 	if err != nil {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"os/exec"
@@ -91,7 +92,7 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 		if err := syscall.Kill(a.PID(), syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond)
+		waitFor(t, "the old daemon drains after SIGTERM", 5*time.Second, func() bool { return socketStatus(t, sockA).Status == "TERMINATING" })
 	}
 	if late {
 		drain()
@@ -122,10 +123,14 @@ func rollingUpdate(t *testing.T, mode string, late bool) {
 		t.Fatalf("allocation while both daemons run: %v", err)
 	}
 	done2 := session(relay2, 9*time.Second)
-	time.Sleep(500 * time.Millisecond)
-	stA, stB := socketStatus(t, sockA), socketStatus(t, sockB)
-	if stA.AllocationCount != 1 || stB.AllocationCount != 1 {
-		t.Fatalf("allocations: old %d, new %d; want one each (new ones go to the new daemon)", stA.AllocationCount, stB.AllocationCount)
+	var stA dstatus.Status
+	if err := netns.Eventually(5*time.Second, 20*time.Millisecond, func() error {
+		if stA, stB = socketStatus(t, sockA), socketStatus(t, sockB); stA.AllocationCount != 1 || stB.AllocationCount != 1 {
+			return fmt.Errorf("old %d, new %d", stA.AllocationCount, stB.AllocationCount)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("allocations: %v; want one each (new ones go to the new daemon)", err)
 	}
 
 	// The old pod is deleted: it drains.

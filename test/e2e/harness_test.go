@@ -96,7 +96,8 @@ func inRigWith(t *testing.T, bridged, ipv6 bool, timeout time.Duration, body fun
 		serverIfaces: strings.Split(parts[3], "+")})
 }
 
-// waitFor fails the test unless cond comes true within limit.
+// waitFor fails the test unless cond comes true within limit (scaled:
+// testenv.Timeout).
 func waitFor(t testing.TB, what string, limit time.Duration, cond func() bool) {
 	t.Helper()
 	if err := netns.Eventually(limit, 20*time.Millisecond, func() error {
@@ -105,7 +106,7 @@ func waitFor(t testing.TB, what string, limit time.Duration, cond func() bool) {
 		}
 		return errors.New(what)
 	}); err != nil {
-		t.Fatalf("%s: not within %v", what, limit)
+		t.Fatalf("%s: not within %v", what, testenv.Timeout(limit))
 	}
 }
 

@@ -436,11 +436,17 @@ func TestIPv6ClientSwitch(t *testing.T) {
 		done := make(chan taggedStats, 1)
 		go func() { done <- taggedEcho(t, relay, ipv6Rate, dur) }()
 
+		// Two seconds of the session in the kernel, its binding in the maps.
 		time.Sleep(2 * time.Second)
-		native := snapshot(t, d)
-		if _, ok, _ := findBinding(t, d, local); !ok {
-			t.Errorf("no binding of client %v in the maps before the switch", local)
+		if err := netns.Eventually(10*time.Second, 20*time.Millisecond, func() error {
+			if _, ok, _ := findBinding(t, d, local); !ok {
+				return fmt.Errorf("no binding of client %v in the maps before the switch", local)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
 		}
+		native := snapshot(t, d)
 		if err := d.FollowNode(context.Background(), nodelabel.Detach); err != nil {
 			t.Fatalf("switch off: %v", err)
 		}

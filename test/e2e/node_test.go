@@ -356,7 +356,7 @@ type udpPeer struct {
 func startPeer(t *testing.T, ns *netns.NS, addr string, echo bool, ttl int) *udpPeer {
 	t.Helper()
 	p := &udpPeer{conn: listenUDP(t, ns, addr, ttl), tags: map[uint64]int{}}
-	_ = p.conn.SetReadBuffer(4 << 20)
+	testenv.ReadBuffer(t, p.conn, 4<<20)
 	go func() {
 		buf := make([]byte, 65536)
 		for {
@@ -393,13 +393,14 @@ func (p *udpPeer) send(t *testing.T, to net.Addr, tag uint64, n int) {
 	}
 }
 
-// drainRelay reads from a relay until nothing arrives for idle and returns how
+// drainRelay reads from a relay until nothing arrives for idle (scaled:
+// testenv.Timeout) and returns how
 // many of the datagrams carried the tag.
 func drainRelay(relay net.PacketConn, tag uint64, idle time.Duration) int {
 	n := 0
 	buf := make([]byte, 1500)
 	for {
-		_ = relay.SetReadDeadline(time.Now().Add(idle))
+		_ = relay.SetReadDeadline(time.Now().Add(testenv.Timeout(idle)))
 		got, _, err := relay.ReadFrom(buf)
 		if err != nil {
 			return n

@@ -192,17 +192,25 @@ func TestGracefulDrain(t *testing.T) {
 		s, n, last := echoSession(t, relay, 1000, 5*time.Second)
 		done <- result{s, n, last}
 	}()
-	time.Sleep(1500 * time.Millisecond)
-	if st := status(t, r.Server); st.Status != "READY" || st.AllocationCount != 1 || st.XDP.Offloaded != 1 {
-		t.Fatalf("before SIGTERM: %+v", st)
+	// SIGTERM once the session's channel is in the maps, and no earlier
+	// than 1.5 s into it.
+	if err := netns.Eventually(10*time.Second, 50*time.Millisecond, func() error {
+		if st := status(t, r.Server); st.Status != "READY" || st.AllocationCount != 1 || st.XDP.Offloaded != 1 {
+			return fmt.Errorf("%+v", st)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("before SIGTERM: %v", err)
 	}
+	time.Sleep(time.Until(start.Add(1500 * time.Millisecond)))
 	if err := syscall.Kill(p.PID(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
-	if code, _, _ := r.Server.HTTPGet("http://10.100.0.1:8086/ready"); code != http.StatusServiceUnavailable {
-		t.Errorf("/ready answered %d while draining, want 503", code)
-	}
+	sigterm := time.Since(start)
+	waitFor(t, "/ready answers 503 while draining", 5*time.Second, func() bool {
+		code, _, _ := r.Server.HTTPGet("http://10.100.0.1:8086/ready")
+		return code == http.StatusServiceUnavailable
+	})
 	if st := status(t, r.Server); st.Status != "TERMINATING" || st.AllocationCount != 1 || len(st.XDP.Attached) != 2 {
 		t.Errorf("while draining: %+v", st)
 	}
@@ -215,7 +223,7 @@ func TestGracefulDrain(t *testing.T) {
 		t.Errorf("%d of %d echoes, want at least 99%%", res.received, res.sent)
 	}
 	if res.last.Sub(start) < 4900*time.Millisecond {
-		t.Errorf("echoes stopped %v into the 5 s session (SIGTERM at 1.5 s)", res.last.Sub(start))
+		t.Errorf("echoes stopped %v into the 5 s session (SIGTERM at %v)", res.last.Sub(start), sigterm.Round(time.Millisecond))
 	}
 	if p.Exited() {
 		t.Fatalf("daemon exited with a live allocation:\n%s", p.Stderr())
@@ -245,6 +253,12 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = syscall.Kill(p.PID(), syscall.SIGTERM)
+	// The drain has begun once /ready fails; a second later the daemon is
+	// still there.
+	waitFor(t, "/ready answers 503 after SIGTERM", 5*time.Second, func() bool {
+		code, _, _ := r.Server.HTTPGet("http://10.100.0.1:8086/ready")
+		return code == http.StatusServiceUnavailable
+	})
 	time.Sleep(time.Second)
 	if p.Exited() {
 		t.Fatalf("daemon exited on the first SIGTERM with a live allocation:\n%s", p.Stderr())

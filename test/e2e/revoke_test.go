@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -45,16 +46,20 @@ func testReloadRevokes(t *testing.T, r rig, mode loader.Mode, what string) {
 		defer close(done)
 		s.run(t, relay, sessionTags.Add(1), 200, 6*time.Second)
 	}()
-	time.Sleep(2 * time.Second)
-	// An unrelated change first: nothing is revoked.
+	// echoes waits for n echoes in all (200 a second).
+	echoes := func(n int64, what string) {
+		waitFor(t, fmt.Sprintf("%s: %d echoes", what, n), 10*time.Second, func() bool { return s.received.Load() >= n })
+	}
+	echoes(200, "before any reload")
+	// An unrelated change first: nothing is revoked, a second more of echoes
+	// comes.
 	same := cfg
 	same.Users = map[string]string{user: password}
 	if err := d.Reconfigure(same); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
-	kept := s.received.Load()
-	if kept < 400 || time.Since(time.Unix(0, s.last.Load())) > 100*time.Millisecond {
+	echoes(s.received.Load()+200, "after the unrelated reload")
+	if kept := s.received.Load(); time.Since(time.Unix(0, s.last.Load())) > 100*time.Millisecond {
 		t.Fatalf("before the revoking reload: %d echoes, the last %v ago", kept, time.Since(time.Unix(0, s.last.Load())))
 	}
 	if p := snapshot(t, d); mode != loader.ModeOff && p.offloadSize != 1 {
@@ -69,11 +74,15 @@ func testReloadRevokes(t *testing.T, r rig, mode loader.Mode, what string) {
 	case "user":
 		next.Users = map[string]string{"other": "pw"}
 	}
-	reloaded := time.Now()
+	reloaded, sentBefore := time.Now(), s.sent.Load()
 	if err := d.Reconfigure(next); err != nil {
 		t.Fatal(err)
 	}
 	<-done
+	// Unless the session ran on well past the reload, no echo after it proves nothing.
+	if after := s.sent.Load() - sentBefore; after < 200 {
+		t.Fatalf("the session sent %d datagrams after the revoking reload, want 200 or more", after)
+	}
 	last := time.Unix(0, s.last.Load())
 	t.Logf("%s: %d sent, %d echoed, the last %v after the reload", what, s.sent.Load(), s.received.Load(), last.Sub(reloaded))
 	if last.Sub(reloaded) > time.Second {

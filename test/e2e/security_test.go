@@ -13,6 +13,7 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
 // TestMetadataPeerRefused: a client asks for a permission to the cloud
@@ -86,9 +87,13 @@ func TestCrashRestart(t *testing.T) {
 		_, n, _ := echoSession(t, relay, 1000, 3*time.Second)
 		done <- n
 	}()
-	time.Sleep(1500 * time.Millisecond)
-	if st := status(t, r.Server); st.XDP.Offloaded != 1 {
-		t.Fatalf("before the crash: %+v", st)
+	if err := netns.Eventually(10*time.Second, 50*time.Millisecond, func() error {
+		if st := status(t, r.Server); st.XDP.Offloaded != 1 {
+			return fmt.Errorf("%+v", st)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("before the crash: %v", err)
 	}
 	_ = p.Kill()
 	_ = p.Wait(5 * time.Second)

@@ -4,6 +4,8 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // ServeUDPEcho answers every UDP datagram to addr inside the namespace with
@@ -23,7 +25,7 @@ func (n *NS) ServeUDPEcho(t testing.TB, addr netip.AddrPort) {
 		t.Fatalf("netns %s: echo on %v: %v", n.Name, addr, err)
 	}
 	// Room for bursts: the benchmark's latency probes share it with load.
-	_ = conn.SetReadBuffer(4 << 20)
+	testenv.ReadBuffer(t, conn, 4<<20)
 	done := make(chan struct{})
 	t.Cleanup(func() { conn.Close(); <-done })
 	go func() {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // ErrTimeout is what Eventually returns (wrapped, with the condition's last error) when the
@@ -25,8 +27,10 @@ func Abort(err error) error { return abortError{err} }
 // Eventually calls cond at once and then every interval until it returns nil (then Eventually
 // returns nil), returns an error made with Abort (returned unwrapped), or timeout has passed:
 // then the error wraps ErrTimeout and cond's last error. Tests wait on probes with it (a port
-// bound, /ready answering, a map entry present), not on sleeps or log lines.
+// bound, /ready answering, a map entry present), not on sleeps or log lines. timeout is scaled
+// by TEST_TIMEOUT_SCALE (testenv.Timeout), for slow guests; interval is not.
 func Eventually(timeout, interval time.Duration, cond func() error) error {
+	timeout = testenv.Timeout(timeout)
 	var last error
 	err := wait.PollUntilContextTimeout(context.Background(), interval, timeout, true, func(context.Context) (bool, error) {
 		last = cond()

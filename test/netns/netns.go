@@ -41,7 +41,7 @@ import (
 const NamePrefix = "sxdp-"
 
 // cmdTimeout bounds every command that Run and the fixtures run to completion.
-const cmdTimeout = 30 * time.Second
+var cmdTimeout = testenv.Timeout(30 * time.Second)
 
 // RequirePrivileged skips the test unless it can create network namespaces (root and a working
 // `ip netns`) and the given tools, plus ip which the rigs need, are in PATH. With
@@ -112,7 +112,7 @@ func (n *NS) Cmd(ctx context.Context, name string, args ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
 }
 
-// Exec runs a command in this process's namespace to completion (at most 30s) and returns its
+// Exec runs a command in this process's namespace to completion (at most cmdTimeout: 30 s, scaled) and returns its
 // combined output; the error carries the command line and the output.
 func Exec(name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
@@ -124,7 +124,7 @@ func Exec(name string, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// Exec runs a command inside the namespace to completion (at most 30s), as the package's Exec.
+// Exec runs a command inside the namespace to completion (at most cmdTimeout: 30 s, scaled), as the package's Exec.
 func (n *NS) Exec(name string, args ...string) (string, error) {
 	out, err := Exec("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
 	if err != nil {
@@ -315,7 +315,7 @@ func (n *NS) HTTPGet(url string) (int, string, error) {
 // this process): for a client in the test process of a server in the namespace.
 func (n *NS) DialContext(ctx context.Context, network, addr string) (c net.Conn, err error) {
 	err = n.Do(func() error {
-		c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
+		c, err = (&net.Dialer{Timeout: testenv.Timeout(2 * time.Second)}).DialContext(ctx, network, addr)
 		return err
 	})
 	return c, err
@@ -325,12 +325,12 @@ func (n *NS) DialContext(ctx context.Context, network, addr string) (c net.Conn,
 // daemon's --health-socket.
 func UnixGet(path, url string) (int, string, error) {
 	return httpGet(url, func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "unix", path)
+		return (&net.Dialer{Timeout: testenv.Timeout(2 * time.Second)}).DialContext(ctx, "unix", path)
 	})
 }
 
 func httpGet(url string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) (int, string, error) {
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
+	client := &http.Client{Timeout: testenv.Timeout(5 * time.Second), Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
 	resp, err := client.Get(url)
 	if err != nil {
 		return 0, "", err

@@ -13,7 +13,8 @@ import (
 	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
-// stopGrace is how long Stop waits after SIGTERM before it sends SIGKILL.
+// stopGrace is how long Stop waits after SIGTERM before it sends SIGKILL (scaled:
+// testenv.Timeout).
 const stopGrace = 5 * time.Second
 
 // Proc is a process started in a namespace by NS.Start. It runs in its own process group, which
@@ -63,7 +64,7 @@ func LaunchCmd(cmd *exec.Cmd) (*Proc, error) {
 	// the process unless one exits locked (see NS.Do).
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	// A child that inherited the output pipes could otherwise keep Wait from returning.
-	p.cmd.WaitDelay = stopGrace
+	p.cmd.WaitDelay = testenv.Timeout(stopGrace)
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", cmd, err)
 	}
@@ -93,8 +94,10 @@ func (p *Proc) Exited() bool {
 	}
 }
 
-// Wait waits at most timeout for the process to exit by itself and returns its exit error.
+// Wait waits at most timeout (scaled: testenv.Timeout) for the process to exit by itself and
+// returns its exit error.
 func (p *Proc) Wait(timeout time.Duration) error {
+	timeout = testenv.Timeout(timeout)
 	select {
 	case <-p.done:
 		return p.err
@@ -103,7 +106,7 @@ func (p *Proc) Wait(timeout time.Duration) error {
 	}
 }
 
-// Stop sends SIGTERM to the process group, then SIGKILL if it is still running after 5s, and
+// Stop sends SIGTERM to the process group, then SIGKILL if it is still running after stopGrace, and
 // returns the exit error (an *exec.ExitError for the signal when it had to be stopped).
 func (p *Proc) Stop() error {
 	if p.Exited() {
@@ -113,7 +116,7 @@ func (p *Proc) Stop() error {
 	select {
 	case <-p.done:
 		return p.err
-	case <-time.After(stopGrace):
+	case <-time.After(testenv.Timeout(stopGrace)):
 		return p.Kill()
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 
 	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 func TestRouted(t *testing.T) {
@@ -224,7 +225,7 @@ func TestSnmp(t *testing.T) {
 	sendUDP(t, r.Server, r.PeerIf.Addr.String()+":7000", n)
 	buf := make([]byte, 100)
 	for i := 0; i < n; i++ {
-		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_ = conn.SetReadDeadline(time.Now().Add(testenv.Timeout(5 * time.Second)))
 		if _, _, err := conn.ReadFrom(buf); err != nil {
 			t.Fatalf("datagram %d: %v", i, err)
 		}
@@ -326,7 +327,7 @@ func reach(from, to *netns.NS, addr netip.Addr) error {
 	}); err != nil {
 		return err
 	}
-	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+	_ = conn.SetReadDeadline(time.Now().Add(testenv.Timeout(time.Second)))
 	_, _, err := conn.ReadFrom(make([]byte, 16))
 	return err
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // socketLBClientEnv makes the test binary a client for TestSocketLB instead of running tests: it
@@ -51,7 +52,7 @@ func socketLBClient(service string) error {
 	if _, err := c.WriteTo([]byte("ping"), to); err != nil {
 		return err
 	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(testenv.Timeout(5 * time.Second)))
 	buf := make([]byte, 64)
 	n, from, err := c.ReadFrom(buf)
 	if err != nil {

@@ -24,7 +24,7 @@ func (n *NS) Allocate(t testing.TB, network, local string, cfg *turn.ClientConfi
 	t.Helper()
 	if err := n.Do(func() error {
 		if strings.HasPrefix(network, "tcp") {
-			c, err := net.DialTimeout(network, cfg.TURNServerAddr, 2*time.Second)
+			c, err := net.DialTimeout(network, cfg.TURNServerAddr, testenv.Timeout(2*time.Second))
 			if err == nil {
 				cfg.Conn = turn.NewSTUNConn(c)
 			}

@@ -36,7 +36,7 @@ func (c *RawTURN) Do(method stun.Method, attrs ...stun.Setter) *stun.Message {
 	}
 	buf := make([]byte, 1500)
 	for {
-		if err := c.Conn.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		if err := c.Conn.SetReadDeadline(time.Now().Add(Timeout(5 * time.Second))); err != nil {
 			c.T.Fatal(err)
 		}
 		n, _, err := c.Conn.ReadFrom(buf)

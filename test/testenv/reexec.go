@@ -20,9 +20,10 @@ func InNetns() bool { return os.Getenv(envNetns) != "" }
 // so that every thread of the child, and every socket pion/turn opens from its
 // goroutines, lives in that namespace. env adds KEY=VALUE pairs for the child.
 // The child's output is logged; its failure fails t. The child is bounded by
-// timeout and killed by PID (its process group) when it runs over.
+// timeout (scaled: Timeout) and killed by PID (its process group) when it runs over.
 func RunInNetns(t *testing.T, ns string, timeout time.Duration, env ...string) {
 	t.Helper()
+	timeout = Timeout(timeout)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	args := []string{"netns", "exec", ns, os.Args[0], "-test.run", "^" + strings.ReplaceAll(t.Name(), "/", "$/^") + "$", "-test.v", "-test.count=1"}

@@ -15,7 +15,7 @@ func RoundTrip(t testing.TB, relay, peer net.PacketConn) {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 64)
-	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = peer.SetReadDeadline(time.Now().Add(Timeout(5 * time.Second)))
 	n, from, err := peer.ReadFrom(buf)
 	if err != nil || string(buf[:n]) != "ping-ping" {
 		t.Fatalf("at the peer: %q, %v", buf[:n], err)
@@ -23,7 +23,7 @@ func RoundTrip(t testing.TB, relay, peer net.PacketConn) {
 	if _, err := peer.WriteTo([]byte("pong-pong"), from); err != nil {
 		t.Fatal(err)
 	}
-	_ = relay.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = relay.SetReadDeadline(time.Now().Add(Timeout(5 * time.Second)))
 	if n, _, err = relay.ReadFrom(buf); err != nil || string(buf[:n]) != "pong-pong" {
 		t.Fatalf("back at the client: %q, %v", buf[:n], err)
 	}

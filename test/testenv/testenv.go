@@ -46,7 +46,7 @@ func privilegeProblem(tools []string) string {
 		}
 	}
 	if slices.Contains(tools, "ip") {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), Timeout(30*time.Second))
 		defer cancel()
 		if out, err := exec.CommandContext(ctx, "ip", "netns", "list").CombinedOutput(); err != nil {
 			return fmt.Sprintf("`ip netns list` failed: %v: %s", err, out)

@@ -17,6 +17,8 @@ import (
 	"os"
 	"syscall"
 	"time"
+
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 func main() {
@@ -48,7 +50,9 @@ func serve(addr string) error {
 	if err != nil {
 		return err
 	}
-	_ = c.(*net.UDPConn).SetReadBuffer(4 << 20)
+	if err := testenv.ForceReadBuffer(c.(*net.UDPConn), 4<<20); err != nil {
+		return err
+	}
 	buf := make([]byte, 65536)
 	for {
 		n, from, err := c.ReadFrom(buf)
@@ -89,7 +93,9 @@ func send(args []string) error {
 	if err != nil {
 		return err
 	}
-	_ = c.SetReadBuffer(4 << 20)
+	if err := testenv.ForceReadBuffer(c, 4<<20); err != nil {
+		return err
+	}
 	seen := make([]bool, *count)
 	var res result
 	done := make(chan struct{})
