@@ -163,6 +163,12 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	return newEnvWith(t, progConfig)
+}
+
+// newEnvWith is newEnv with the program loaded with cfg.
+func newEnvWith(t testing.TB, cfg loader.Config) *env {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("BPF_PROG_RUN in a network namespace: not in -short mode")
 	}
@@ -171,7 +177,7 @@ func newEnv(t testing.TB) *env {
 	for _, i := range ifaceTable() {
 		e.ifaces[i.name] = i
 	}
-	prog, err := loader.Load(progConfig, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	prog, err := loader.Load(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -484,7 +484,7 @@ static __always_inline int parse_input_v4(struct cursor *c, struct input *in, st
 	in->tos = ip->tos;
 	in->ttl = ip->ttl;
 	in->l3_len = sizeof(*ip);
-	in->l3_total = bpf_ntohs(ip->tot_len);
+	in->l3_total = ntohs_bounded(ip->tot_len);
 	addr_set_v4(&in->saddr, ip->saddr);
 	addr_set_v4(&in->daddr, ip->daddr);
 	return -1;
@@ -501,7 +501,7 @@ static __always_inline int parse_input_v6(struct cursor *c, struct input *in, st
 	in->tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
 	in->ttl = ip6->hop_limit;
 	in->l3_len = sizeof(*ip6);
-	in->l3_total = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+	in->l3_total = sizeof(*ip6) + ntohs_bounded(ip6->payload_len);
 	__builtin_memcpy(in->saddr.b, &ip6->saddr, 16);
 	__builtin_memcpy(in->daddr.b, &ip6->daddr, 16);
 	return -1;
@@ -737,7 +737,13 @@ static __always_inline int c2p_pad_sum(const struct cursor *c, __u16 data_len, _
 {
 	__u32 pad_sum = 0;
 	__u8 *p = c->pos;
-	p += data_len & CHANNEL_DATA_MAX_LEN;
+	/* The mask bounds the offset for the verifier, kept: clang knows
+	 * data_len's bound and would drop it, and verifiers before 6.18 lose
+	 * that bound on the way here. With it unbounded (up to 64 KiB, past
+	 * MAX_PACKET_OFF) they do not extend a bounds check to the pointer. */
+	__u32 off = data_len;
+	asm volatile("" : "+r"(off));
+	p += off & CHANNEL_DATA_MAX_LEN;
 #pragma unroll
 	for (int i = 0; i < CHANNEL_DATA_MAX_PAD; i++) {
 		if (i < pad) {

@@ -22,6 +22,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/vishvananda/netlink"
@@ -72,6 +73,11 @@ type Config struct {
 	// NoFlowCache leaves the flow caches unused: every packet takes the hash
 	// lookups (for measuring what the caches save).
 	NoFlowCache bool
+	// TCNoKfunc makes the TC engine read the kernel's skb with
+	// bpf_probe_read_kernel, as it does on kernels without the kfunc
+	// bpf_cast_to_kern_ctx (before 6.2), even where the kernel has it (tests
+	// run that path here).
+	TCNoKfunc bool
 	// Object is a relay object file built from other sources, loaded instead
 	// of the embedded one (benchmarks measure two builds side by side over
 	// one set of maps). Its maps must match the embedded object's.
@@ -178,6 +184,10 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	if !cfg.NoFlowCache {
 		c.FlowCache = 1
 	}
+	// The TC engine takes its configuration from this one (LoadTC).
+	if cfg.TCNoKfunc || !HaveCastToKernCtx() {
+		c.TcNoKfunc = 1
+	}
 	var seed [4]byte
 	if _, err := rand.Read(seed[:]); err != nil {
 		return fmt.Errorf("flow cache seed: %w", err)
@@ -218,6 +228,19 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 		return fmt.Errorf("load XDP program: %w", err)
 	}
 	return nil
+}
+
+// HaveCastToKernCtx tells whether the kernel has the kfunc
+// bpf_cast_to_kern_ctx (6.2+), through which the TC engine reads the skb's
+// checksum state; without it the engine reads it with bpf_probe_read_kernel.
+// The kernel's BTF is read once (cilium/ebpf caches it).
+func HaveCastToKernCtx() bool {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false
+	}
+	var fn *btf.Func
+	return spec.TypeByName("bpf_cast_to_kern_ctx", &fn) == nil
 }
 
 // relaySpec reads the embedded relay object, or the one at path.
