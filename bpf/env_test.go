@@ -2,6 +2,7 @@ package bpf_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -176,6 +178,15 @@ func newEnvWith(t testing.TB, cfg loader.Config) *env {
 	e := &env{ns: testenv.NewNSWorker(t), ifaces: map[string]*iface{}}
 	for _, i := range ifaceTable() {
 		e.ifaces[i.name] = i
+	}
+	if !xdpRunsTakeContext() {
+		// The program that reads the ingress ifindex in front of the frame
+		// (e.run puts it there).
+		obj := filepath.Join(t.TempDir(), "relay_ingress.o")
+		if err := os.WriteFile(obj, bpf.RelayIngressObject, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Object = obj
 	}
 	prog, err := loader.Load(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -492,6 +503,22 @@ const (
 	maxRunFrame = 3000
 )
 
+// xdpRunsTakeContext tells whether this kernel's BPF_PROG_RUN takes an XDP
+// context (struct xdp_md: the ingress ifindex), which 5.15 added. Before it,
+// the tests load relay_ingress.c's build of the program (newEnvWith) and
+// pass the ingress in front of the frame (e.run).
+var xdpRunsTakeContext = sync.OnceValue(func() bool {
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		return true
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor); err != nil {
+		return true
+	}
+	return major > 5 || major == 5 && minor >= 15
+})
+
 // run runs the program once on frame as if it arrived on the named interface.
 func (e *env) run(t testing.TB, ingress string, frame []byte) (uint32, []byte) {
 	t.Helper()
@@ -504,6 +531,11 @@ func (e *env) run(t testing.TB, ingress string, frame []byte) (uint32, []byte) {
 		ctx := xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(e.ifaces[ingress].index)}
 		buf := make([]byte, len(frame)+512)
 		opts := ebpf.RunOptions{Data: frame, DataOut: buf, Context: ctx}
+		if !xdpRunsTakeContext() {
+			opts.Data = binary.NativeEndian.AppendUint32(nil, ctx.IngressIfindex)
+			opts.Data = append(opts.Data, frame...)
+			opts.Context = nil
+		}
 		e.ranAt = model.MonotonicNow()
 		ret, err = e.prog.XDP().Run(&opts)
 		out = opts.DataOut

@@ -1115,7 +1115,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	return p2c_out(ctx, c, in, udp, reason, st, bind, gen, 0);
 }
 
-static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
+static __always_inline int relay(struct xdp_md *ctx, __u32 ingress_ifindex, __u32 *reason)
 {
 	struct cursor c = {
 		.pos = (void *)(long)ctx->data,
@@ -1127,7 +1127,7 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 	__u16 proto;
 	int r;
 
-	in.ifindex = ctx->ingress_ifindex;
+	in.ifindex = ingress_ifindex;
 	if ((r = parse_eth(&c, &eth, &proto)) >= 0) {
 		*reason = r;
 		return XDP_PASS;
@@ -1165,16 +1165,41 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 	return XDP_PASS;
 }
 
-/* relay_tc.c builds the TC engine on this file's helpers, without this entry. */
-#ifndef RELAY_TC_ENGINE
-SEC("xdp")
-int xdp_turn_relay(struct xdp_md *ctx)
+static __always_inline int xdp_relay_counted(struct xdp_md *ctx, __u32 ingress_ifindex)
 {
 	__u32 reason = REASON_NOT_OURS;
-	int action = relay(ctx, &reason);
+	int action = relay(ctx, ingress_ifindex, &reason);
 	__u64 *n = bpf_map_lookup_elem(&verdicts, &reason);
 	if (n)
 		(*n)++;
 	return action;
+}
+
+/* relay_tc.c builds the TC engine on this file's helpers, without this entry;
+ * relay_ingress.c the test build below. */
+#if !defined(RELAY_TC_ENGINE) && !defined(RELAY_INGRESS_IN_FRAME)
+SEC("xdp")
+int xdp_turn_relay(struct xdp_md *ctx)
+{
+	return xdp_relay_counted(ctx, ctx->ingress_ifindex);
+}
+#endif
+
+#ifdef RELAY_INGRESS_IN_FRAME
+/* A build for the tests only (relay_ingress.c), for kernels whose
+ * BPF_PROG_RUN takes no XDP context (before 5.15: 5.10), so that no run can
+ * say which interface a frame arrived on (ingress_ifindex is the loopback's):
+ * the frame comes after the ingress ifindex (4 bytes, host order), which the
+ * program takes off before it runs the relay as above. */
+SEC("xdp")
+int xdp_turn_relay(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	if (data + sizeof(__u32) > (void *)(long)ctx->data_end)
+		return XDP_ABORTED;
+	__u32 ingress_ifindex = *(__u32 *)data;
+	if (bpf_xdp_adjust_head(ctx, sizeof(__u32)))
+		return XDP_ABORTED;
+	return xdp_relay_counted(ctx, ingress_ifindex);
 }
 #endif

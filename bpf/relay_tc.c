@@ -214,10 +214,12 @@ static __always_inline int tc_move(struct __sk_buff *skb, __u32 from, __u32 to, 
 	/* The verifier's bound for the helpers, kept: clang knows the callers'
 	 * bound on len and would otherwise drop the mask (or test a copy). */
 	asm volatile("" : "+r"(len));
-	__u64 n = len & CHANNEL_DATA_MAX_LEN;
-	asm volatile("" : "+r"(n));
-	if (n == 0)
+	if (len == 0)
 		return 0;
+	/* Bounded below too: the helpers take no zero length, and verifiers
+	 * before 6.2 learn no lower bound from a test against zero. */
+	__u64 n = ((len - 1) & CHANNEL_DATA_MAX_LEN) + 1;
+	asm volatile("" : "+r"(n));
 	if (bpf_skb_load_bytes(skb, from & 0xff, buf, n) || bpf_skb_store_bytes(skb, to & 0xff, buf, n, 0))
 		return -1;
 	return 0;

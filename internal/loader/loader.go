@@ -199,9 +199,9 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	for _, name := range []string{bpf.RelayMapC2pBindings, bpf.RelayMapP2cBindings, bpf.RelayMapBindingStates, bpf.RelayMapAllocRates} {
 		spec.Maps[name].MaxEntries = cfg.MaxBindings
 	}
-	var opts *ebpf.CollectionOptions
+	opts := &ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{LogLevel: verifierLogLevel}}
 	if reuse != nil {
-		opts = &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		opts.MapReplacements = map[string]*ebpf.Map{
 			bpf.RelayMapC2pBindings:   reuse.C2pBindings,
 			bpf.RelayMapP2cBindings:   reuse.P2cBindings,
 			bpf.RelayMapVerdicts:      reuse.Verdicts,
@@ -218,7 +218,7 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			// a key's entry is looked for.
 			bpf.RelayMapC2pFlows: reuse.C2pFlows,
 			bpf.RelayMapP2cFlows: reuse.P2cFlows,
-		}}
+		}
 	}
 	if err := spec.LoadAndAssign(objs, opts); err != nil {
 		var ve *ebpf.VerifierError
@@ -242,6 +242,11 @@ func HaveCastToKernCtx() bool {
 	var fn *btf.Func
 	return spec.TypeByName("bpf_cast_to_kern_ctx", &fn) == nil
 }
+
+// verifierLogLevel is the verifier log asked for when loading the relay and
+// charge programs: none, except in the tests that read the verifier's
+// statistics on kernels that do not report them otherwise (before 5.16).
+var verifierLogLevel ebpf.LogLevel
 
 // relaySpec reads the embedded relay object, or the one at path.
 func relaySpec(path string) (*ebpf.CollectionSpec, error) {
