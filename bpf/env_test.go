@@ -2,6 +2,7 @@ package bpf_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -163,6 +165,12 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	return newEnvWith(t, progConfig)
+}
+
+// newEnvWith is newEnv with the program loaded with cfg.
+func newEnvWith(t testing.TB, cfg loader.Config) *env {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("BPF_PROG_RUN in a network namespace: not in -short mode")
 	}
@@ -171,7 +179,16 @@ func newEnv(t testing.TB) *env {
 	for _, i := range ifaceTable() {
 		e.ifaces[i.name] = i
 	}
-	prog, err := loader.Load(progConfig, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if !xdpRunsTakeContext() {
+		// The program that reads the ingress ifindex in front of the frame
+		// (e.run puts it there).
+		obj := filepath.Join(t.TempDir(), "relay_ingress.o")
+		if err := os.WriteFile(obj, bpf.RelayIngressObject, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Object = obj
+	}
+	prog, err := loader.Load(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,6 +268,22 @@ func (e *env) setFlowsAside(t testing.TB, aside bool) {
 	t.Helper()
 	if err := bpf.NewFibGen(e.prog.Maps().FibGen).SetFlowsAside(aside); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// settleFIB waits until the FIB generation has stayed put for 250 ms: the
+// watcher has seen the namespace's setup (at most 10 s).
+func (e *env) settleFIB(t testing.TB) {
+	t.Helper()
+	gen, since := e.fibGen(t), time.Now()
+	for deadline := time.Now().Add(10 * time.Second); time.Since(since) < 250*time.Millisecond; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the FIB generation kept moving for 10 s (now %d)", gen)
+		}
+		time.Sleep(25 * time.Millisecond)
+		if g := e.fibGen(t); g != gen {
+			gen, since = g, time.Now()
+		}
 	}
 }
 
@@ -486,6 +519,22 @@ const (
 	maxRunFrame = 3000
 )
 
+// xdpRunsTakeContext tells whether this kernel's BPF_PROG_RUN takes an XDP
+// context (struct xdp_md: the ingress ifindex), which 5.15 added. Before it,
+// the tests load relay_ingress.c's build of the program (newEnvWith) and
+// pass the ingress in front of the frame (e.run).
+var xdpRunsTakeContext = sync.OnceValue(func() bool {
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		return true
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor); err != nil {
+		return true
+	}
+	return major > 5 || major == 5 && minor >= 15
+})
+
 // run runs the program once on frame as if it arrived on the named interface.
 func (e *env) run(t testing.TB, ingress string, frame []byte) (uint32, []byte) {
 	t.Helper()
@@ -498,6 +547,11 @@ func (e *env) run(t testing.TB, ingress string, frame []byte) (uint32, []byte) {
 		ctx := xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(e.ifaces[ingress].index)}
 		buf := make([]byte, len(frame)+512)
 		opts := ebpf.RunOptions{Data: frame, DataOut: buf, Context: ctx}
+		if !xdpRunsTakeContext() {
+			opts.Data = binary.NativeEndian.AppendUint32(nil, ctx.IngressIfindex)
+			opts.Data = append(opts.Data, frame...)
+			opts.Context = nil
+		}
 		e.ranAt = model.MonotonicNow()
 		ret, err = e.prog.XDP().Run(&opts)
 		out = opts.DataOut

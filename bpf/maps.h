@@ -181,6 +181,10 @@ struct config {
 	 * of one CPU's region. */
 	__u32 flow_seed;
 	__u32 flow_shift; /* log2 of the entries per CPU */
+	/* The TC engine reads the kernel's skb with bpf_probe_read_kernel: the
+	 * kernel has no bpf_cast_to_kern_ctx (before 6.2). The XDP program
+	 * ignores it. */
+	__u8 tc_no_kfunc;
 };
 
 /* The ports of relays the node source-NATs (a masquerade maps pion's relay

@@ -18,6 +18,18 @@ struct cursor {
 	void *end;
 };
 
+/* ntohs_bounded is bpf_ntohs of a length that moves a packet pointer, with
+ * its bounds kept for the verifier: those before 6.18 (5.10, 6.1, 6.12) know
+ * nothing of a register after a byte swap ("math between pkt pointer and
+ * register with unbounded min value"). The mask gives them its 16 bits back;
+ * the barrier keeps clang from dropping it as redundant. One ALU instruction. */
+static __always_inline __u32 ntohs_bounded(__be16 v)
+{
+	__u32 x = bpf_ntohs(v);
+	asm volatile("" : "+r"(x));
+	return x & 0xffff;
+}
+
 /* parse_eth returns -1 and the ethertype for IPv4 and IPv6 frames. */
 static __always_inline int parse_eth(struct cursor *c, struct ethhdr **eth, __u16 *proto)
 {
@@ -47,7 +59,7 @@ static __always_inline int parse_ipv4(struct cursor *c, struct iphdr **ip)
 		return REASON_NOT_UDP;
 	if (h->frag_off & bpf_htons(IP_MF | IP_OFFSET))
 		return REASON_IP_FRAGMENT;
-	__u16 tot_len = bpf_ntohs(h->tot_len);
+	__u32 tot_len = ntohs_bounded(h->tot_len);
 	if (tot_len < sizeof(*h) + sizeof(struct udphdr) || (void *)h + tot_len > c->end)
 		return REASON_MALFORMED_IP;
 	c->pos = h + 1;
@@ -86,7 +98,7 @@ static __always_inline int parse_ipv6(struct cursor *c, struct ipv6hdr **ip6)
 		return REASON_MALFORMED_IP;
 	if (h->nexthdr != IPPROTO_UDP)
 		return ipv6_extension(h->nexthdr) ? REASON_IPV6_EXTENSION : REASON_NOT_UDP;
-	__u16 plen = bpf_ntohs(h->payload_len);
+	__u32 plen = ntohs_bounded(h->payload_len);
 	if (plen < sizeof(struct udphdr) || (void *)(h + 1) + plen > c->end)
 		return REASON_MALFORMED_IP;
 	c->pos = h + 1;

@@ -484,7 +484,7 @@ static __always_inline int parse_input_v4(struct cursor *c, struct input *in, st
 	in->tos = ip->tos;
 	in->ttl = ip->ttl;
 	in->l3_len = sizeof(*ip);
-	in->l3_total = bpf_ntohs(ip->tot_len);
+	in->l3_total = ntohs_bounded(ip->tot_len);
 	addr_set_v4(&in->saddr, ip->saddr);
 	addr_set_v4(&in->daddr, ip->daddr);
 	return -1;
@@ -501,7 +501,7 @@ static __always_inline int parse_input_v6(struct cursor *c, struct input *in, st
 	in->tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
 	in->ttl = ip6->hop_limit;
 	in->l3_len = sizeof(*ip6);
-	in->l3_total = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+	in->l3_total = sizeof(*ip6) + ntohs_bounded(ip6->payload_len);
 	__builtin_memcpy(in->saddr.b, &ip6->saddr, 16);
 	__builtin_memcpy(in->daddr.b, &ip6->daddr, 16);
 	return -1;
@@ -737,7 +737,13 @@ static __always_inline int c2p_pad_sum(const struct cursor *c, __u16 data_len, _
 {
 	__u32 pad_sum = 0;
 	__u8 *p = c->pos;
-	p += data_len & CHANNEL_DATA_MAX_LEN;
+	/* The mask bounds the offset for the verifier, kept: clang knows
+	 * data_len's bound and would drop it, and verifiers before 6.18 lose
+	 * that bound on the way here. With it unbounded (up to 64 KiB, past
+	 * MAX_PACKET_OFF) they do not extend a bounds check to the pointer. */
+	__u32 off = data_len;
+	asm volatile("" : "+r"(off));
+	p += off & CHANNEL_DATA_MAX_LEN;
 #pragma unroll
 	for (int i = 0; i < CHANNEL_DATA_MAX_PAD; i++) {
 		if (i < pad) {
@@ -1109,7 +1115,7 @@ static __always_inline int peer_to_client(struct xdp_md *ctx, struct cursor *c, 
 	return p2c_out(ctx, c, in, udp, reason, st, bind, gen, 0);
 }
 
-static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
+static __always_inline int relay(struct xdp_md *ctx, __u32 ingress_ifindex, __u32 *reason)
 {
 	struct cursor c = {
 		.pos = (void *)(long)ctx->data,
@@ -1121,7 +1127,7 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 	__u16 proto;
 	int r;
 
-	in.ifindex = ctx->ingress_ifindex;
+	in.ifindex = ingress_ifindex;
 	if ((r = parse_eth(&c, &eth, &proto)) >= 0) {
 		*reason = r;
 		return XDP_PASS;
@@ -1159,16 +1165,41 @@ static __always_inline int relay(struct xdp_md *ctx, __u32 *reason)
 	return XDP_PASS;
 }
 
-/* relay_tc.c builds the TC engine on this file's helpers, without this entry. */
-#ifndef RELAY_TC_ENGINE
-SEC("xdp")
-int xdp_turn_relay(struct xdp_md *ctx)
+static __always_inline int xdp_relay_counted(struct xdp_md *ctx, __u32 ingress_ifindex)
 {
 	__u32 reason = REASON_NOT_OURS;
-	int action = relay(ctx, &reason);
+	int action = relay(ctx, ingress_ifindex, &reason);
 	__u64 *n = bpf_map_lookup_elem(&verdicts, &reason);
 	if (n)
 		(*n)++;
 	return action;
+}
+
+/* relay_tc.c builds the TC engine on this file's helpers, without this entry;
+ * relay_ingress.c the test build below. */
+#if !defined(RELAY_TC_ENGINE) && !defined(RELAY_INGRESS_IN_FRAME)
+SEC("xdp")
+int xdp_turn_relay(struct xdp_md *ctx)
+{
+	return xdp_relay_counted(ctx, ctx->ingress_ifindex);
+}
+#endif
+
+#ifdef RELAY_INGRESS_IN_FRAME
+/* A build for the tests only (relay_ingress.c), for kernels whose
+ * BPF_PROG_RUN takes no XDP context (before 5.15: 5.10), so that no run can
+ * say which interface a frame arrived on (ingress_ifindex is the loopback's):
+ * the frame comes after the ingress ifindex (4 bytes, host order), which the
+ * program takes off before it runs the relay as above. */
+SEC("xdp")
+int xdp_turn_relay(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	if (data + sizeof(__u32) > (void *)(long)ctx->data_end)
+		return XDP_ABORTED;
+	__u32 ingress_ifindex = *(__u32 *)data;
+	if (bpf_xdp_adjust_head(ctx, sizeof(__u32)))
+		return XDP_ABORTED;
+	return xdp_relay_counted(ctx, ingress_ifindex);
 }
 #endif

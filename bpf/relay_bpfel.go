@@ -115,6 +115,8 @@ type RelayConfig struct {
 	FlowCache         uint8
 	FlowSeed          uint32
 	FlowShift         uint32
+	TcNoKfunc         uint8
+	_                 [3]byte
 }
 
 type RelayDevCap struct {

@@ -17,8 +17,9 @@
  *     dev_queue_xmit), so the devmap is not consulted and the binding's cached
  *     next hops (XDP's, valid only for devmap egresses) are neither read nor
  *     written: every relayed packet takes bpf_fib_lookup;
- *   - checksums by the skb's own ip_summed (read through bpf_cast_to_kern_ctx),
- *     not guessed from the checksum field:
+ *   - checksums by the skb's own ip_summed (read through bpf_cast_to_kern_ctx,
+ *     or bpf_probe_read_kernel where the kernel lacks it), not guessed from
+ *     the checksum field:
  *       CHECKSUM_PARTIAL: the field holds the pseudo-header sum and the egress
  *       (device or skb_checksum_help) sums from skb->csum_start, a head-relative
  *       offset no helper moves. The rewrite keeps the UDP header where it is
@@ -49,7 +50,10 @@
 /* Force the enum into BTF for bpf2go. */
 const enum tc_reason *_unused_tc_reason __attribute__((unused));
 
-extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+/* Weak: on kernels without it (before 6.2: Debian's 5.10 and 6.1) the loader
+ * finds it missing, sets cfg.tc_no_kfunc, and the call, never reached, is
+ * left out by the verifier (cfg is read-only: it knows the branch). */
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __attribute__((weak));
 
 /* The fields of the kernel's struct sk_buff the engine reads, relocated
  * against the running kernel's BTF (CO-RE). */
@@ -64,13 +68,33 @@ struct sk_buff {
 #define CHECKSUM_COMPLETE 2
 #define CHECKSUM_PARTIAL 3
 
-/* skb_ip_summed reads the 2-bit ip_summed bitfield (BPF_CORE_READ_BITFIELD
- * without libbpf's header). */
-static __always_inline __u32 skb_ip_summed(const struct sk_buff *s)
+/* The kernel's skb is read one of two ways, the same fields at the same
+ * (CO-RE) offsets: directly through bpf_cast_to_kern_ctx (6.2+), or, where
+ * the kernel lacks it (cfg.tc_no_kfunc), with bpf_probe_read_kernel from the
+ * context pointer, which is the kernel's struct sk_buff (a helper call per
+ * field; root may pass the pointer: the loader runs as root). Both give the
+ * same values: one program, one model (test/model ProcessTC). */
+
+/* skb_kern is the skb to read, NULL on the probe-read path. */
+static __always_inline struct sk_buff *skb_kern(struct __sk_buff *ctx)
 {
-	const void *p = (const void *)s + __builtin_preserve_field_info(s->ip_summed, 0 /* BYTE_OFFSET */);
-	__u64 v;
-	switch (__builtin_preserve_field_info(s->ip_summed, 1 /* BYTE_SIZE */)) {
+	if (cfg.tc_no_kfunc)
+		return 0;
+	return bpf_cast_to_kern_ctx(ctx);
+}
+
+/* skb_read reads size bytes (1, 2, 4 or 8) at byte offset off of the skb
+ * into the low bytes of a __u64 (little-endian). */
+static __always_inline __u64 skb_read(struct __sk_buff *ctx, const struct sk_buff *kern, __u32 off, __u32 size)
+{
+	__u64 v = 0;
+	if (!kern) {
+		if (bpf_probe_read_kernel(&v, size & 15, (const void *)ctx + off))
+			return 0;
+		return v;
+	}
+	const void *p = (const void *)kern + off;
+	switch (size) {
 	case 1:
 		v = *(const __u8 *)p;
 		break;
@@ -83,6 +107,22 @@ static __always_inline __u32 skb_ip_summed(const struct sk_buff *s)
 	default:
 		v = *(const __u64 *)p;
 	}
+	return v;
+}
+
+/* SKB_FIELD reads the skb's field f (not a bitfield), relocated. */
+#define SKB_FIELD(ctx, kern, f)                                                                 \
+	((typeof(((struct sk_buff *)0)->f))skb_read(ctx, kern,                                    \
+		__builtin_preserve_field_info(((struct sk_buff *)0)->f, 0 /* BYTE_OFFSET */),     \
+		__builtin_preserve_field_info(((struct sk_buff *)0)->f, 1 /* BYTE_SIZE */)))
+
+/* skb_ip_summed reads the 2-bit ip_summed bitfield (BPF_CORE_READ_BITFIELD
+ * without libbpf's header). */
+static __always_inline __u32 skb_ip_summed(struct __sk_buff *ctx, const struct sk_buff *kern)
+{
+	struct sk_buff *s = 0;
+	__u64 v = skb_read(ctx, kern, __builtin_preserve_field_info(s->ip_summed, 0 /* BYTE_OFFSET */),
+			   __builtin_preserve_field_info(s->ip_summed, 1 /* BYTE_SIZE */));
 	v <<= __builtin_preserve_field_info(s->ip_summed, 4 /* LSHIFT_U64 */);
 	v >>= __builtin_preserve_field_info(s->ip_summed, 5 /* RSHIFT_U64 */);
 	return v;
@@ -95,13 +135,13 @@ static __always_inline __u32 skb_ip_summed(const struct sk_buff *s)
  * tunnel's outer one): not ours to rewrite. */
 static __always_inline int partial_state(struct __sk_buff *ctx, __u32 udp_off)
 {
-	struct sk_buff *skb = bpf_cast_to_kern_ctx(ctx);
-	if (skb_ip_summed(skb) != CHECKSUM_PARTIAL)
+	struct sk_buff *skb = skb_kern(ctx);
+	if (skb_ip_summed(ctx, skb) != CHECKSUM_PARTIAL)
 		return 0;
 	/* At TC ingress skb->data is the frame's start (the MAC header pushed
 	 * for the program), as __sk_buff's data. */
-	__u64 start = (__u64)(skb->data - skb->head) + udp_off;
-	if (skb->csum_start != start || skb->csum_offset != offsetof(struct udphdr, check))
+	__u64 start = (__u64)(SKB_FIELD(ctx, skb, data) - SKB_FIELD(ctx, skb, head)) + udp_off;
+	if (SKB_FIELD(ctx, skb, csum_start) != start || SKB_FIELD(ctx, skb, csum_offset) != offsetof(struct udphdr, check))
 		return -1;
 	return 1;
 }
@@ -111,8 +151,7 @@ static __always_inline int partial_state(struct __sk_buff *ctx, __u32 udp_off)
  * skb->csum must not reach a receiver ("hw csum failure"). */
 static __always_inline int complete_left(struct __sk_buff *ctx)
 {
-	struct sk_buff *skb = bpf_cast_to_kern_ctx(ctx);
-	return skb_ip_summed(skb) == CHECKSUM_COMPLETE;
+	return skb_ip_summed(ctx, skb_kern(ctx)) == CHECKSUM_COMPLETE;
 }
 
 /* tc_count bumps the engine's verdict counter. */
@@ -175,10 +214,12 @@ static __always_inline int tc_move(struct __sk_buff *skb, __u32 from, __u32 to, 
 	/* The verifier's bound for the helpers, kept: clang knows the callers'
 	 * bound on len and would otherwise drop the mask (or test a copy). */
 	asm volatile("" : "+r"(len));
-	__u64 n = len & CHANNEL_DATA_MAX_LEN;
-	asm volatile("" : "+r"(n));
-	if (n == 0)
+	if (len == 0)
 		return 0;
+	/* Bounded below too: the helpers take no zero length, and verifiers
+	 * before 6.2 learn no lower bound from a test against zero. */
+	__u64 n = ((len - 1) & CHANNEL_DATA_MAX_LEN) + 1;
+	asm volatile("" : "+r"(n));
 	if (bpf_skb_load_bytes(skb, from & 0xff, buf, n) || bpf_skb_store_bytes(skb, to & 0xff, buf, n, 0))
 		return -1;
 	return 0;

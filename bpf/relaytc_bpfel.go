@@ -135,6 +135,8 @@ type RelayTcConfig struct {
 	FlowCache         uint8
 	FlowSeed          uint32
 	FlowShift         uint32
+	TcNoKfunc         uint8
+	_                 [3]byte
 }
 
 type RelayTcDevCap struct {

@@ -45,21 +45,23 @@ func TestTCLivePodPeer(t *testing.T) {
 	}
 	testenv.RequireRoot(t)
 	var tcCost float64
-	for _, v6 := range []bool{false, true} {
-		for _, egressSums := range []bool{false, true} {
-			t.Run(fmt.Sprintf("client-ipv6=%v/egress-computes-checksum=%v", v6, egressSums), func(t *testing.T) {
-				c := livePodPeer(t, egressSums, v6, false)
-				if !v6 && !egressSums {
-					tcCost = c.tc
-				}
-			})
+	for _, noKfunc := range tcSkbReads() {
+		for _, v6 := range []bool{false, true} {
+			for _, egressSums := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/client-ipv6=%v/egress-computes-checksum=%v", skbReadName(noKfunc), v6, egressSums), func(t *testing.T) {
+					c := livePodPeer(t, egressSums, v6, false, noKfunc)
+					if !v6 && !egressSums && tcCost == 0 {
+						tcCost = c.tc
+					}
+				})
+			}
 		}
 	}
 	// The same traffic relayed by XDP alone, for the cost of a relay in
 	// each engine: the peer is another machine behind a wire (an XDP_PASS
 	// program at both far ends, as a NIC receives redirected frames).
 	t.Run("peer-behind-a-wire/xdp-relays", func(t *testing.T) {
-		c := livePodPeer(t, false, false, true)
+		c := livePodPeer(t, false, false, true, false)
 		if tcCost > 0 && c.xdp > 0 {
 			t.Logf("relay cost: TC %.0f ns/run (pod behind a veth) / XDP %.0f ns/run (peer behind a wire) = %.2f", tcCost, c.xdp, tcCost/c.xdp)
 		}
@@ -76,8 +78,9 @@ const (
 // must keep each PARTIAL skb's UDP header where csum_start points.
 // With wire, the pod's namespace stands for another machine instead: XDP
 // runs on its veth too, an XDP_PASS program at both far ends, and XDP relays
-// everything. It returns the programs' mean cost per run.
-func livePodPeer(t *testing.T, egressSums, v6, wire bool) liveCost {
+// everything. noKfunc is the TC engine's reading of the skb (newTCEnvWith). It
+// returns the programs' mean cost per run.
+func livePodPeer(t *testing.T, egressSums, v6, wire, noKfunc bool) liveCost {
 	client, node, pod := testenv.NewNSWorker(t), testenv.NewNSWorker(t), testenv.NewNSWorker(t)
 	clientAddr, listenerAddr, wildcard, network := "10.1.0.2:40000", "10.1.0.1:3478", "0.0.0.0:3478", "udp4"
 	if v6 {
@@ -176,7 +179,7 @@ func livePodPeer(t *testing.T, egressSums, v6, wire bool) liveCost {
 		}
 	}
 
-	cfg := loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 1024}
+	cfg := loader.Config{ListenerPorts: []uint16{3478}, MinRelayPort: 49152, MaxRelayPort: 65535, MaxBindings: 1024, TCNoKfunc: noKfunc}
 	err = node.Do(func() error {
 		// The neighbours resolved, as on a node that has talked to both.
 		for _, n := range []struct {

@@ -52,7 +52,17 @@ type tcEnv struct {
 
 func newTCEnv(t testing.TB) *tcEnv {
 	t.Helper()
-	e := newEnv(t)
+	return newTCEnvWith(t, false)
+}
+
+// newTCEnvWith is newTCEnv with the engine reading the kernel's skb with
+// bpf_probe_read_kernel when noKfunc (as it does anyway on kernels without
+// bpf_cast_to_kern_ctx).
+func newTCEnvWith(t testing.TB, noKfunc bool) *tcEnv {
+	t.Helper()
+	cfg := progConfig
+	cfg.TCNoKfunc = noKfunc
+	e := newEnvWith(t, cfg)
 	tc, err := e.prog.LoadTC()
 	if err != nil {
 		t.Fatal(err)
@@ -181,13 +191,37 @@ func tcVerdictOf(xdp uint32) model.TCVerdict {
 	return model.TCNext
 }
 
-// TestTCGoldenPackets: every golden and hostile row of the XDP program through
+// TestTCGoldenPackets: under each way this kernel reads the skb (tcSkbReads),
+// every golden and hostile row of the XDP program through
 // the TC program, as a CHECKSUM_NONE and a CHECKSUM_COMPLETE skb, against the
 // model; where the engines agree (everything but an unattached egress and
 // the PARTIAL guess, which the TC engine does not make), against the row's
 // own expectation too.
 func TestTCGoldenPackets(t *testing.T) {
-	e := newTCEnv(t)
+	for _, noKfunc := range tcSkbReads() {
+		t.Run(skbReadName(noKfunc), func(t *testing.T) { tcGoldenPackets(t, noKfunc) })
+	}
+}
+
+// tcSkbReads are the ways of reading the kernel's skb (the noKfunc of
+// newTCEnvWith) that this kernel runs: through bpf_cast_to_kern_ctx (6.2+)
+// and with bpf_probe_read_kernel (cfg.tc_no_kfunc: the only one before 6.2).
+func tcSkbReads() []bool {
+	if loader.HaveCastToKernCtx() {
+		return []bool{false, true}
+	}
+	return []bool{true}
+}
+
+func skbReadName(noKfunc bool) string {
+	if noKfunc {
+		return "skb-read=bpf_probe_read_kernel"
+	}
+	return "skb-read=bpf_cast_to_kern_ctx"
+}
+
+func tcGoldenPackets(t *testing.T, noKfunc bool) {
+	e := newTCEnvWith(t, noKfunc)
 	m := e.install(t)
 	var rows []golden
 	for _, set := range [][]golden{goldenCases(e.env), goldenCases6(e.env), contractCases(e.env), hostileCases(e.env), hostileCases6(e.env)} {

@@ -24,7 +24,8 @@ func loadCharge(maps *bpf.RelayMaps) (*ebpf.Program, error) {
 		repl[name] = m
 	}
 	var progs bpf.ChargePrograms
-	if err := spec.LoadAndAssign(&progs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+	opts := &ebpf.CollectionOptions{MapReplacements: repl, Programs: ebpf.ProgramOptions{LogLevel: verifierLogLevel}}
+	if err := spec.LoadAndAssign(&progs, opts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return nil, fmt.Errorf("load charge program: %w\n%s", err, strings.Join(ve.Log, "\n"))

@@ -22,6 +22,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/vishvananda/netlink"
@@ -72,6 +73,11 @@ type Config struct {
 	// NoFlowCache leaves the flow caches unused: every packet takes the hash
 	// lookups (for measuring what the caches save).
 	NoFlowCache bool
+	// TCNoKfunc makes the TC engine read the kernel's skb with
+	// bpf_probe_read_kernel, as it does on kernels without the kfunc
+	// bpf_cast_to_kern_ctx (before 6.2), even where the kernel has it (tests
+	// run that path here).
+	TCNoKfunc bool
 	// Object is a relay object file built from other sources, loaded instead
 	// of the embedded one (benchmarks measure two builds side by side over
 	// one set of maps). Its maps must match the embedded object's.
@@ -178,6 +184,10 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	if !cfg.NoFlowCache {
 		c.FlowCache = 1
 	}
+	// The TC engine takes its configuration from this one (LoadTC).
+	if cfg.TCNoKfunc || !HaveCastToKernCtx() {
+		c.TcNoKfunc = 1
+	}
 	var seed [4]byte
 	if _, err := rand.Read(seed[:]); err != nil {
 		return fmt.Errorf("flow cache seed: %w", err)
@@ -189,9 +199,9 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	for _, name := range []string{bpf.RelayMapC2pBindings, bpf.RelayMapP2cBindings, bpf.RelayMapBindingStates, bpf.RelayMapAllocRates} {
 		spec.Maps[name].MaxEntries = cfg.MaxBindings
 	}
-	var opts *ebpf.CollectionOptions
+	opts := &ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{LogLevel: verifierLogLevel}}
 	if reuse != nil {
-		opts = &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		opts.MapReplacements = map[string]*ebpf.Map{
 			bpf.RelayMapC2pBindings:   reuse.C2pBindings,
 			bpf.RelayMapP2cBindings:   reuse.P2cBindings,
 			bpf.RelayMapVerdicts:      reuse.Verdicts,
@@ -208,7 +218,7 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			// a key's entry is looked for.
 			bpf.RelayMapC2pFlows: reuse.C2pFlows,
 			bpf.RelayMapP2cFlows: reuse.P2cFlows,
-		}}
+		}
 	}
 	if err := spec.LoadAndAssign(objs, opts); err != nil {
 		var ve *ebpf.VerifierError
@@ -219,6 +229,24 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	}
 	return nil
 }
+
+// HaveCastToKernCtx tells whether the kernel has the kfunc
+// bpf_cast_to_kern_ctx (6.2+), through which the TC engine reads the skb's
+// checksum state; without it the engine reads it with bpf_probe_read_kernel.
+// The kernel's BTF is read once (cilium/ebpf caches it).
+func HaveCastToKernCtx() bool {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false
+	}
+	var fn *btf.Func
+	return spec.TypeByName("bpf_cast_to_kern_ctx", &fn) == nil
+}
+
+// verifierLogLevel is the verifier log asked for when loading the relay and
+// charge programs: none, except in the tests that read the verifier's
+// statistics on kernels that do not report them otherwise (before 5.16).
+var verifierLogLevel ebpf.LogLevel
 
 // relaySpec reads the embedded relay object, or the one at path.
 func relaySpec(path string) (*ebpf.CollectionSpec, error) {

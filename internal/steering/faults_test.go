@@ -2,6 +2,7 @@ package steering
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -264,5 +265,32 @@ func TestBindMountedSubdir(t *testing.T) {
 	register(t, pods[1], listenUDP(t, "udp4", g.Addr.String()), g)
 	if ok, err := pods[0].Successor(); err != nil || !ok {
 		t.Errorf("the first pod does not see the second's registration (%v)", err)
+	}
+}
+
+// TestHandoverNeedsReuseportSocket: where the kernel gives SO_REUSEPORT
+// programs the listener socket (5.14+), Open loads the steering program;
+// where it does not (5.10), Open says so with ErrHandoverUnsupported, which
+// the daemon reports once, without loading anything.
+func TestHandoverNeedsReuseportSocket(t *testing.T) {
+	testenv.RequireRoot(t)
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(testDir(t))
+	if major > 5 || major == 5 && minor >= 14 {
+		if err != nil {
+			t.Fatalf("open: %v", err)
+		}
+		s.Close()
+		return
+	}
+	if !errors.Is(err, ErrHandoverUnsupported) {
+		t.Fatalf("open on a kernel without sk_reuseport_md.sk: %v, want ErrHandoverUnsupported", err)
 	}
 }

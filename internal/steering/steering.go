@@ -73,6 +73,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
@@ -87,7 +88,41 @@ var (
 	// ErrUnsafeDir: the pin directory is a symlink, or another user owns it
 	// or can write to it.
 	ErrUnsafeDir = errors.New("unsafe steering pin directory")
+	// ErrHandoverUnsupported: the kernel's SO_REUSEPORT programs do not see
+	// the listener socket (sk_reuseport_md.sk, Linux 5.14+), whose address
+	// the steering program keys its groups by: no listener handover on this
+	// node (the listeners bind exclusively). Retrying does not change it.
+	ErrHandoverUnsupported = errors.New("listener handover needs sk_reuseport_md.sk (Linux 5.14+)")
 )
+
+// reuseportSeesSocket tells whether the kernel gives SO_REUSEPORT programs
+// the listener socket (sk_reuseport_md.sk), from its BTF (where the context
+// types of every program type are). Without BTF the load itself tells.
+func reuseportSeesSocket() bool {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return true
+	}
+	var md *btf.Struct
+	if err := spec.TypeByName("sk_reuseport_md", &md); err != nil {
+		return true
+	}
+	return hasMember(md.Members, "sk")
+}
+
+// hasMember looks for a member by name, in anonymous unions too (the uapi's
+// __bpf_md_ptr wraps each pointer in one).
+func hasMember(ms []btf.Member, name string) bool {
+	for _, m := range ms {
+		if m.Name == name {
+			return true
+		}
+		if u, ok := m.Type.(*btf.Union); ok && m.Name == "" && hasMember(u.Members, name) {
+			return true
+		}
+	}
+	return false
+}
 
 // DefaultLockTimeout bounds every wait for a steering lock. Holders keep the
 // locks for a few map operations.
@@ -196,6 +231,9 @@ var slotGroupsSpec = ebpf.MapSpec{
 func Open(dir string) (*Steering, error) { return openWith(dir, DefaultLockTimeout) }
 
 func openWith(dir string, lockTimeout time.Duration) (*Steering, error) {
+	if !reuseportSeesSocket() {
+		return nil, ErrHandoverUnsupported
+	}
 	for range 10 {
 		s, retry, err := open(dir, lockTimeout)
 		if !retry {

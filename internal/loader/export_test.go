@@ -1,0 +1,48 @@
+package loader
+
+import (
+	"github.com/cilium/ebpf"
+
+	"github.com/l7mp/stunnerd-xdp/bpf"
+)
+
+// SetVerifierStats has the relay and charge programs loaded with the
+// verifier's statistics in their VerifierLog ("processed N insns"), for
+// kernels that do not report the count in the program's info (before 5.16).
+// It returns the function that turns that off again.
+func SetVerifierStats() func() {
+	verifierLogLevel = ebpf.LogLevelStats
+	return func() { verifierLogLevel = 0 }
+}
+
+// LoadTCStats loads the TC engine over p's maps as LoadTC does, with the
+// verifier's statistics in its VerifierLog.
+func LoadTCStats(p *Program) (*ebpf.Program, error) {
+	spec, err := bpf.LoadRelayTc()
+	if err != nil {
+		return nil, err
+	}
+	var c bpf.RelayConfig
+	if err := p.objs.Cfg.Get(&c); err != nil {
+		return nil, err
+	}
+	if err := spec.Variables[bpf.RelayTcVarCfg].Set(bpf.RelayTcConfig(c)); err != nil {
+		return nil, err
+	}
+	shared := mapsByName(&p.objs.RelayMaps)
+	repl := map[string]*ebpf.Map{}
+	for name, ms := range spec.Maps {
+		if m, ok := shared[name]; ok {
+			ms.MaxEntries = m.MaxEntries()
+			repl[name] = m
+		}
+	}
+	var objs bpf.RelayTcObjects
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: repl,
+		Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats}}); err != nil {
+		return nil, err
+	}
+	objs.TcVerdicts.Close()
+	objs.TcScratch.Close()
+	return objs.TcTurnRelay, nil
+}
