@@ -33,14 +33,31 @@ type Engines struct {
 	ended  chan struct{}
 }
 
-// WithTC loads the TC engine over the program's maps.
+// WithTC loads the TC engine over the program's maps, attached with tcx
+// where the kernel has it, else clsact (WithTCAttach).
 func (p *Program) WithTC(patterns []string, log *slog.Logger) (*Engines, error) {
-	tc, err := p.LoadTC()
+	return p.WithTCAttach(patterns, TCAttachAuto, log)
+}
+
+// WithTCAttach is WithTC with the way the TC engine attaches (LoadTCWith).
+func (p *Program) WithTCAttach(patterns []string, how TCAttach, log *slog.Logger) (*Engines, error) {
+	tc, err := p.LoadTCWith(how)
 	if err != nil {
 		return nil, err
 	}
+	swept, err := tc.Swept()
+	if len(swept) > 0 {
+		log.Info("TC engine: removed the filters a daemon that ended without detaching left", "ifaces", swept)
+	}
+	if err != nil {
+		log.Warn("TC engine: some filters a daemon that ended without detaching left could not be removed", "error", err)
+	}
 	return &Engines{Program: p, TC: tc, patterns: slices.Clone(patterns), log: log, tcOnly: map[string]bool{}}, nil
 }
+
+// TCAttachMethod is how the TC engine attaches on this kernel: "tcx" (6.6+)
+// or "clsact" (a cls_bpf filter).
+func (e *Engines) TCAttachMethod() TCAttach { return e.TC.AttachMethod() }
 
 // Attach attaches the XDP program (as Program.Attach), then the TC engine to
 // the same interface, and starts following the patterns. Where another
