@@ -9,3 +9,6 @@ func SetSettle(t *TC, d time.Duration) {
 		t.settle = d
 	}
 }
+
+// ClsactHandleBase is the first of the handles the engines' filters take.
+const ClsactHandleBase = clsactHandleBase
