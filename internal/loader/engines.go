@@ -14,10 +14,11 @@ import (
 // the interfaces matching the patterns (pods' host-side veths, tunnels:
 // Discover). Where another program holds the XDP hook (another Gateway's
 // daemon on the node: the hook takes one program), the TC engine relays on
-// the interface alone (ModeTC): tcx runs every daemon's engine in turn, each
-// passing on what is not its own (TCX_NEXT). Attach again tries XDP there,
-// keeping the TC engine in place; YieldXDP is the way back to ModeTC (a
-// draining daemon gives the hook to its successor). With no attachment left
+// the interface alone (ModeTC): tcx (or the cls_bpf filters, clsact) runs
+// every daemon's engine in turn, each passing on what is not its own
+// (TCX_NEXT, which cls_bpf reads as TC_ACT_UNSPEC: the next filter). Attach
+// again tries XDP there, keeping the TC engine in place; YieldXDP is the way
+// back to ModeTC (a draining daemon gives the hook to its successor). With no attachment left
 // (the kernel path off) the TC engine is detached everywhere: the kernel path
 // is either on, with one or both engines, or off.
 type Engines struct {
@@ -45,6 +46,7 @@ func (p *Program) WithTCAttach(patterns []string, how TCAttach, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
+	log.Info("TC engine loaded", "attach", tc.AttachMethod())
 	swept, err := tc.Swept()
 	if len(swept) > 0 {
 		log.Info("TC engine: removed the filters a daemon that ended without detaching left", "ifaces", swept)
