@@ -33,12 +33,7 @@ func testTCAttachMatching(t *testing.T, how loader.TCAttach) {
 				return err
 			}
 		}
-		prog, err := loader.Load(cfg, log)
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { _ = ns.Do(prog.Close) })
-		tc, err := prog.LoadTCWith(how)
+		tc, err := loadTC(t, ns, cfg, log, how)
 		if err != nil {
 			return err
 		}
@@ -88,16 +83,11 @@ func testTCDiscover(t *testing.T, how loader.TCAttach) {
 	var tc *loader.TC
 	stop := make(chan struct{})
 	err := ns.Do(func() error {
-		prog, err := loader.Load(cfg, log)
-		if err != nil {
+		var err error
+		if tc, err = loadTC(t, ns, cfg, log, how); err != nil {
 			return err
 		}
-		t.Cleanup(func() { prog.Close() })
-		if tc, err = prog.LoadTCWith(how); err != nil {
-			return err
-		}
-		loader.SetSettle(tc, testSettle)
-		t.Cleanup(func() { close(stop); tc.Close() })
+		t.Cleanup(func() { close(stop) })
 		return tc.Discover(stop, []string{"lxc*"}, log)
 	})
 	if err != nil {
@@ -312,6 +302,24 @@ func forEachTCAttach(t *testing.T, test func(*testing.T, loader.TCAttach)) {
 			test(t, how)
 		})
 	}
+}
+
+// loadTC loads the XDP program and the TC engine over it, attached as how,
+// with discovery's wait shortened, in the worker's namespace (call it from
+// ns.Do); both are closed at cleanup.
+func loadTC(t *testing.T, ns *testenv.NSWorker, cfg loader.Config, log *slog.Logger, how loader.TCAttach) (*loader.TC, error) {
+	prog, err := loader.Load(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { _ = ns.Do(prog.Close) })
+	tc, err := prog.LoadTCWith(how)
+	if err != nil {
+		return nil, err
+	}
+	loader.SetSettle(tc, testSettle)
+	t.Cleanup(func() { _ = ns.Do(tc.Close) })
+	return tc, nil
 }
 
 // loadEngines is Program.WithTCAttach with discovery's wait shortened.

@@ -3,7 +3,6 @@ package loader_test
 import (
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"testing"
 	"time"
@@ -37,12 +36,8 @@ func TestTCClsactQdiscs(t *testing.T) {
 		if err := netlink.QdiscAdd(clsactQdisc("cls")); err != nil {
 			return err
 		}
-		prog, err := loader.Load(cfg, log)
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { _ = ns.Do(prog.Close) })
-		if tc, err = prog.LoadTCWith(loader.TCAttachClsact); err != nil {
+		var err error
+		if tc, err = loadTC(t, ns, cfg, log, loader.TCAttachClsact); err != nil {
 			return err
 		}
 		_, err = tc.AttachMatching("bare", "bw", "cls")
@@ -109,15 +104,10 @@ func TestTCOrderBesideBandwidthPlugin(t *testing.T) {
 			if err := bandwidthPlugin("bw"); err != nil {
 				return err
 			}
-			prog, err := loader.Load(cfg, log)
-			if err != nil {
+			var err error
+			if tc, err = loadTC(t, ns, cfg, log, how); err != nil {
 				return err
 			}
-			t.Cleanup(func() { _ = ns.Do(prog.Close) })
-			if tc, err = prog.LoadTCWith(how); err != nil {
-				return err
-			}
-			t.Cleanup(func() { _ = ns.Do(tc.Close) })
 			_, err = tc.AttachMatching("bw", "plain")
 			return err
 		})
@@ -125,7 +115,7 @@ func TestTCOrderBesideBandwidthPlugin(t *testing.T) {
 		seen := func(into string) uint64 {
 			t.Helper()
 			before := verdictSum(t, tc)
-			do(func() error { return sendFrames("p"+into, into, frames) })
+			do(func() error { return testenv.SendNonIP("p"+into, into, frames) })
 			var n uint64
 			for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 				if n = verdictSum(t, tc) - before; n >= frames {
@@ -276,16 +266,11 @@ func TestTCDiscoverWaitsForTheCNI(t *testing.T) {
 	_, eventually, do := tcChecks(t, ns)
 	stop := make(chan struct{})
 	do(func() error {
-		prog, err := loader.Load(cfg, log)
+		tc, err := loadTC(t, ns, cfg, log, loader.TCAttachClsact)
 		if err != nil {
 			return err
 		}
-		t.Cleanup(func() { _ = ns.Do(prog.Close) })
-		tc, err := prog.LoadTCWith(loader.TCAttachClsact)
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { close(stop); _ = ns.Do(tc.Close) })
+		t.Cleanup(func() { close(stop) })
 		loader.SetSettle(tc, 500*time.Millisecond)
 		return tc.Discover(stop, loader.DefaultTCPatterns, log)
 	})
@@ -320,17 +305,11 @@ func TestTCPodVeths(t *testing.T) {
 			if err := addVeth("veth0"); err != nil { // both ends on the node
 				return err
 			}
-			prog, err := loader.Load(cfg, log)
+			tc, err := loadTC(t, ns, cfg, log, how)
 			if err != nil {
 				return err
 			}
-			t.Cleanup(func() { _ = ns.Do(prog.Close) })
-			tc, err := prog.LoadTCWith(how)
-			if err != nil {
-				return err
-			}
-			t.Cleanup(func() { close(stop); _ = ns.Do(tc.Close) })
-			loader.SetSettle(tc, testSettle)
+			t.Cleanup(func() { close(stop) })
 			return tc.Discover(stop, loader.DefaultTCPatterns, log)
 		})
 		eventually("eni1a2b3c4d", 1)
@@ -499,35 +478,4 @@ func verdictSum(t *testing.T, tc *loader.TC) uint64 {
 		n += c
 	}
 	return n
-}
-
-// sendFrames sends n minimal Ethernet frames of a local experimental
-// EtherType (no IP) out of from to to's MAC: on a veth pair they arrive at
-// to's ingress.
-func sendFrames(from, to string, n int) error {
-	src, err := net.InterfaceByName(from)
-	if err != nil {
-		return err
-	}
-	dst, err := net.InterfaceByName(to)
-	if err != nil {
-		return err
-	}
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0) // protocol 0: it only sends
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	frame := make([]byte, 60)
-	copy(frame[0:6], dst.HardwareAddr)
-	copy(frame[6:12], src.HardwareAddr)
-	frame[12], frame[13] = 0x88, 0xb5
-	sa := &unix.SockaddrLinklayer{Ifindex: src.Index, Protocol: 0xb588, Halen: 6}
-	copy(sa.Addr[:], dst.HardwareAddr)
-	for range n {
-		if err := unix.Sendto(fd, frame, 0, sa); err != nil {
-			return err
-		}
-	}
-	return nil
 }
