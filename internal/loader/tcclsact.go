@@ -31,17 +31,6 @@ const (
 	TCAttachClsact TCAttach = "clsact"
 )
 
-// ParseTCAttach parses a TCAttach.
-func ParseTCAttach(s string) (TCAttach, error) {
-	switch a := TCAttach(s); a {
-	case TCAttachAuto, TCAttachTCX, TCAttachClsact:
-		return a, nil
-	case "":
-		return TCAttachAuto, nil
-	}
-	return "", fmt.Errorf("invalid TC attach %q: want auto, tcx or clsact", s)
-}
-
 // tcxSupported tells whether the kernel has tcx, by asking it to attach prog
 // to an interface that cannot exist: a kernel with tcx answers ENODEV,
 // cilium/ebpf turns an older kernel's answer into ErrNotSupported.
