@@ -195,9 +195,14 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
 	fs.BoolVar(&o.tcEngine, "tc-engine", true, "load the TC engine beside XDP: it relays on the skb path what XDP cannot transmit (into a pod's veth,\n"+
 		"a bridge, a VXLAN/Geneve device) and what local pods send to relay ports (on the interfaces --tc-iface matches)")
-	fs.StringVar(&o.tcIfaces, "tc-iface", "lxc*,cali*,veth*,kind:vxlan,kind:geneve", "`PATTERN[,PATTERN]` (shell patterns) of interfaces the TC engine attaches to as they come and go, while XDP is\n"+
-		"attached: pods' host-side veths (Cilium lxc*, Calico cali*, bridge CNIs veth*), and by link kind (kind:vxlan,\n"+
-		"kind:geneve: overlay devices such as flannel.1, where a masqueraded peer's replies come back); empty: only beside XDP")
+	fs.StringVar(&o.tcIfaces, "tc-iface", strings.Join(loader.DefaultTCPatterns, ","), "`PATTERN[,PATTERN]` of interfaces the TC engine attaches to as they come and go, while XDP is attached:\n"+
+		"pod:veth  every pod's host-side veth, whatever the CNI calls it (a veth whose peer is in another network\n"+
+		"          namespace: Calico cali*, Cilium lxc*, EKS eni*, AKS azv*, bridge plugins veth*, Antrea, OVN-Kubernetes);\n"+
+		"          a veth pair with both ends on the node is not a pod's\n"+
+		"kind:K    every device of link kind K (ip -d link): kind:vxlan, kind:geneve are overlay devices such as flannel.1,\n"+
+		"          where a masqueraded peer's replies come back; kind:veth is every veth, pods' or not\n"+
+		"NAME      a shell pattern of names, e.g. cali*,lxc* to narrow the default to those CNIs' pods\n"+
+		"empty: only beside XDP")
 	fs.BoolVar(&o.shortcut, "channeldata-shortcut", true, "in userspace, relay on pion/turn's channels and permissions without pion/turn's per-datagram\n"+
 		"handling: ChannelData from clients in the listener's read loop, peers' datagrams in the relay socket's;\n"+
 		"the writes pion/turn would make; false: pion/turn handles every datagram")

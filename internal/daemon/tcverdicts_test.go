@@ -1,12 +1,9 @@
 package daemon
 
 import (
-	"net"
 	"net/netip"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
@@ -35,7 +32,9 @@ func TestTCVerdictsScraped(t *testing.T) {
 	}
 
 	const frames = 3
-	sendNonIP(t, "xt0p", "xt0", frames)
+	if err := testenv.SendNonIP("xt0p", "xt0", frames); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, 5*time.Second, "the TC engine's pass_not_ip verdicts in the scrape", func() bool {
 		return tcVerdict(t, d, "pass_not_ip") >= before+frames
 	})
@@ -62,36 +61,4 @@ func tcVerdict(t *testing.T, d *Daemon, reason string) float64 {
 		}
 	}
 	return -1
-}
-
-// sendNonIP sends n minimal Ethernet frames of a local experimental
-// EtherType (IEEE 802 0x88B5, no IP) out of from, addressed to to's MAC: on a
-// veth pair they arrive at to's ingress.
-func sendNonIP(t *testing.T, from, to string, n int) {
-	t.Helper()
-	src, err := net.InterfaceByName(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := net.InterfaceByName(to)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Protocol 0: the socket only sends.
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	frame := make([]byte, 60)
-	copy(frame[0:6], dst.HardwareAddr)
-	copy(frame[6:12], src.HardwareAddr)
-	frame[12], frame[13] = 0x88, 0xb5
-	sa := &unix.SockaddrLinklayer{Ifindex: src.Index, Protocol: 0xb588, Halen: 6}
-	copy(sa.Addr[:], dst.HardwareAddr)
-	for range n {
-		if err := unix.Sendto(fd, frame, 0, sa); err != nil {
-			t.Fatal(err)
-		}
-	}
 }

@@ -14,10 +14,11 @@ import (
 // the interfaces matching the patterns (pods' host-side veths, tunnels:
 // Discover). Where another program holds the XDP hook (another Gateway's
 // daemon on the node: the hook takes one program), the TC engine relays on
-// the interface alone (ModeTC): tcx runs every daemon's engine in turn, each
-// passing on what is not its own (TCX_NEXT). Attach again tries XDP there,
-// keeping the TC engine in place; YieldXDP is the way back to ModeTC (a
-// draining daemon gives the hook to its successor). With no attachment left
+// the interface alone (ModeTC): tcx (or the cls_bpf filters, clsact) runs
+// every daemon's engine in turn, each passing on what is not its own
+// (TCX_NEXT, which cls_bpf reads as TC_ACT_UNSPEC: the next filter). Attach
+// again tries XDP there, keeping the TC engine in place; YieldXDP is the way
+// back to ModeTC (a draining daemon gives the hook to its successor). With no attachment left
 // (the kernel path off) the TC engine is detached everywhere: the kernel path
 // is either on, with one or both engines, or off.
 type Engines struct {
@@ -33,14 +34,32 @@ type Engines struct {
 	ended  chan struct{}
 }
 
-// WithTC loads the TC engine over the program's maps.
+// WithTC loads the TC engine over the program's maps, attached with tcx
+// where the kernel has it, else clsact (WithTCAttach).
 func (p *Program) WithTC(patterns []string, log *slog.Logger) (*Engines, error) {
-	tc, err := p.LoadTC()
+	return p.WithTCAttach(patterns, TCAttachAuto, log)
+}
+
+// WithTCAttach is WithTC with the way the TC engine attaches (LoadTCWith).
+func (p *Program) WithTCAttach(patterns []string, how TCAttach, log *slog.Logger) (*Engines, error) {
+	tc, err := p.LoadTCWith(how)
 	if err != nil {
 		return nil, err
 	}
+	log.Info("TC engine loaded", "attach", tc.AttachMethod())
+	swept, err := tc.Swept()
+	if len(swept) > 0 {
+		log.Info("TC engine: removed the filters a daemon that ended without detaching left", "ifaces", swept)
+	}
+	if err != nil {
+		log.Warn("TC engine: some filters a daemon that ended without detaching left could not be removed", "error", err)
+	}
 	return &Engines{Program: p, TC: tc, patterns: slices.Clone(patterns), log: log, tcOnly: map[string]bool{}}, nil
 }
+
+// TCAttachMethod is how the TC engine attaches on this kernel: "tcx" (6.6+)
+// or "clsact" (a cls_bpf filter).
+func (e *Engines) TCAttachMethod() TCAttach { return e.TC.AttachMethod() }
 
 // Attach attaches the XDP program (as Program.Attach), then the TC engine to
 // the same interface, and starts following the patterns. Where another

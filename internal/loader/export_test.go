@@ -1,6 +1,8 @@
 package loader
 
 import (
+	"time"
+
 	"github.com/cilium/ebpf"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
@@ -46,3 +48,14 @@ func LoadTCStats(p *Program) (*ebpf.Program, error) {
 	objs.TcScratch.Close()
 	return objs.TcTurnRelay, nil
 }
+
+// SetSettle sets how long discovery waits before it attaches a device that
+// appeared (clsact): the tests' devices need no seconds.
+func SetSettle(t *TC, d time.Duration) {
+	if t.settle > 0 {
+		t.settle = d
+	}
+}
+
+// ClsactHandleBase is the first of the handles the engines' filters take.
+const ClsactHandleBase = clsactHandleBase

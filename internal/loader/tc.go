@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -15,13 +16,25 @@ import (
 )
 
 // TC is the second kernel engine (bpf/relay_tc.c): the relay on the skb path,
-// attached with tcx at ingress. It shares every map with the XDP program it
-// was loaded for (bindings, states, counters, rate limits, flow caches), and
-// reaches any egress (bpf_redirect), so it relays where XDP cannot transmit: a
-// pod's veth, a tunnel or bridge device, and traffic entering on a pod's
-// host-side veth, where no XDP program runs.
+// attached at ingress with tcx, or where the kernel has no tcx (before 6.6)
+// with a cls_bpf filter on a clsact qdisc (TCAttach). It shares every map with
+// the XDP program it was loaded for (bindings, states, counters, rate limits,
+// flow caches), and reaches any egress (bpf_redirect), so it relays where XDP
+// cannot transmit: a pod's veth, a tunnel or bridge device, and traffic
+// entering on a pod's host-side veth, where no XDP program runs.
 type TC struct {
 	objs bpf.RelayTcObjects
+	// how is TCAttachTCX or TCAttachClsact, for every interface.
+	how TCAttach
+	// owner holds the handle of the engine's cls_bpf filters (clsact).
+	owner *tcOwner
+	// swept are the interfaces a crashed daemon's filters were removed from
+	// at load, sweepErr what failed there (clsact).
+	swept    []string
+	sweepErr error
+	// settle is how long discovery waits before it attaches to a device that
+	// appeared (clsact: clsactSettle).
+	settle time.Duration
 
 	mu sync.Mutex
 	// links are keyed by ifindex, as the XDP program's.
@@ -29,20 +42,77 @@ type TC struct {
 }
 
 type tcAttachment struct {
-	link link.Link
+	hook tcHook
 	name string
 }
 
+// clsactSettle is how long the engine leaves a new device alone before it
+// adds a clsact qdisc there: a CNI chain's bandwidth plugin adds its own
+// ingress qdisc to a pod's host-side veth right after the veth appears, with
+// an exclusive create that fails (and the pod's network setup with it) where
+// a clsact qdisc is already in place. Later the engine's filter goes onto the
+// plugin's qdisc, after its filter. Media a pod sends in its first seconds
+// goes through userspace.
+const clsactSettle = 5 * time.Second
+
 // LoadTC loads the TC engine over the XDP program's maps, with its
-// configuration (listener ports, relay range, flow cache seed). After the XDP
+// configuration (listener ports, relay range, flow cache seed), attached with
+// tcx where the kernel has it, else clsact (LoadTCWith). After the XDP
 // program's Reconfigure, call the engine's Reconfigure.
-func (p *Program) LoadTC() (*TC, error) {
+func (p *Program) LoadTC() (*TC, error) { return p.LoadTCWith(TCAttachAuto) }
+
+// LoadTCWith is LoadTC with the way the engine attaches: TCAttachTCX fails
+// with ebpf.ErrNotSupported on a kernel without tcx. With clsact, the
+// engine's filters that a crashed daemon left in the caller's network
+// namespace are removed (Swept).
+func (p *Program) LoadTCWith(how TCAttach) (*TC, error) {
 	t := &TC{links: map[int]tcAttachment{}}
 	if err := loadTC(p, &t.objs, nil); err != nil {
 		return nil, err
 	}
+	if err := t.chooseAttach(how); err != nil {
+		_ = t.objs.Close()
+		return nil, err
+	}
 	return t, nil
 }
+
+// chooseAttach settles how the engine attaches, once for all interfaces.
+func (t *TC) chooseAttach(how TCAttach) error {
+	tcx := tcxSupported(t.objs.TcTurnRelay)
+	switch how {
+	case TCAttachAuto:
+		how = TCAttachClsact
+		if tcx {
+			how = TCAttachTCX
+		}
+	case TCAttachTCX:
+		if !tcx {
+			return fmt.Errorf("attach the TC engine with tcx (kernel 6.6+): %w", ebpf.ErrNotSupported)
+		}
+	case TCAttachClsact:
+	default:
+		return fmt.Errorf("invalid TC attach %q", how)
+	}
+	t.how = how
+	if how != TCAttachClsact {
+		return nil
+	}
+	owner, err := claimFreeHandle()
+	if err != nil {
+		return err
+	}
+	t.owner, t.settle = owner, clsactSettle
+	t.swept, t.sweepErr = sweepClsact(owner)
+	return nil
+}
+
+// AttachMethod is how the engine attaches: TCAttachTCX or TCAttachClsact.
+func (t *TC) AttachMethod() TCAttach { return t.how }
+
+// Swept returns the interfaces from which the load removed a crashed
+// daemon's filters (clsact), and what failed there.
+func (t *TC) Swept() ([]string, error) { return t.swept, t.sweepErr }
 
 // loadTC loads the engine into objs with p's maps and configuration, and the
 // engine's own maps from own when given (a reload keeps its counters).
@@ -85,8 +155,8 @@ func loadTC(p *Program, objs *bpf.RelayTcObjects, own *bpf.RelayTcMaps) error {
 
 // Reconfigure loads the engine again with the XDP program's current
 // configuration (after its Reconfigure) and swaps it into every attachment
-// through the tcx links: no packet sees a detached interface. The engine's own
-// maps (its counters) carry over.
+// (the tcx link's update, the cls_bpf filter's replace): no packet sees a
+// detached interface. The engine's own maps (its counters) carry over.
 func (t *TC) Reconfigure(p *Program) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -94,16 +164,16 @@ func (t *TC) Reconfigure(p *Program) error {
 	if err := loadTC(p, &next, &t.objs.RelayTcMaps); err != nil {
 		return err
 	}
-	var moved []link.Link
+	var moved []tcHook
 	for _, a := range t.links {
-		if err := a.link.Update(next.TcTurnRelay); err != nil {
-			for _, l := range moved {
-				_ = l.Update(t.objs.TcTurnRelay)
+		if err := a.hook.update(next.TcTurnRelay); err != nil {
+			for _, h := range moved {
+				_ = h.update(t.objs.TcTurnRelay)
 			}
 			_ = next.Close()
 			return fmt.Errorf("swap the TC program on %s: %w", a.name, err)
 		}
-		moved = append(moved, a.link)
+		moved = append(moved, a.hook)
 	}
 	// The maps in next are clones of ours: close them, keep the program.
 	_ = next.RelayTcMaps.Close()
@@ -146,8 +216,9 @@ func (t *TC) Verdicts() ([]uint64, error) {
 	return out, nil
 }
 
-// Attach attaches the engine at the interface's ingress (tcx, after any
-// program already there). Call it from the interface's network namespace.
+// Attach attaches the engine at the interface's ingress (AttachMethod: tcx
+// after any program already there, or a cls_bpf filter after every filter
+// there). Call it from the interface's network namespace.
 func (t *TC) Attach(iface string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -160,11 +231,18 @@ func (t *TC) Attach(iface string) error {
 		t.links[ifc.Index] = a
 		return nil
 	}
-	l, err := link.AttachTCX(link.TCXOptions{Program: t.objs.TcTurnRelay, Attach: ebpf.AttachTCXIngress, Interface: ifc.Index})
-	if err != nil {
-		return fmt.Errorf("attach TC to %s: %w", iface, err)
+	var hook tcHook
+	if t.how == TCAttachClsact {
+		hook, err = attachClsact(ifc.Index, t.owner.handle, t.objs.TcTurnRelay)
+	} else {
+		var l link.Link
+		l, err = link.AttachTCX(link.TCXOptions{Program: t.objs.TcTurnRelay, Attach: ebpf.AttachTCXIngress, Interface: ifc.Index})
+		hook = tcxHook{l}
 	}
-	t.links[ifc.Index] = tcAttachment{link: l, name: iface}
+	if err != nil {
+		return fmt.Errorf("attach TC (%s) to %s: %w", t.how, iface, err)
+	}
+	t.links[ifc.Index] = tcAttachment{hook: hook, name: iface}
 	return nil
 }
 
@@ -175,7 +253,7 @@ func (t *TC) Detach(iface string) error {
 	for ifindex, a := range t.links {
 		if a.name == iface {
 			delete(t.links, ifindex)
-			return a.link.Close()
+			return a.hook.detach()
 		}
 	}
 	return nil
@@ -192,24 +270,26 @@ func (t *TC) Attached() []string {
 	return out
 }
 
-// Close detaches the engine everywhere and frees it (the shared maps stay
-// with the XDP program).
+// Close detaches the engine everywhere (removing its filters: clsact) and
+// frees it (the shared maps stay with the XDP program).
 func (t *TC) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var errs []error
 	for ifindex, a := range t.links {
 		delete(t.links, ifindex)
-		errs = append(errs, a.link.Close())
+		errs = append(errs, a.hook.detach())
 	}
 	errs = append(errs, t.objs.Close())
+	t.owner.release()
+	t.owner = nil
 	return errors.Join(errs...)
 }
 
 // AttachMatching attaches the engine to every interface that matches one of
-// the patterns (see MatchIface: names such as "lxc*", "cali*", "veth*", or
-// link kinds such as "kind:vxlan"): pods' host-side veths and tunnel
-// devices, where the media of local pods and overlays enters. It returns the
+// the patterns (see MatchIface: "pod:veth", link kinds such as "kind:vxlan",
+// names such as "cali*"): pods' host-side veths and tunnel devices, where
+// the media of local pods and overlays enters. It returns the
 // names it attached to now; Discover follows the interfaces that come later.
 func (t *TC) AttachMatching(patterns ...string) ([]string, error) {
 	if err := CheckIfacePatterns(patterns); err != nil {
@@ -223,7 +303,7 @@ func (t *TC) AttachMatching(patterns ...string) ([]string, error) {
 	var errs []error
 	for _, l := range links {
 		name := l.Attrs().Name
-		if !MatchIface(patterns, name, l.Type()) {
+		if !MatchIface(patterns, ifaceOf(l)) {
 			continue
 		}
 		if err := t.Attach(name); err != nil {

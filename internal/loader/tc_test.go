@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
@@ -17,10 +19,12 @@ import (
 	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
-// TestTCAttachMatching: the TC engine attaches (tcx ingress) to the
-// interfaces whose names match the patterns and to no other, shares the XDP
-// program's maps, and detaches when closed.
-func TestTCAttachMatching(t *testing.T) {
+// TestTCAttachMatching: the TC engine attaches (tcx ingress, or a cls_bpf
+// filter) to the interfaces whose names match the patterns and to no other,
+// shares the XDP program's maps, and detaches when closed.
+func TestTCAttachMatching(t *testing.T) { forEachTCAttach(t, testTCAttachMatching) }
+
+func testTCAttachMatching(t *testing.T, how loader.TCAttach) {
 	ns, cfg, log := tcTestNS(t)
 	var closeTC func() error
 	err := ns.Do(func() error {
@@ -29,14 +33,12 @@ func TestTCAttachMatching(t *testing.T) {
 				return err
 			}
 		}
-		prog, err := loader.Load(cfg, log)
+		tc, err := loadTC(t, ns, cfg, log, how)
 		if err != nil {
 			return err
 		}
-		t.Cleanup(func() { _ = ns.Do(prog.Close) })
-		tc, err := prog.LoadTC()
-		if err != nil {
-			return err
+		if tc.AttachMethod() != how {
+			t.Errorf("attaches with %q, want %q", tc.AttachMethod(), how)
 		}
 		got, err := tc.AttachMatching("lxc*", "cali*", "nomatch*")
 		if err != nil {
@@ -56,35 +58,36 @@ func TestTCAttachMatching(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]int{"lxc1": 1, "cali2": 1, "eth9": 0, "plxc1": 0} {
-		if n := tcxPrograms(t, ns, name); n != want {
-			t.Errorf("%s: %d programs at tcx ingress, want %d", name, n, want)
+		if n := tcEngines(t, ns, name); n != want {
+			t.Errorf("%s: %d TC engines at ingress, want %d", name, n, want)
 		}
 	}
 	if err := ns.Do(closeTC); err != nil {
 		t.Fatal(err)
 	}
-	if tcxPrograms(t, ns, "lxc1") != 0 {
+	if tcEngines(t, ns, "lxc1") != 0 {
 		t.Errorf("still attached after Close")
+	}
+	if how == loader.TCAttachClsact && ingressQdisc(t, ns, "lxc1") != "" {
+		t.Errorf("the clsact qdisc the engine made is still on lxc1 after Close")
 	}
 }
 
 // TestTCDiscover: pods' veths that appear after Discover started are
 // attached, others not; a deleted one is forgotten, so that a new device that
 // reuses its name is attached again.
-func TestTCDiscover(t *testing.T) {
+func TestTCDiscover(t *testing.T) { forEachTCAttach(t, testTCDiscover) }
+
+func testTCDiscover(t *testing.T, how loader.TCAttach) {
 	ns, cfg, log := tcTestNS(t)
 	var tc *loader.TC
 	stop := make(chan struct{})
 	err := ns.Do(func() error {
-		prog, err := loader.Load(cfg, log)
-		if err != nil {
+		var err error
+		if tc, err = loadTC(t, ns, cfg, log, how); err != nil {
 			return err
 		}
-		t.Cleanup(func() { prog.Close() })
-		if tc, err = prog.LoadTC(); err != nil {
-			return err
-		}
-		t.Cleanup(func() { close(stop); tc.Close() })
+		t.Cleanup(func() { close(stop) })
 		return tc.Discover(stop, []string{"lxc*"}, log)
 	})
 	if err != nil {
@@ -96,7 +99,7 @@ func TestTCDiscover(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	attached := func(name string) bool { return tcxEventually(t, ns, name, 1) }
+	attached := func(name string) bool { return tcEventually(t, ns, name, 1) }
 	add("lxc7")
 	add("eth7")
 	if !attached("lxc7") {
@@ -127,7 +130,9 @@ func TestTCDiscover(t *testing.T) {
 // TestEngines: the TC engine runs beside the XDP program and follows pods'
 // veths only while the XDP program is attached somewhere: the kernel path is
 // on with both engines, or off with neither.
-func TestEngines(t *testing.T) {
+func TestEngines(t *testing.T) { forEachTCAttach(t, testEngines) }
+
+func testEngines(t *testing.T, how loader.TCAttach) {
 	ns, cfg, log := tcTestNS(t)
 	tcx, eventually, do := tcChecks(t, ns)
 	var e *loader.Engines
@@ -141,9 +146,12 @@ func TestEngines(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		e, err = prog.WithTC([]string{"lxc*"}, log)
+		e, err = loadEngines(prog, []string{"lxc*"}, how, log)
 		return err
 	})
+	if e.TCAttachMethod() != how {
+		t.Errorf("the TC engine attaches with %q, want %q", e.TCAttachMethod(), how)
+	}
 	t.Cleanup(func() { _ = ns.Do(e.Close) })
 	if tcx("n0") != 0 || tcx("lxc3") != 0 {
 		t.Fatal("attached before the XDP program was")
@@ -181,7 +189,9 @@ func TestEngines(t *testing.T) {
 // attach finds it busy (ErrXDPBusy) and its TC engine relays there alone
 // (ModeTC), in the same tcx chain as the first's, and follows the pods'
 // interfaces; once the first detaches, attaching again gets XDP.
-func TestEnginesBesideAnotherXDP(t *testing.T) {
+func TestEnginesBesideAnotherXDP(t *testing.T) { forEachTCAttach(t, testEnginesBesideAnotherXDP) }
+
+func testEnginesBesideAnotherXDP(t *testing.T, how loader.TCAttach) {
 	ns, cfg, log := tcTestNS(t)
 	_, eventually, do := tcChecks(t, ns)
 	var first, second *loader.Engines
@@ -197,7 +207,7 @@ func TestEnginesBesideAnotherXDP(t *testing.T) {
 			if lerr != nil {
 				return lerr
 			}
-			if *e, err = prog.WithTC([]string{"lxc*"}, log); err != nil {
+			if *e, err = loadEngines(prog, []string{"lxc*"}, how, log); err != nil {
 				return err
 			}
 		}
@@ -258,14 +268,14 @@ func TestEnginesBesideAnotherXDP(t *testing.T) {
 	}
 }
 
-// tcChecks are the engine tests' helpers in the namespace: the count of tcx
-// programs on a device, a wait for a count, and a call that must not fail.
+// tcChecks are the engine tests' helpers in the namespace: the count of TC
+// engines on a device, a wait for a count, and a call that must not fail.
 func tcChecks(t *testing.T, ns *testenv.NSWorker) (tcx func(string) int, eventually func(string, int), do func(func() error)) {
-	tcx = func(name string) int { return tcxPrograms(t, ns, name) }
+	tcx = func(name string) int { return tcEngines(t, ns, name) }
 	eventually = func(name string, want int) {
 		t.Helper()
-		if !tcxEventually(t, ns, name, want) {
-			t.Fatalf("%s: %d TC programs, want %d", name, tcx(name), want)
+		if !tcEventually(t, ns, name, want) {
+			t.Fatalf("%s: %d TC engines, want %d", name, tcx(name), want)
 		}
 	}
 	do = func(f func() error) {
@@ -277,9 +287,68 @@ func tcChecks(t *testing.T, ns *testenv.NSWorker) (tcx func(string) int, eventua
 	return tcx, eventually, do
 }
 
-// tcxPrograms counts the programs at the named device's tcx ingress, as the
-// kernel lists them (in the NSWorker's namespace).
-func tcxPrograms(t *testing.T, ns *testenv.NSWorker, name string) int {
+// testSettle is how long discovery waits before it attaches a new device in
+// these tests (clsact), instead of seconds.
+const testSettle = 100 * time.Millisecond
+
+// forEachTCAttach runs the test with the TC engine attached with tcx (where
+// the kernel has it) and with clsact.
+func forEachTCAttach(t *testing.T, test func(*testing.T, loader.TCAttach)) {
+	for _, how := range []loader.TCAttach{loader.TCAttachTCX, loader.TCAttachClsact} {
+		t.Run(string(how), func(t *testing.T) {
+			if how == loader.TCAttachTCX && !kernelHasTCX(t) {
+				t.Skip("the kernel has no tcx (6.6+)")
+			}
+			test(t, how)
+		})
+	}
+}
+
+// loadTC loads the XDP program and the TC engine over it, attached as how,
+// with discovery's wait shortened, in the worker's namespace (call it from
+// ns.Do); both are closed at cleanup.
+func loadTC(t *testing.T, ns *testenv.NSWorker, cfg loader.Config, log *slog.Logger, how loader.TCAttach) (*loader.TC, error) {
+	prog, err := loader.Load(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { _ = ns.Do(prog.Close) })
+	tc, err := prog.LoadTCWith(how)
+	if err != nil {
+		return nil, err
+	}
+	loader.SetSettle(tc, testSettle)
+	t.Cleanup(func() { _ = ns.Do(tc.Close) })
+	return tc, nil
+}
+
+// loadEngines is Program.WithTCAttach with discovery's wait shortened.
+func loadEngines(prog *loader.Program, patterns []string, how loader.TCAttach, log *slog.Logger) (*loader.Engines, error) {
+	e, err := prog.WithTCAttach(patterns, how, log)
+	if err == nil {
+		loader.SetSettle(e.TC, testSettle)
+	}
+	return e, err
+}
+
+// kernelHasTCX asks the kernel to attach a program with tcx to an interface
+// that does not exist: ENODEV with tcx, else ErrNotSupported.
+func kernelHasTCX(t *testing.T) bool {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "MIT",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	_, err = link.AttachTCX(link.TCXOptions{Program: prog, Attach: ebpf.AttachTCXIngress, Interface: math.MaxUint32})
+	return !errors.Is(err, ebpf.ErrNotSupported)
+}
+
+// tcEngines counts the TC engines at the named device's ingress, as the
+// kernel lists them (in the NSWorker's namespace): programs at tcx ingress
+// and the engines' cls_bpf filters.
+func tcEngines(t *testing.T, ns *testenv.NSWorker, name string) int {
 	t.Helper()
 	var n int
 	if err := ns.Do(func() error {
@@ -287,21 +356,67 @@ func tcxPrograms(t *testing.T, ns *testenv.NSWorker, name string) int {
 		if err != nil {
 			return err
 		}
+		n = len(engineFilters(t, l))
 		r, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress})
-		n = len(r.Programs)
-		return err
+		if err != nil {
+			if kernelHasTCX(t) {
+				return err
+			}
+			return nil
+		}
+		n += len(r.Programs)
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
 	return n
 }
 
-// tcxEventually waits (2 s at most) for want programs at the device's tcx
+// engineFilters returns the engines' cls_bpf filters at the device's ingress.
+func engineFilters(t *testing.T, l netlink.Link) []*netlink.BpfFilter {
+	t.Helper()
+	fs, err := netlink.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+	if err != nil {
+		return nil // no ingress qdisc
+	}
+	var out []*netlink.BpfFilter
+	for _, f := range fs {
+		if b, ok := f.(*netlink.BpfFilter); ok && b.Name == "stunnerd-xdp" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// ingressQdisc returns the kind of the device's ingress qdisc ("clsact",
+// "ingress"), "" without one.
+func ingressQdisc(t *testing.T, ns *testenv.NSWorker, name string) string {
+	t.Helper()
+	var kind string
+	if err := ns.Do(func() error {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		qs, err := netlink.QdiscList(l)
+		for _, q := range qs {
+			if q.Attrs().Parent == netlink.HANDLE_INGRESS {
+				kind = q.Type()
+			}
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return kind
+}
+
+// tcEventually waits (2 s at most) for want TC engines at the device's
 // ingress, which a netlink event brings, and tells whether they came.
-func tcxEventually(t *testing.T, ns *testenv.NSWorker, name string, want int) bool {
+func tcEventually(t *testing.T, ns *testenv.NSWorker, name string, want int) bool {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Second)
-	for tcxPrograms(t, ns, name) != want {
+	for tcEngines(t, ns, name) != want {
 		if time.Now().After(deadline) {
 			return false
 		}

@@ -59,12 +59,25 @@ const (
 	// mv0 generic, the mixed attachment of issue 23. (A VLAN device would be the same; this
 	// machine's kernel has no 8021q.)
 	MacvlanNIC Shape = "macvlan-nic"
+	// EKSPod: CalicoPod's pod, its host-side veth named as EKS's VPC CNI names it, "eni" and a
+	// hash of the pod's name ("eni1a2b3c4d"); the VPC CNI wires it the same way (no address on
+	// the host side, a /32 route to the pod through it, the pod's default route via 169.254.1.1).
+	EKSPod Shape = "eks-pod"
+	// AKSPod: the same, named as AKS's Azure CNI names it, "azv" and a hash ("azv1234abcd").
+	AKSPod Shape = "aks-pod"
 )
 
 // Shapes lists every node shape, in the order of issue 23's table.
 func Shapes() []Shape {
 	return []Shape{PodVeth, CalicoPod, BridgePod, VXLANMasq, VXLAN, NativeRouting, RemoteHost, NodePort, MacvlanNIC}
 }
+
+// NamedPodShapes are the shapes that differ from CalicoPod in the name of the pod's host-side
+// veth alone (the other CNIs' names): BuildNode builds them, Shapes does not list them.
+func NamedPodShapes() []Shape { return []Shape{EKSPod, AKSPod} }
+
+// hostVethNames are the pod's host-side veths the NamedPodShapes have.
+var hostVethNames = map[Shape]string{EKSPod: "eni1a2b3c4d", AKSPod: "azv1234abcd"}
 
 // Addresses of the node rigs.
 const (
@@ -143,7 +156,7 @@ func NewNode(t testing.TB, shape Shape, opts ...Option) *NodeRig {
 // BuildNode builds a node rig of the shape and returns it or what failed; on failure it removes
 // what it had built. WithTag is the only Option it takes. The caller closes the rig (Close).
 func BuildNode(shape Shape, opts ...Option) (r *NodeRig, err error) {
-	if !slices.Contains(Shapes(), shape) {
+	if !slices.Contains(Shapes(), shape) && !slices.Contains(NamedPodShapes(), shape) {
 		return nil, fmt.Errorf("no node shape %q", shape)
 	}
 	var o options
@@ -169,7 +182,7 @@ func BuildNode(shape Shape, opts ...Option) (r *NodeRig, err error) {
 	b.machine(r.Node, node1IP, "n1", true)
 
 	switch shape {
-	case PodVeth, CalicoPod, BridgePod:
+	case PodVeth, CalicoPod, BridgePod, EKSPod, AKSPod:
 		r.Pod = b.ns("pod")
 		r.Peer, r.PeerIP = r.Pod, pod1IP
 		b.pod(r.Node, r.Pod, pod1IP, shape, 1500)
@@ -298,8 +311,8 @@ func (b *nodeBuilder) secondNode() {
 }
 
 // pod creates the pod namespace's eth0 at addr and wires it to node in the style of the shape
-// (PodVeth, CalicoPod or BridgePod), with the given MTU on both ends of its veth. The pod's
-// gateway is the .1 of its /24 (Calico: 169.254.1.1).
+// (PodVeth, CalicoPod or BridgePod; the NamedPodShapes as CalicoPod), with the given MTU on both
+// ends of its veth. The pod's gateway is the .1 of its /24 (Calico: 169.254.1.1).
 func (b *nodeBuilder) pod(node, pod *NS, addr netip.Addr, style Shape, mtu int) {
 	b.disableIPv6(pod)
 	b.in(pod, "sysctl", "-q", "-w", "net.ipv4.ip_forward=0")
@@ -308,6 +321,9 @@ func (b *nodeBuilder) pod(node, pod *NS, addr netip.Addr, style Shape, mtu int) 
 	host := "veth" + b.id[len(b.id)-6:]
 	if style == CalicoPod {
 		host = "cali" + b.id[len(b.id)-6:]
+	}
+	if name, ok := hostVethNames[style]; ok {
+		host, style = name, CalicoPod
 	}
 	b.r.EgressIf = host
 	b.veth(pod, Iface{Name: "eth0"}, node, Iface{Name: host})
