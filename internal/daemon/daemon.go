@@ -167,6 +167,7 @@ func (d *Daemon) startXDP() {
 		Log: xlog, Load: load, Sink: mapWriters{d}, Program: cfg.loaderConfig(), Interfaces: ifaces,
 		Flag: cfg.XDPMode, Config: cfg.ConfigXDPMode,
 	})
+	d.mirror.SetNoPath(d.xdp.Unavailable)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()

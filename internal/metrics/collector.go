@@ -105,7 +105,9 @@ func newCollector(src Source) *collector {
 		label:        prometheus.NewDesc("stunnerd_xdp_offload_label", "1 for the state of the node's stunner.l7mp.io/xdp-offload label (absent without --node-name).", []string{"state"}, nil),
 		userspace: prometheus.NewDesc("stunnerd_xdp_bindings_userspace",
 			"Channel bindings pion/turn holds that stay on the userspace path, by reason: nat (the kernel NATs the flow), "+
-				"no_offload_peer (--no-offload-peer or a Service CIDR), pending (no conntrack evidence yet), full (the maps are full).",
+				"no_offload_peer (--no-offload-peer or a Service CIDR), pending (no conntrack evidence yet), full (the maps are full); "+
+				"while no program carries bindings, every binding under why: off (the XDP mode is off), program_refused (the kernel refused the program), "+
+				"no_kernel_path (XDP is wanted but attached nowhere).",
 			[]string{"reason"}, nil),
 		refused: prometheus.NewDesc("stunnerd_xdp_allocations_refused_total",
 			"Allocate requests answered 486 (Allocation Quota Reached), by reason: user_quota, total_quota, draining.", []string{"reason"}, nil),
