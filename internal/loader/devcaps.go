@@ -249,3 +249,15 @@ func (d *devCaps) close() {
 	}
 	d.rtnl.Close()
 }
+
+// XDPFeatures says whether the kernel reports which devices transmit XDP
+// frames (netdev xdp-features, 6.3+); without them dev_caps comes from the
+// fallback (devcaps_fallback.go). It asks in the calling thread's namespace.
+func XDPFeatures() bool {
+	c, err := dialXDPFeatures()
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}

@@ -284,6 +284,13 @@ func (m *Manager) update(change func(*inputs)) error {
 // It never blocks.
 func (m *Manager) Unavailable() string { return m.why.Load().(string) }
 
+// Loaded says whether the program is loaded (attached or not).
+func (m *Manager) Loaded() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.prog != nil
+}
+
 // Refused returns the kernel's refusal of the program (wrapped in
 // ErrRefused), nil when it loaded or was not tried.
 func (m *Manager) Refused() error {
@@ -386,7 +393,7 @@ func (m *Manager) applyLocked(mode loader.Mode) error {
 			}
 			m.refused = err
 			m.log.Warn("the kernel refused the XDP program: every binding is served from userspace; not loaded again until the program's configuration changes",
-				"reason", refusalReason(err))
+				"reason", RefusalReason(err))
 			m.log.Debug("the kernel's whole answer", "error", err)
 			return fmt.Errorf("%w: %w", ErrRefused, err)
 		}

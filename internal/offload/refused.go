@@ -37,9 +37,9 @@ func refusedByKernel(err error) bool {
 	return false
 }
 
-// refusalReason is the kernel's reason in one line: the verifier's last lines
+// RefusalReason is the kernel's reason in one line: the verifier's last lines
 // (cilium/ebpf's summary), not its whole log, which the loader's error carries.
-func refusalReason(err error) string {
+func RefusalReason(err error) string {
 	var ve *ebpf.VerifierError
 	if errors.As(err, &ve) {
 		return ve.Error()
