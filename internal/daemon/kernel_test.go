@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -12,8 +13,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/offload"
+	"github.com/l7mp/stunnerd-xdp/test/netns"
+	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
 // TestProgramRefused: on a kernel whose verifier refuses the program (5.10,
@@ -94,5 +98,85 @@ func TestProgramRefused(t *testing.T) {
 	}
 	if !info || !refused {
 		t.Errorf("metrics: kernel_info{program=refused} %v, bindings_userspace{reason=program_refused} 1 %v; want both", info, refused)
+	}
+}
+
+// TestKernelReport: the real program on this kernel, with the default mode
+// (auto) and the TC engine. The daemon's kernel line, /status and
+// kernel_info agree with what happened: loaded and attached (path xdp), or
+// refused by this kernel's verifier (path userspace, one WARN, loaded once
+// over 15 retry ticks and 3 link events); never path xdp with nothing
+// attached. xdp_features is true from 6.3 on. Run on each guest kernel by
+// test/kernels/kernels.sh.
+func TestKernelReport(t *testing.T) {
+	if !testenv.InNetns() {
+		netns.RequirePrivileged(t)
+		ns := netns.NewNS(t, "kernel")
+		testenv.RunInNetns(t, ns.Name, 2*time.Minute)
+		return
+	}
+	addr := netip.MustParseAddr("10.99.0.1")
+	addLink(t, "kv0", addr)
+	logs := &testenv.LockedBuffer{}
+	lf, err := logging.New("all:INFO", "text", logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Start(Config{
+		Listen: netip.AddrPortFrom(addr, 3478), Users: map[string]string{"u": "p"}, RelayAddress: addr,
+		MinRelayPort: 40000, MaxRelayPort: 40999, Interfaces: []string{"kv0"},
+		XDPRetryInterval: 20 * time.Millisecond, TCEngine: true, Logger: lf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for range 3 {
+		d.linkEvents <- struct{}{}
+	}
+	time.Sleep(300 * time.Millisecond)
+	k := d.Kernel()
+	t.Logf("kernel: %+v; attached %v", k, d.Attached())
+
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	release := unix.ByteSliceToString(u.Release[:])
+	var major, minor int
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil {
+		t.Fatal(err)
+	}
+	if k.Release != release || k.XDPFeatures != (major > 6 || major == 6 && minor >= 3) {
+		t.Errorf("release %q, xdp features %v on %s", k.Release, k.XDPFeatures, release)
+	}
+	line := ""
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "msg=kernel ") {
+			line = l
+		}
+	}
+	if line == "" || strings.Count(logs.String(), "msg=kernel ") != 1 {
+		t.Fatalf("want one kernel line:\n%s", logs.String())
+	}
+	st := d.Status()
+	if st.XDP.Kernel != k || st.Status != "READY" {
+		t.Errorf("/status: %s, kernel %+v; want READY and %+v", st.Status, st.XDP.Kernel, k)
+	}
+	switch k.Program {
+	case "loaded":
+		if k.Path != "xdp" || len(d.Attached()) == 0 || !strings.Contains(line, "path=xdp") || k.Userspace != "" {
+			t.Errorf("loaded: path %q, attached %v, userspace reason %q, line %q", k.Path, d.Attached(), k.Userspace, line)
+		}
+	case "refused":
+		if k.Path != "userspace" || len(d.Attached()) != 0 || !strings.Contains(line, "path=userspace") ||
+			k.Userspace != "program_refused" || k.Refused == "" {
+			t.Errorf("refused: path %q, attached %v, userspace reason %q, refused %q, line %q", k.Path, d.Attached(), k.Userspace, k.Refused, line)
+		}
+		if n := strings.Count(logs.String(), "the kernel refused the XDP program"); n != 1 {
+			t.Errorf("the refusal was said %d times, want once (not retried):\n%s", n, logs.String())
+		}
+	default:
+		t.Errorf("program %q after start, want loaded or refused:\n%s", k.Program, logs.String())
 	}
 }
