@@ -106,7 +106,7 @@ func TestProgramRefused(t *testing.T) {
 // kernel_info agree with what happened: loaded and attached (path xdp), or
 // refused by this kernel's verifier (path userspace, one WARN, loaded once
 // over 15 retry ticks and 3 link events); never path xdp with nothing
-// attached. xdp_features is true from 6.3 on. Run on each guest kernel by
+// attached. xdp_features is true from 6.3 on, the handover on from 5.14. Run on each guest kernel by
 // test/kernels/kernels.sh.
 func TestKernelReport(t *testing.T) {
 	if !testenv.InNetns() {
@@ -125,7 +125,7 @@ func TestKernelReport(t *testing.T) {
 	d, err := Start(Config{
 		Listen: netip.AddrPortFrom(addr, 3478), Users: map[string]string{"u": "p"}, RelayAddress: addr,
 		MinRelayPort: 40000, MaxRelayPort: 40999, Interfaces: []string{"kv0"},
-		XDPRetryInterval: 20 * time.Millisecond, TCEngine: true, Logger: lf,
+		XDPRetryInterval: 20 * time.Millisecond, TCEngine: true, Logger: lf, SteeringDir: testenv.BPFFS(t),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -147,8 +147,13 @@ func TestKernelReport(t *testing.T) {
 	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil {
 		t.Fatal(err)
 	}
-	if k.Release != release || k.XDPFeatures != (major > 6 || major == 6 && minor >= 3) {
+	from := func(ma, mi int) bool { return major > ma || major == ma && minor >= mi }
+	if k.Release != release || k.XDPFeatures != from(6, 3) {
 		t.Errorf("release %q, xdp features %v on %s", k.Release, k.XDPFeatures, release)
+	}
+	// The handover's steering program reads sk_reuseport_md.migrating_sk.
+	if want := map[bool]string{true: "on", false: "unavailable"}[from(5, 14)]; k.Handover != want {
+		t.Errorf("handover %q on %s, want %q", k.Handover, release, want)
 	}
 	line := ""
 	for _, l := range strings.Split(logs.String(), "\n") {
