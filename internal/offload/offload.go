@@ -197,6 +197,9 @@ type Manager struct {
 	// read without it (the mirror asks at scrape time, under its own lock,
 	// which the manager's calls into the sink wait for).
 	why atomic.Value // string
+	// attachRefused are the interfaces whose driver refused the mode:
+	// Retry's timer skips them, a link event or an input tries again.
+	attachRefused map[string]bool
 	// closed: Close ran; no input loads or attaches the program again.
 	closed bool
 }
@@ -206,6 +209,7 @@ func New(o Options) *Manager {
 	m := &Manager{
 		log: o.Log, load: o.Load, sink: o.Sink, ifaces: append([]string(nil), o.Interfaces...),
 		cfg: o.Program, in: inputs{flag: o.Flag, config: o.Config}, failed: map[string]string{},
+		attachRefused: map[string]bool{},
 	}
 	m.why.Store(mirror.ReasonNoKernelPath) // not started: nothing is attached yet
 	return m
@@ -270,6 +274,7 @@ func (m *Manager) update(change func(*inputs)) error {
 		return ErrClosed
 	}
 	change(&m.in)
+	clear(m.attachRefused) // another mode may be taken
 	mode := m.in.mode()
 	if mode != m.applied {
 		m.log.Info("XDP mode", "mode", string(mode), "was", string(m.applied), "flag", string(m.in.flag),
@@ -339,14 +344,31 @@ func inputsWantXDP(in inputs) bool {
 // Retry attaches where the mode wants XDP and the program is not attached,
 // or the TC engine relays alone: another daemon's program still holds the
 // interface, or the interface came later, or was deleted and created again.
-// Bindings stay where they are.
+// Bindings stay where they are. An interface whose driver refused the mode
+// (EOPNOTSUPP, EINVAL: no native XDP, an MTU it cannot take) is left alone
+// until a link event (LinkChanged) or another input.
 func (m *Manager) Retry() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.retryLocked()
+}
+
+// LinkChanged is Retry after a link event: a device came, went, or changed
+// (its MTU, its driver), so interfaces whose driver refused the mode are
+// tried again too.
+func (m *Manager) LinkChanged() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	clear(m.attachRefused)
+	m.retryLocked()
+}
+
+func (m *Manager) retryLocked() {
 	if m.prog == nil && m.refused != nil {
 		return // the kernel's answer stands (Reconfigure asks again)
 	}
-	if !m.closed && m.applied != loader.ModeOff && m.applied != "" && (len(m.missingLocked()) > 0 || m.tcOnlyLocked()) {
+	missing := slices.DeleteFunc(m.missingLocked(), func(iface string) bool { return m.attachRefused[iface] })
+	if !m.closed && m.applied != loader.ModeOff && m.applied != "" && (len(missing) > 0 || m.tcOnlyLocked()) {
 		_ = m.applyLocked(m.applied) // applyLocked logs what changed
 	}
 }
@@ -407,6 +429,9 @@ func (m *Manager) applyLocked(mode loader.Mode) error {
 		if ok && (was == mode || mode == loader.ModeAuto && was != loader.ModeTC) {
 			continue
 		}
+		if !ok && m.attachRefused[iface] {
+			continue // until a link event or another input
+		}
 		if ok && was != loader.ModeTC {
 			// A different mode was asked for: reattach. (Where the TC
 			// engine relays alone, Attach tries XDP with it in place.)
@@ -427,6 +452,9 @@ func (m *Manager) applyLocked(mode loader.Mode) error {
 		}
 		if err != nil {
 			errs = append(errs, err)
+			if refusedByKernel(err) && !errors.Is(err, loader.ErrXDPBusy) {
+				m.attachRefused[iface] = true
+			}
 			// Retried while another daemon holds the interface: say each
 			// new reason once.
 			if m.failed[iface] != err.Error() {
@@ -438,6 +466,7 @@ func (m *Manager) applyLocked(mode loader.Mode) error {
 			continue
 		}
 		delete(m.failed, iface)
+		delete(m.attachRefused, iface)
 		attached[iface] = got
 		m.log.Info("XDP attached", "iface", iface, "mode", string(got))
 	}

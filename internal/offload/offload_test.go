@@ -689,3 +689,51 @@ func TestRefusedNotRetried(t *testing.T) {
 		})
 	}
 }
+
+// TestAttachRefusedWaitsForLinks: an interface whose driver refuses the mode
+// (EOPNOTSUPP: no native XDP) is not tried again at every Retry tick, only
+// after a link event (LinkChanged) or another input; an interface another
+// program holds (busy) is tried at every tick.
+func TestAttachRefusedWaitsForLinks(t *testing.T) {
+	f := newFixture(t, loader.ModeNative, "", "eth0", "eth1")
+	refusing := map[string]bool{"eth0": true}
+	attaches := map[string]int{}
+	f.m.load = func(loader.Config) (Program, mirror.Offload, error) {
+		return refusingProgram{f.prog, refusing, attaches}, f.maps, nil
+	}
+	f.prog.setBusy("eth1", true)
+	if err := f.m.Start(); !errors.Is(err, ErrNotAttached) {
+		t.Fatalf("start: %v", err)
+	}
+	for range 3 {
+		f.m.Retry()
+	}
+	if attaches["eth0"] != 1 || attaches["eth1"] != 4 {
+		t.Fatalf("attaches %v after start and 3 ticks; want eth0 once (refused), eth1 4 times (busy)", attaches)
+	}
+	refusing["eth0"] = false // a driver that takes it now (a link event says something changed)
+	f.m.Retry()
+	if attaches["eth0"] != 1 {
+		t.Fatalf("a tick tried eth0 again: %v", attaches)
+	}
+	f.m.LinkChanged()
+	if attaches["eth0"] != 2 || f.m.Attached()["eth0"] != loader.ModeNative {
+		t.Fatalf("after a link event: attaches %v, attached %v; want eth0 tried and attached", attaches, f.m.Attached())
+	}
+}
+
+// refusingProgram is a fakeProgram whose interfaces in refusing refuse the
+// attach as a driver without native XDP does; it counts attaches.
+type refusingProgram struct {
+	*fakeProgram
+	refusing map[string]bool
+	attaches map[string]int
+}
+
+func (p refusingProgram) Attach(iface string, mode loader.Mode) (loader.Mode, error) {
+	p.attaches[iface]++
+	if p.refusing[iface] {
+		return loader.ModeOff, fmt.Errorf("attach XDP to %s: %s: %w", iface, mode, unix.EOPNOTSUPP)
+	}
+	return p.fakeProgram.Attach(iface, mode)
+}
