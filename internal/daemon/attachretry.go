@@ -10,16 +10,12 @@ import (
 // whose driver refused the mode, and neither loads again a program the
 // kernel refused. Sessions are served from userspace meanwhile.
 func (d *Daemon) xdpRetry(every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-d.stop:
-			return
-		case <-t.C:
-			d.xdp.Retry() // the manager logs what changed
-		case <-d.linkEvents:
+	d.tickOr(every, d.linkEvents, func(linkEvent bool) bool {
+		if linkEvent {
 			d.xdp.LinkChanged()
+		} else {
+			d.xdp.Retry() // the manager logs what changed
 		}
-	}
+		return false
+	})
 }
