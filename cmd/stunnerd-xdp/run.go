@@ -353,7 +353,7 @@ func (a *applier) start(cfg daemon.Config, r *config.Resolved) error {
 	if err := followNode(a.o, d, a.logger); err != nil {
 		return err
 	}
-	a.log.Info("serving: ready", "listeners", len(cfg.Listeners), "config", r.Name)
+	a.log.Info("serving: ready", "listeners", len(cfg.Listeners), "config", r.Name, "path", d.Kernel().Path)
 	return nil
 }
 

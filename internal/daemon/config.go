@@ -17,6 +17,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/logging"
 	"github.com/l7mp/stunnerd-xdp/internal/metrics"
+	"github.com/l7mp/stunnerd-xdp/internal/offload"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
 )
 
@@ -59,6 +60,9 @@ type Config struct {
 	// (pods' host-side veths), the datagrams local pods send to relay ports.
 	TCEngine   bool
 	TCPatterns []string
+	// load loads the program in place of LoadXDP and LoadEngines: what a
+	// test gives to stand for a kernel that refuses it.
+	load offload.LoadFunc
 
 	// UserQuota bounds the allocations of one user-id, TotalQuota the
 	// daemon's (0: no limit; AutoQuota: the defaults, see resolveQuotas);

@@ -73,6 +73,7 @@ type Daemon struct {
 	trackMu sync.Mutex
 	closing bool
 
+	kernel      kernelFacts // read once at start
 	nodeWatcher atomic.Pointer[nodelabel.Watcher]
 	stopping    atomic.Bool   // Drain was called
 	draining    atomic.Bool   // new allocations are refused (drain.go)
@@ -101,6 +102,7 @@ func Start(cfg Config) (*Daemon, error) {
 		linkEvents:  make(chan struct{}, 1),
 		drained:     make(chan struct{}),
 	}
+	d.kernel = readKernelFacts()
 	d.rateLimit = userspace.NewRateLimiter(cfg.RateLimit, d.counters)
 	d.conns, _ = connlimit.New(cfg.ConnLimits) // validate checked them
 	d.cfg.Store(&cfg)
@@ -163,18 +165,23 @@ func (d *Daemon) startXDP() {
 	if cfg.TCEngine {
 		load = offload.LoadEngines(xlog, cfg.TCPatterns)
 	}
+	if cfg.load != nil {
+		load = cfg.load
+	}
 	d.xdp = offload.New(offload.Options{
 		Log: xlog, Load: load, Sink: mapWriters{d}, Program: cfg.loaderConfig(), Interfaces: ifaces,
 		Flag: cfg.XDPMode, Config: cfg.ConfigXDPMode,
 	})
+	d.mirror.SetNoPath(d.xdp.Unavailable)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
 		d.mirror.RunReconcile(cfg.ReconcileInterval, d.stop)
 	}()
-	if err := d.xdp.Start(); err != nil {
+	if err := d.xdp.Start(); startErr(err) {
 		xlog.Warn("serving from userspace; retrying the attach", "error", err, "every", cfg.XDPRetryInterval.String())
 	}
+	d.logKernel()
 	d.startConntrackRefresh()
 	d.wg.Add(3)
 	go func() {
@@ -347,6 +354,7 @@ func (d *Daemon) Status() status.Status {
 	}
 	x.UserspacePackets = d.counters.ClientToPeerPackets.Load() + d.counters.PeerToClientPackets.Load()
 	x.Steering, _ = d.Steering()
+	x.Kernel = d.Kernel()
 	for i, m := range d.xdp.Attached() {
 		x.Attached[i] = string(m)
 	}

@@ -138,11 +138,10 @@ func (s *Set) start(st Settings, l config.ResolvedListener) error {
 		ls.servers = append(ls.servers, srv)
 	}
 	s.byName[l.Name] = ls
-	path := "userspace"
-	if l.Protocol == config.UDP {
-		path = "xdp+userspace"
-	}
-	s.log.Info("TURN listener up", "listener", l.Name, "protocol", string(l.Protocol), "addr", l.Addr.String(), "path", path, "read-loops", len(ls.servers),
+	// Whether its channels are relayed in the kernel is the daemon's to say
+	// (the "kernel" line, path=): nothing is attached yet, and may never be.
+	s.log.Info("TURN listener up", "listener", l.Name, "protocol", string(l.Protocol), "addr", l.Addr.String(),
+		"kernel-path-eligible", l.Protocol == config.UDP, "read-loops", len(ls.servers),
 		"relay-address", st.RelayAddress.String(), "relay-ports", fmt.Sprintf("%d-%d", st.MinRelayPort, st.MaxRelayPort))
 	return nil
 }

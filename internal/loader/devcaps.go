@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -24,13 +25,15 @@ import (
 // NDO_XMIT comes and goes with its peer's XDP program), re-reads everything
 // on each (coalesced), and bumps the FIB generation whenever an entry
 // changed, so that cached next hops, which carry the decision, are decided
-// again.
+// again. Below 6.3 (no xdp-features) it decides per device from what it can
+// read instead (devcaps_fallback.go) and reads again every fallbackPoll.
 type devCaps struct {
 	caps   *ebpf.Map
 	fibGen *bpf.FibGen
 	log    *slog.Logger
 	rtnl   *netlink.Handle
 	feat   *xdpfeatures.Client // nil: the kernel reports no XDP features
+	fb     *fallback           // without feat: what the devices tell otherwise
 	watch  *xdpfeatures.Watcher
 	stop   chan struct{}
 	kick   chan struct{}
@@ -54,10 +57,15 @@ func startDevCaps(caps *ebpf.Map, fibGen *bpf.FibGen, modes map[int]Mode, log *s
 	}
 	d := &devCaps{caps: caps, fibGen: fibGen, log: log, rtnl: rtnl, stop: make(chan struct{}),
 		kick: make(chan struct{}, 1), modes: modes, written: map[uint32]bpf.RelayDevCap{}}
-	feat, err := xdpfeatures.Dial()
+	feat, err := dialXDPFeatures()
 	switch {
 	case errors.Is(err, xdpfeatures.ErrUnsupported):
-		log.Warn("the kernel does not report which devices transmit XDP frames (Linux 6.3+): from natively attached interfaces nothing is redirected or sent back (XDP_TX); use --xdp-mode=generic", "error", err)
+		if d.fb, err = newFallback(); err != nil {
+			log.Warn("the kernel does not report which devices transmit XDP frames (Linux 6.3+), nor can they be read otherwise: from natively attached interfaces nothing is redirected or sent back (XDP_TX); use --xdp-mode=generic", "error", err)
+			break
+		}
+		log.Info("the kernel does not report which devices transmit XDP frames (Linux 6.3+): deciding per device (a veth whose peer runs XDP in its driver, a NIC of a known driver running XDP in its driver); others get no redirected frame",
+			"every", fallbackPoll.String())
 	case err != nil:
 		rtnl.Close()
 		return nil, fmt.Errorf("device capabilities: %w", err)
@@ -102,13 +110,20 @@ func startDevCaps(caps *ebpf.Map, fibGen *bpf.FibGen, modes map[int]Mode, log *s
 	}()
 	go func() {
 		defer d.wg.Done()
+		var poll <-chan time.Time // nil with xdp-features: notifications say
+		if d.fb != nil {
+			t := time.NewTicker(fallbackPoll)
+			defer t.Stop()
+			poll = t.C
+		}
 		for {
 			select {
 			case <-d.stop:
 				return
 			case <-d.kick:
-				d.sync()
+			case <-poll:
 			}
+			d.sync()
 		}
 	}()
 	return d, nil
@@ -171,6 +186,9 @@ func (d *devCaps) sync() {
 		return
 	}
 	var features map[int]xdpfeatures.Act
+	if d.fb != nil {
+		features = d.fb.features(links, d.modes)
+	}
 	if d.feat != nil {
 		if features, err = d.feat.Dump(); err != nil {
 			// Nothing is known until the next read works: conservative.
@@ -226,5 +244,20 @@ func (d *devCaps) close() {
 	if d.feat != nil {
 		_ = d.feat.Close()
 	}
+	if d.fb != nil {
+		d.fb.close()
+	}
 	d.rtnl.Close()
+}
+
+// XDPFeatures says whether the kernel reports which devices transmit XDP
+// frames (netdev xdp-features, 6.3+); without them dev_caps comes from the
+// fallback (devcaps_fallback.go). It asks in the calling thread's namespace.
+func XDPFeatures() bool {
+	c, err := dialXDPFeatures()
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
 }

@@ -127,7 +127,16 @@ const (
 // there turns that on within a second (netdev notification), detaching it
 // off again; a new bridge is written without flags; an MTU change and a
 // deleted device follow (link events); every change moves the FIB generation.
-func TestDevCapsFollowTheDevices(t *testing.T) {
+func TestDevCapsFollowTheDevices(t *testing.T) { testDevCapsFollowTheDevices(t) }
+
+// TestDevCapsFollowTheDevicesBelow63: the same on a kernel without
+// xdp-features (before 6.3), where the fallback decides from the veth's peer.
+func TestDevCapsFollowTheDevicesBelow63(t *testing.T) {
+	loader.WithoutXDPFeatures(t)
+	testDevCapsFollowTheDevices(t)
+}
+
+func testDevCapsFollowTheDevices(t *testing.T) {
 	testenv.RequireRoot(t)
 	ns := testenv.NewNSWorker(t)
 	prog, err := loader.Load(testCfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -393,7 +402,17 @@ func newRelayRig(t *testing.T, clientMode, peerMode loader.Mode, clientMTU int) 
 // end runs an XDP program, the same packets are relayed and every one
 // counted arrives. Attached generically, the client's veth redirects through
 // the skb path, which the pod's veth takes without XDP.
-func TestRedirectIntoVethWithoutXDP(t *testing.T) {
+func TestRedirectIntoVethWithoutXDP(t *testing.T) { testRedirectIntoVethWithoutXDP(t) }
+
+// TestRedirectIntoVethWithoutXDPBelow63: the same real traffic on a kernel
+// without xdp-features (before 6.3): the fallback reads the pod's end in its
+// namespace, and nothing is lost either way.
+func TestRedirectIntoVethWithoutXDPBelow63(t *testing.T) {
+	loader.WithoutXDPFeatures(t)
+	testRedirectIntoVethWithoutXDP(t)
+}
+
+func testRedirectIntoVethWithoutXDP(t *testing.T) {
 	r := newRelayRig(t, loader.ModeNative, loader.ModeNative, 1500)
 	prog, b, listener, podIdx := r.prog, r.b, r.listener, r.podIdx
 	clientConn, listenerConn, peerConn := r.clientConn, r.listenerConn, r.peerConn

@@ -1,11 +1,13 @@
 package loader
 
 import (
+	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/xdpfeatures"
 )
 
 // SetVerifierStats has the relay and charge programs loaded with the
@@ -59,3 +61,13 @@ func SetSettle(t *TC, d time.Duration) {
 
 // ClsactHandleBase is the first of the handles the engines' filters take.
 const ClsactHandleBase = clsactHandleBase
+
+// WithoutXDPFeatures makes the programs loaded until t ends see a kernel
+// without xdp-features (before 6.3): dev_caps comes from the fallback, which
+// reads every device again every 50 ms.
+func WithoutXDPFeatures(t testing.TB) {
+	dial, poll := dialXDPFeatures, fallbackPoll
+	dialXDPFeatures = func() (*xdpfeatures.Client, error) { return nil, xdpfeatures.ErrUnsupported }
+	fallbackPoll = 50 * time.Millisecond
+	t.Cleanup(func() { dialXDPFeatures, fallbackPoll = dial, poll })
+}

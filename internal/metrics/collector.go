@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"slices"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -46,6 +47,8 @@ type Source interface {
 	// Guards are the counts of the checks in front of pion: the TCP and TLS
 	// connection limits and the per-allocation request checks.
 	Guards() Guards
+	// Kernel is what the node's kernel gives the kernel path.
+	Kernel() Kernel
 }
 
 // Guards are what the connection limits and the request checks refused.
@@ -84,7 +87,7 @@ type collector struct {
 	shortcut, ttlExpired, tcpConns, tcpRefused     *prometheus.Desc
 	peerShortcut                                   *prometheus.Desc
 	tcpClosed, oversized, requestsRefused          *prometheus.Desc
-	tcVerdicts                                     *prometheus.Desc
+	tcVerdicts, kernel                             *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -105,7 +108,9 @@ func newCollector(src Source) *collector {
 		label:        prometheus.NewDesc("stunnerd_xdp_offload_label", "1 for the state of the node's stunner.l7mp.io/xdp-offload label (absent without --node-name).", []string{"state"}, nil),
 		userspace: prometheus.NewDesc("stunnerd_xdp_bindings_userspace",
 			"Channel bindings pion/turn holds that stay on the userspace path, by reason: nat (the kernel NATs the flow), "+
-				"no_offload_peer (--no-offload-peer or a Service CIDR), pending (no conntrack evidence yet), full (the maps are full).",
+				"no_offload_peer (--no-offload-peer or a Service CIDR), pending (no conntrack evidence yet), full (the maps are full); "+
+				"while no program carries bindings, every binding under why: off (the XDP mode is off), program_refused (the kernel refused the program), "+
+				"no_kernel_path (XDP is wanted but attached nowhere).",
 			[]string{"reason"}, nil),
 		refused: prometheus.NewDesc("stunnerd_xdp_allocations_refused_total",
 			"Allocate requests answered 486 (Allocation Quota Reached), by reason: user_quota, total_quota, draining.", []string{"reason"}, nil),
@@ -133,12 +138,17 @@ func newCollector(src Source) *collector {
 		tcVerdicts: prometheus.NewDesc("stunnerd_xdp_tc_verdicts_total",
 			"Packets seen by the TC engine, by the reason for its verdict (the XDP program's reasons, and its own: pass_gso, pass_checksum_partial_elsewhere, drop_rewrite_failed); absent while the engine is not loaded.",
 			[]string{"reason"}, nil),
+		kernel: prometheus.NewDesc("stunnerd_xdp_kernel_info",
+			"1, labelled with what the node's kernel gives the kernel path: release, xdp_features (true: the kernel says which devices transmit XDP frames, 6.3+; "+
+				"false: decided per device), program (loaded, refused: the kernel refused the XDP program, not_loaded), tc_engine (tcx, clsact, loaded, none), "+
+				"handover (on, off, unavailable).",
+			[]string{"release", "xdp_features", "program", "tc_engine", "handover"}, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.tcVerdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited, c.shortcut, c.peerShortcut, c.ttlExpired,
-		c.tcpConns, c.tcpRefused, c.tcpClosed, c.oversized, c.requestsRefused} {
+		c.tcpConns, c.tcpRefused, c.tcpClosed, c.oversized, c.requestsRefused, c.kernel} {
 		ch <- d
 	}
 }
@@ -264,4 +274,6 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for reason, n := range c.src.UserspaceBindings() {
 		gauge(ch, c.userspace, float64(n), reason)
 	}
+	k := c.src.Kernel()
+	gauge(ch, c.kernel, 1, k.Release, strconv.FormatBool(k.XDPFeatures), k.Program, k.TCEngine, k.Handover)
 }

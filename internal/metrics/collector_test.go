@@ -39,6 +39,9 @@ func (s *mirrorSource) Steering() (*steering.Stats, error)     { return nil, nil
 func (s *mirrorSource) Traffic() *Traffic                      { return s.traffic }
 func (s *mirrorSource) Quota() quota.Stats                     { return quota.Stats{} }
 func (s *mirrorSource) Guards() Guards                         { return Guards{} }
+func (s *mirrorSource) Kernel() Kernel {
+	return Kernel{Release: "5.10.0-32-amd64", Program: ProgramRefused, TCEngine: "none", Handover: "off", Path: "userspace"}
+}
 func (s *mirrorSource) MirrorStats() (mirror.Stats, int) {
 	_, chans := s.m.Counts()
 	return s.m.Stats(), chans
@@ -65,6 +68,8 @@ func TestScrapeWithoutXDP(t *testing.T) {
 		`stunnerd_xdp_bindings_userspace{reason="pending"} 0`,
 		`stunnerd_xdp_bindings_userspace{reason="full"} 0`,
 		`stunnerd_xdp_bindings_full_total 0`,
+		`stunnerd_xdp_bindings_userspace{reason="program_refused"} 0`,
+		`stunnerd_xdp_kernel_info{handover="off",program="refused",release="5.10.0-32-amd64",tc_engine="none",xdp_features="false"} 1`,
 		`stunnerd_xdp_packets_total{direction="client_to_peer",path="xdp"} 0`,
 		`stunnerd_xdp_mode{mode="off"} 1`,
 		`stunnerd_xdp_attached{iface="eth0",mode="native"} 0`,

@@ -30,10 +30,21 @@ const (
 	ReasonPending = "pending"
 	// ReasonFull: the XDP maps are full (--max-bindings).
 	ReasonFull = "full"
+	// The reasons of every binding while no program carries any (the mirror
+	// has no offload; see offload.Manager.Unavailable):
+	// ReasonOff: the XDP mode is off (flag, config, node label, a hand-over).
+	ReasonOff = "off"
+	// ReasonRefused: the kernel refused the program (its verifier, a helper
+	// or attach type it lacks).
+	ReasonRefused = "program_refused"
+	// ReasonNoKernelPath: XDP is wanted but attached nowhere (the load
+	// failed, no interface took the program yet).
+	ReasonNoKernelPath = "no_kernel_path"
 )
 
 // UserspaceReasons lists every reason, so that a gauge exports all of them.
-var UserspaceReasons = []string{ReasonNAT, ReasonNoOffloadPeer, ReasonPending, ReasonFull}
+var UserspaceReasons = []string{ReasonNAT, ReasonNoOffloadPeer, ReasonPending, ReasonFull,
+	ReasonOff, ReasonRefused, ReasonNoKernelPath}
 
 // RecheckInterval is how often pending bindings are checked again, and
 // RecheckBudget how many of them at most per tick: a burst of new bindings

@@ -244,9 +244,10 @@ func TestFullMapsLogOnce(t *testing.T) {
 		t.Fatalf("errors logged:\n%s", logs.String())
 	}
 
-	// Detached, nothing waits for room; attached again, the maps say anew.
+	// Detached, nothing waits for room (all 5 wait for a kernel path);
+	// attached again, the maps say anew.
 	m.SetOffload(nil)
-	wantUserspace(t, m, nil)
+	wantUserspace(t, m, map[string]int{ReasonNoKernelPath: 5})
 	m.SetOffload(f)
 	wantUserspace(t, m, map[string]int{ReasonFull: 3})
 	if m.Stats().Full != 6 {
@@ -381,4 +382,33 @@ func TestGateTranslated(t *testing.T) {
 	m.RecheckPending()
 	onlyOffloaded(t, f, 0x4001, peerB)
 	wantUserspace(t, m, map[string]int{ReasonNAT: 1})
+}
+
+// While no program carries bindings (no offload), every binding pion holds
+// with a permission counts under the offload manager's reason, a no-offload
+// peer under its own; an offload set again counts by the gate's verdicts.
+func TestNoPathReason(t *testing.T) {
+	m, f, c, _ := newGatedMirror(t)
+	c.set(peerA, natcheck.Direct)
+	c.set(peerB, natcheck.NATed)
+	m.SetNoOffloadPeers([]netip.Prefix{netip.MustParsePrefix("10.200.0.4/32")})
+	bind(m, listener, peerA, 0x4000)
+	bind(m, listener, peerB, 0x4001)
+	peerC := &net.UDPAddr{IP: net.IPv4(10, 200, 0, 4), Port: 5001}
+	bind(m, listener, peerC, 0x4002)
+	settle(t, m)
+	wantUserspace(t, m, map[string]int{ReasonNAT: 1, ReasonNoOffloadPeer: 1})
+
+	m.SetOffload(nil)
+	wantUserspace(t, m, map[string]int{ReasonNoKernelPath: 2, ReasonNoOffloadPeer: 1})
+	why := ReasonRefused
+	m.SetNoPath(func() string { return why })
+	wantUserspace(t, m, map[string]int{ReasonRefused: 2, ReasonNoOffloadPeer: 1})
+	why = ReasonOff
+	wantUserspace(t, m, map[string]int{ReasonOff: 2, ReasonNoOffloadPeer: 1})
+
+	m.SetOffload(f)
+	settle(t, m)
+	onlyOffloaded(t, f, 0x4000, peerA)
+	wantUserspace(t, m, map[string]int{ReasonNAT: 1, ReasonNoOffloadPeer: 1})
 }

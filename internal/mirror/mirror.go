@@ -100,6 +100,7 @@ type Mirror struct {
 	gate    *gate
 
 	events, installs, removals, errs, drift atomic.Uint64
+	noPath                                  atomic.Pointer[func() string]
 }
 
 // New starts a mirror with no offload (everything stays in userspace until
@@ -644,9 +645,43 @@ func (m *Mirror) Stats() Stats {
 
 // UserspaceBindings returns how many bindings pion holds stay in userspace,
 // by reason (every reason of UserspaceReasons is present). Bindings are
-// judged while an offload is set.
+// judged while an offload is set; without one, every binding pion holds with
+// a permission counts under the reason SetNoPath's function gives (a peer in
+// a no-offload prefix under its own), so that a node whose kernel path is
+// unavailable does not read as one without bindings.
 func (m *Mirror) UserspaceBindings() map[string]int {
+	why := ReasonNoKernelPath
+	if f := m.noPath.Load(); f != nil {
+		// Asked before taking smu: the function's owner may wait for the
+		// worker, which takes smu.
+		if r := (*f)(); r != "" {
+			why = r
+		}
+	}
 	m.smu.RLock()
 	defer m.smu.RUnlock()
-	return m.gate.counts()
+	out := m.gate.counts()
+	if m.offload != nil {
+		return out
+	}
+	for _, r := range []string{ReasonNAT, ReasonPending, ReasonFull, ReasonNoOffloadPeer} {
+		out[r] = 0 // verdicts of an earlier offload: not why the bindings wait now
+	}
+	for _, a := range m.allocs {
+		for _, peer := range a.channels {
+			switch {
+			case !a.permissions[peer.Addr().Unmap()]:
+			case m.gate.noOffloadPeer(peer.Addr()):
+				out[ReasonNoOffloadPeer]++
+			default:
+				out[why]++
+			}
+		}
+	}
+	return out
 }
+
+// SetNoPath gives the function that says why no offload is set (one of
+// ReasonOff, ReasonRefused, ReasonNoKernelPath; "" counts as the last): the
+// offload manager's Unavailable. It must not block on the mirror.
+func (m *Mirror) SetNoPath(why func() string) { m.noPath.Store(&why) }

@@ -28,14 +28,21 @@
 // failures do not change the mode: an interface that cannot take the program
 // (another daemon holds it during a rolling update, it does not exist yet) is
 // served from userspace and tried again by Retry, on a timer and on link
-// events, for as long as the mode wants XDP.
+// events, for as long as the mode wants XDP. A program the kernel refuses
+// (its verifier, a helper or attach type it lacks: ErrRefused) is not loaded
+// again: the answer does not change until the load-time configuration does
+// (Reconfigure). Whatever keeps bindings off the kernel path is said by
+// Unavailable, as the mirror's reason for them (off, program_refused,
+// no_kernel_path).
 package offload
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
@@ -183,16 +190,29 @@ type Manager struct {
 	// write per binding and forgets what the program learned about each.
 	offloaded bool
 	failed    map[string]string // last attach error per interface, to log each once
+	// refused is the kernel's refusal of the program (ErrRefused's cause):
+	// set, it is not loaded again until Reconfigure changes the config.
+	refused error
+	// why is Unavailable's answer, written under mu after every change and
+	// read without it (the mirror asks at scrape time, under its own lock,
+	// which the manager's calls into the sink wait for).
+	why atomic.Value // string
+	// attachRefused are the interfaces whose driver refused the mode:
+	// Retry's timer skips them, a link event or an input tries again.
+	attachRefused map[string]bool
 	// closed: Close ran; no input loads or attaches the program again.
 	closed bool
 }
 
 // New builds a manager that serves from userspace until Start.
 func New(o Options) *Manager {
-	return &Manager{
+	m := &Manager{
 		log: o.Log, load: o.Load, sink: o.Sink, ifaces: append([]string(nil), o.Interfaces...),
 		cfg: o.Program, in: inputs{flag: o.Flag, config: o.Config}, failed: map[string]string{},
+		attachRefused: map[string]bool{},
 	}
+	m.why.Store(mirror.ReasonNoKernelPath) // not started: nothing is attached yet
+	return m
 }
 
 // Start applies the mode the inputs give. An error says why XDP is not
@@ -254,12 +274,52 @@ func (m *Manager) update(change func(*inputs)) error {
 		return ErrClosed
 	}
 	change(&m.in)
+	clear(m.attachRefused) // another mode may be taken
 	mode := m.in.mode()
 	if mode != m.applied {
 		m.log.Info("XDP mode", "mode", string(mode), "was", string(m.applied), "flag", string(m.in.flag),
 			"config", string(m.in.config), "label", m.in.label.String(), "handed_over", m.in.handedOver)
 	}
 	return m.applyLocked(mode)
+}
+
+// Unavailable says why bindings are not on the kernel path, as the mirror
+// counts them (mirror.ReasonOff, ReasonRefused, ReasonNoKernelPath), and ""
+// while they are: the program is attached somewhere (XDP or the TC engine).
+// It never blocks.
+func (m *Manager) Unavailable() string { return m.why.Load().(string) }
+
+// Loaded says whether the program is loaded (attached or not).
+func (m *Manager) Loaded() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.prog != nil
+}
+
+// Refused returns the kernel's refusal of the program (wrapped in
+// ErrRefused), nil when it loaded or was not tried.
+func (m *Manager) Refused() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.refused == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrRefused, m.refused)
+}
+
+// setWhyLocked records what Unavailable says now.
+func (m *Manager) setWhyLocked() {
+	why := ""
+	switch {
+	case m.offloaded:
+	case m.applied == loader.ModeOff || m.closed:
+		why = mirror.ReasonOff
+	case m.refused != nil && m.prog == nil:
+		why = mirror.ReasonRefused
+	default:
+		why = mirror.ReasonNoKernelPath
+	}
+	m.why.Store(why)
 }
 
 // set is update for the inputs a hand-over overrides: it says so.
@@ -284,11 +344,31 @@ func inputsWantXDP(in inputs) bool {
 // Retry attaches where the mode wants XDP and the program is not attached,
 // or the TC engine relays alone: another daemon's program still holds the
 // interface, or the interface came later, or was deleted and created again.
-// Bindings stay where they are.
+// Bindings stay where they are. An interface whose driver refused the mode
+// (EOPNOTSUPP, EINVAL: no native XDP, an MTU it cannot take) is left alone
+// until a link event (LinkChanged) or another input.
 func (m *Manager) Retry() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.closed && m.applied != loader.ModeOff && m.applied != "" && (len(m.missingLocked()) > 0 || m.tcOnlyLocked()) {
+	m.retryLocked()
+}
+
+// LinkChanged is Retry after a link event: a device came, went, or changed
+// (its MTU, its driver), so interfaces whose driver refused the mode are
+// tried again too.
+func (m *Manager) LinkChanged() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	clear(m.attachRefused)
+	m.retryLocked()
+}
+
+func (m *Manager) retryLocked() {
+	if m.prog == nil && m.refused != nil {
+		return // the kernel's answer stands (Reconfigure asks again)
+	}
+	missing := slices.DeleteFunc(m.missingLocked(), func(iface string) bool { return m.attachRefused[iface] })
+	if !m.closed && m.applied != loader.ModeOff && m.applied != "" && (len(missing) > 0 || m.tcOnlyLocked()) {
 		_ = m.applyLocked(m.applied) // applyLocked logs what changed
 	}
 }
@@ -313,6 +393,7 @@ func (m *Manager) Mode() loader.Mode {
 }
 
 func (m *Manager) applyLocked(mode loader.Mode) error {
+	defer m.setWhyLocked()
 	m.applied = mode
 	if mode == loader.ModeOff {
 		if m.in.handedOver && inputsWantXDP(m.in) && m.yieldLocked() {
@@ -324,9 +405,19 @@ func (m *Manager) applyLocked(mode loader.Mode) error {
 		return ErrNoInterfaces
 	}
 	if m.prog == nil {
+		if m.refused != nil {
+			return fmt.Errorf("%w: %w", ErrRefused, m.refused)
+		}
 		prog, maps, err := m.load(m.cfg)
 		if err != nil {
-			return err
+			if !refusedByKernel(err) {
+				return err // retried: a capability, memory
+			}
+			m.refused = err
+			m.log.Warn("the kernel refused the XDP program: every binding is served from userspace; not loaded again until the program's configuration changes",
+				"reason", RefusalReason(err))
+			m.log.Debug("the kernel's whole answer", "error", err)
+			return fmt.Errorf("%w: %w", ErrRefused, err)
 		}
 		m.prog, m.maps = prog, maps
 		m.sink.SetMaps(maps)
@@ -337,6 +428,9 @@ func (m *Manager) applyLocked(mode loader.Mode) error {
 		was, ok := attached[iface]
 		if ok && (was == mode || mode == loader.ModeAuto && was != loader.ModeTC) {
 			continue
+		}
+		if !ok && m.attachRefused[iface] {
+			continue // until a link event or another input
 		}
 		if ok && was != loader.ModeTC {
 			// A different mode was asked for: reattach. (Where the TC
@@ -358,6 +452,9 @@ func (m *Manager) applyLocked(mode loader.Mode) error {
 		}
 		if err != nil {
 			errs = append(errs, err)
+			if refusedByKernel(err) && !errors.Is(err, loader.ErrXDPBusy) {
+				m.attachRefused[iface] = true
+			}
 			// Retried while another daemon holds the interface: say each
 			// new reason once.
 			if m.failed[iface] != err.Error() {
@@ -369,6 +466,7 @@ func (m *Manager) applyLocked(mode loader.Mode) error {
 			continue
 		}
 		delete(m.failed, iface)
+		delete(m.attachRefused, iface)
 		attached[iface] = got
 		m.log.Info("XDP attached", "iface", iface, "mode", string(got))
 	}
@@ -443,6 +541,7 @@ func (m *Manager) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.closed = true
+	defer m.setWhyLocked()
 	err := m.disableLocked()
 	if m.prog != nil {
 		m.sink.SetMaps(nil)
@@ -515,9 +614,44 @@ func (m *Manager) Interfaces() []string { return append([]string(nil), m.ifaces.
 func (m *Manager) Reconfigure(cfg loader.Config) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.refused != nil && !sameConfig(m.cfg, cfg) {
+		// Other constants, another program for the verifier: the next
+		// attach or Retry loads it once more.
+		m.refused = nil
+		m.setWhyLocked()
+	}
 	m.cfg = cfg
 	if m.prog == nil {
 		return nil
 	}
 	return m.prog.Reconfigure(cfg)
+}
+
+// sameConfig says whether two load-time configurations give the verifier the
+// same program.
+func sameConfig(a, b loader.Config) bool {
+	return slices.Equal(a.ListenerPorts, b.ListenerPorts) && a.MinRelayPort == b.MinRelayPort &&
+		a.MaxRelayPort == b.MaxRelayPort && a.MaxBindings == b.MaxBindings && a.IPv6Clients == b.IPv6Clients &&
+		a.NoFlowCache == b.NoFlowCache && a.Object == b.Object
+}
+
+// TCAttacher is a program whose TC engine says how it is attached
+// (loader.Engines): "tcx" (a bpf_link, 6.6+) or "clsact" (a cls_bpf filter
+// on the clsact qdisc, older kernels).
+type TCAttacher interface {
+	TCAttachKind() string
+}
+
+// TCEngine says whether the TC engine is loaded beside the XDP program and
+// how it attaches ("tcx", "clsact"; "" when the program does not say).
+func (m *Manager) TCEngine() (loaded bool, attach string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.prog.(TCProgram); !ok {
+		return false, ""
+	}
+	if a, ok := m.prog.(TCAttacher); ok {
+		return true, a.TCAttachKind()
+	}
+	return true, ""
 }

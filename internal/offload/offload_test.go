@@ -9,6 +9,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
@@ -596,4 +599,141 @@ func TestHandOverKeepsTC(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.want(t, loader.ModeOff)
+}
+
+// TestRefusedNotRetried: a program the kernel refuses (a verifier log, a
+// kfunc it lacks, ENOTSUPP) is loaded once: Retry, on a timer or a link
+// event, does not ask again, and the bindings count as program_refused. A
+// new load-time configuration asks once more. A load error that can pass
+// (EPERM) is retried, and counts as no_kernel_path.
+func TestRefusedNotRetried(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		err     error
+		refused bool
+	}{
+		{"verifier", fmt.Errorf("load XDP program: %w", &ebpf.VerifierError{Cause: unix.EACCES,
+			Log: []string{"0: (61) r2 = *(u32 *)(r1 +4)", "math between pkt pointer and register with unbounded min value is not allowed"}}), true},
+		{"kfunc", fmt.Errorf("load TC program: kfunc %q: %w", "bpf_cast_to_kern_ctx", ebpf.ErrNotSupported), true},
+		{"enotsupp", fmt.Errorf("attach: %w", unix.Errno(524)), true},
+		{"eperm", fmt.Errorf("load XDP program: %w", unix.EPERM), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, "", "")
+			loads := 0
+			fail := true
+			load := f.m.load
+			f.m.load = func(c loader.Config) (Program, mirror.Offload, error) {
+				loads++
+				if fail {
+					return nil, nil, tc.err
+				}
+				return load(c)
+			}
+			if got := f.m.Unavailable(); got != mirror.ReasonNoKernelPath {
+				t.Errorf("before Start: unavailable %q", got)
+			}
+			err := f.m.Start()
+			if errors.Is(err, ErrRefused) != tc.refused || (f.m.Refused() != nil) != tc.refused {
+				t.Fatalf("start: %v (Refused %v); want refused %v", err, f.m.Refused(), tc.refused)
+			}
+			wantWhy := mirror.ReasonNoKernelPath
+			if tc.refused {
+				wantWhy = mirror.ReasonRefused
+			}
+			if got := f.m.Unavailable(); got != wantWhy {
+				t.Errorf("unavailable %q, want %q", got, wantWhy)
+			}
+			for range 3 {
+				f.m.Retry()
+			}
+			wantLoads := 4
+			if tc.refused {
+				wantLoads = 1
+			}
+			if loads != wantLoads {
+				t.Errorf("%d loads after 3 retries, want %d", loads, wantLoads)
+			}
+			fail = false
+			f.m.Retry()
+			if tc.refused {
+				if len(f.m.Attached()) != 0 {
+					t.Fatalf("a refused program was loaded again by Retry")
+				}
+				// The same configuration: still the same answer.
+				if err := f.m.Reconfigure(loader.Config{}); err != nil {
+					t.Fatal(err)
+				}
+				f.m.Retry()
+				if loads != 1 {
+					t.Fatalf("the same configuration loaded again: %d loads", loads)
+				}
+				if err := f.m.Reconfigure(loader.Config{ListenerPorts: []uint16{3478}}); err != nil {
+					t.Fatal(err)
+				}
+				if got := f.m.Unavailable(); got != mirror.ReasonNoKernelPath {
+					t.Errorf("after a new configuration: unavailable %q", got)
+				}
+				f.m.Retry()
+			}
+			f.want(t, loader.ModeAuto)
+			if got := f.m.Unavailable(); got != "" {
+				t.Errorf("attached: unavailable %q, want \"\"", got)
+			}
+			if err := f.m.SetLabel(nodelabel.Detach); err != nil {
+				t.Fatal(err)
+			}
+			if got := f.m.Unavailable(); got != mirror.ReasonOff {
+				t.Errorf("label off: unavailable %q, want off", got)
+			}
+		})
+	}
+}
+
+// TestAttachRefusedWaitsForLinks: an interface whose driver refuses the mode
+// (EOPNOTSUPP: no native XDP) is not tried again at every Retry tick, only
+// after a link event (LinkChanged) or another input; an interface another
+// program holds (busy) is tried at every tick.
+func TestAttachRefusedWaitsForLinks(t *testing.T) {
+	f := newFixture(t, loader.ModeNative, "", "eth0", "eth1")
+	refusing := map[string]bool{"eth0": true}
+	attaches := map[string]int{}
+	f.m.load = func(loader.Config) (Program, mirror.Offload, error) {
+		return refusingProgram{f.prog, refusing, attaches}, f.maps, nil
+	}
+	f.prog.setBusy("eth1", true)
+	if err := f.m.Start(); !errors.Is(err, ErrNotAttached) {
+		t.Fatalf("start: %v", err)
+	}
+	for range 3 {
+		f.m.Retry()
+	}
+	if attaches["eth0"] != 1 || attaches["eth1"] != 4 {
+		t.Fatalf("attaches %v after start and 3 ticks; want eth0 once (refused), eth1 4 times (busy)", attaches)
+	}
+	refusing["eth0"] = false // a driver that takes it now (a link event says something changed)
+	f.m.Retry()
+	if attaches["eth0"] != 1 {
+		t.Fatalf("a tick tried eth0 again: %v", attaches)
+	}
+	f.m.LinkChanged()
+	if attaches["eth0"] != 2 || f.m.Attached()["eth0"] != loader.ModeNative {
+		t.Fatalf("after a link event: attaches %v, attached %v; want eth0 tried and attached", attaches, f.m.Attached())
+	}
+}
+
+// refusingProgram is a fakeProgram whose interfaces in refusing refuse the
+// attach as a driver without native XDP does; it counts attaches.
+type refusingProgram struct {
+	*fakeProgram
+	refusing map[string]bool
+	attaches map[string]int
+}
+
+func (p refusingProgram) Attach(iface string, mode loader.Mode) (loader.Mode, error) {
+	p.attaches[iface]++
+	if p.refusing[iface] {
+		return loader.ModeOff, fmt.Errorf("attach XDP to %s: %s: %w", iface, mode, unix.EOPNOTSUPP)
+	}
+	return p.fakeProgram.Attach(iface, mode)
 }

@@ -86,6 +86,9 @@ type XDP struct {
 	// Steering holds the node-wide listener steering verdicts when two
 	// daemons may share the ports (nil without --steering-dir).
 	Steering *steering.Stats `json:"steering,omitempty"`
+	// Kernel is what the node's kernel gives the kernel path, and where
+	// bound channels are relayed now (path, and why not in the kernel).
+	Kernel metrics.Kernel `json:"kernel"`
 }
 
 // Input is what a status is built from.
