@@ -131,7 +131,7 @@ func TestNodeShapeTwins(t *testing.T) {
 	}
 	netns.RequirePrivileged(t, "iptables", "conntrack", "bridge", "ethtool")
 	var table []string
-	for _, c := range shapeCases {
+	for _, c := range slices.Concat(shapeCases, tunnelShapeCases) {
 		t.Run(c.name, func(t *testing.T) {
 			for _, mode := range shapeModes {
 				t.Run(mode, func(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 // masquerade rewriting the node's packets to the pod).
 func TestNodeShapes(t *testing.T) {
 	netns.RequirePrivileged(t, "iptables", "conntrack", "bridge", "ethtool")
-	for _, shape := range netns.Shapes() {
+	for _, shape := range append(netns.Shapes(), netns.TunnelShapes()...) {
 		t.Run(string(shape), func(t *testing.T) {
 			r := netns.NewNode(t, shape)
 			if err := r.LooksLikeANode(); err != nil {
@@ -36,11 +36,12 @@ func TestNodeShapes(t *testing.T) {
 				t.Errorf("the node's datagram to the peer was answered from %v, want %v", from, peer)
 			}
 			// The node's conntrack has the flow when a rule made it track: its reply tuple goes to
-			// 10.244.0.0 when flannel's rules masqueraded it.
+			// 10.244.0.0 when flannel's rules masqueraded it (Calico's, to tunl0's or
+			// wireguard.cali's 10.244.0.0, likewise).
 			seen := r.Node.Run(t, "conntrack", "-L", "-p", "udp", "-d", r.PeerIP.String())
 			masqueraded := strings.Contains(seen, "dst=10.244.0.0 ")
-			if want := shape == netns.VXLANMasq; masqueraded != want {
-				t.Errorf("the peer saw the node's datagram masqueraded to flannel.1's 10.244.0.0: %v, want %v", masqueraded, want)
+			if want := shape == netns.VXLANMasq || shape == netns.CalicoIPIP || shape == netns.WireGuard; masqueraded != want {
+				t.Errorf("the peer saw the node's datagram masqueraded to the tunnel's 10.244.0.0: %v, want %v", masqueraded, want)
 			}
 
 			// The client reaches a socket on the listener port through ListenAddr.

@@ -1,0 +1,39 @@
+package e2e
+
+import "github.com/l7mp/stunnerd-xdp/test/netns"
+
+// tunnelShapeCases are TestNodeShapeTwins' rows for the tunnel and VLAN node
+// shapes (issue 34): devices whose modules this machine's kernel may lack, in
+// which case the row skips, naming the kernel (netns.ErrNoKernelDevice); the
+// kernel matrix (make test-kernels) runs them on Debian's 5.10, 6.1 and 6.12.
+// The expectations say what the engines do once the kernel path loads there.
+var tunnelShapeCases = []shapeCase{
+	{name: "calico-ipip", shape: netns.CalicoIPIP,
+		engagesC2P: true,
+		lossKnown:  "issue 34: the TC engine's bpf_redirect into tunl0 (no fixed remote end) is dropped in the tunnel's transmit",
+		why: "Felix masquerades what leaves tunl0 from the node IP to tunl0's 10.244.0.0 (--random-fully): the NAT gate installs " +
+			"the binding from the translated relay, as in vxlan-masq; client->peer: XDP passes (tunl0 takes no XDP frames) and the " +
+			"TC engine on the NIC bpf_redirect()s the skb into tunl0, whose transmit takes the outer destination from the route on " +
+			"the skb (ip_tunnel_xmit, NBMA: rt_nexthop), which an skb at TC ingress does not carry yet: dropped (tx_fifo_errors) " +
+			"after being counted relayed; bpf_redirect_neigh with no next hop attaches the route and delivers. peer->client comes " +
+			"back through the tunnel to 10.244.0.0, decapsulated onto tunl0, an L3 device the TC engine is not attached to: userspace"},
+	{name: "wireguard", shape: netns.WireGuard,
+		engagesC2P: true,
+		why: "Felix masquerades what leaves wireguard.cali from the node IP to its 10.244.0.0: the NAT gate installs the binding " +
+			"from the translated relay; client->peer: XDP passes (wireguard.cali takes no XDP frames) and the TC engine on the NIC " +
+			"(the FIB follows the rule to table 1) redirects the skb into wireguard.cali, whose transmit needs no route on the skb " +
+			"(the peer is the allowed IPs' match for the inner destination); peer->client arrives encrypted (UDP 51820: not ours, " +
+			"passed), decrypted onto wireguard.cali, an L3 device the TC engine is not attached to: userspace"},
+	{name: "gre", shape: netns.GRE,
+		engagesC2P: true, engagesP2C: true,
+		why: "client->peer: XDP passes (gre1 takes no XDP frames) and the TC engine on the NIC redirects the skb into gre1, which " +
+			"has a fixed remote end and no header_ops: it encapsulates to its remote without a route on the skb (a GRE device " +
+			"without a remote end would drop it as tunl0 does); the pod's replies to the node IP leave node 2 through its NIC and " +
+			"arrive on the NIC: XDP_TX"},
+	{name: "vlan-nic", shape: netns.VLANNIC,
+		attach:     map[string]string{"eth0.100": "generic"},
+		engagesC2P: true, engagesP2C: true,
+		why: "the node IP is on eth0.100, a VLAN device without native XDP: auto mode attaches it generic (eth0 carries no " +
+			"address: not attached); both directions enter and leave through eth0.100, whose generic XDP_TX goes out through the " +
+			"skb path (generic_xdp_tx): the VLAN device tags it and hands it to eth0"},
+}
