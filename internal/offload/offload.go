@@ -639,7 +639,7 @@ func sameConfig(a, b loader.Config) bool {
 // (loader.Engines): "tcx" (a bpf_link, 6.6+) or "clsact" (a cls_bpf filter
 // on the clsact qdisc, older kernels).
 type TCAttacher interface {
-	TCAttachKind() string
+	TCAttachMethod() loader.TCAttach
 }
 
 // TCEngine says whether the TC engine is loaded beside the XDP program and
@@ -651,7 +651,7 @@ func (m *Manager) TCEngine() (loaded bool, attach string) {
 		return false, ""
 	}
 	if a, ok := m.prog.(TCAttacher); ok {
-		return true, a.TCAttachKind()
+		return true, string(a.TCAttachMethod())
 	}
 	return true, ""
 }
