@@ -62,8 +62,9 @@ SRC
 initramfs() {
 	local suite=$1 d=$KERNELS_DIR/$1 ver img
 	ver=$(ls "$d/root/lib/modules")
-	img=$d/initramfs.cpio.gz
-	if [ -f "$img" ] && [ "$img" -nt "$here/init" ]; then return 0; fi
+	# Named by what goes in: checkouts that share $KERNELS_DIR may differ in init.
+	img=$d/initramfs-$(cat "$here/init" /bin/busybox | sha256sum | cut -c1-12).cpio.gz
+	if [ -f "$img" ]; then echo "$img"; return 0; fi
 	local t; t=$(mktemp -d)
 	mkdir -p "$t"/{bin,proc,sys,dev,newroot,mods}
 	cp /bin/busybox "$t/bin/busybox"
@@ -78,6 +79,7 @@ initramfs() {
 	(cd "$t" && find . | cpio -o -H newc --quiet | gzip -1) > "$img.tmp"
 	mv "$img.tmp" "$img"
 	rm -rf "$t"
+	echo "$img"
 }
 
 # run SUITE CMD...: boot and run CMD in the host's file system (read-only)
@@ -87,8 +89,8 @@ run() {
 	local suite=$1; shift
 	[ $# -gt 0 ] || die "run: no command"
 	fetch "$suite"
-	initramfs "$suite"
-	local d=$KERNELS_DIR/$suite ver out
+	local d=$KERNELS_DIR/$suite ver out img
+	img=$(initramfs "$suite")
 	ver=$(ls "$d/root/lib/modules")
 	out=${KERNELS_OUT:-$(mktemp -d)}
 	mkdir -p "$out"
@@ -105,7 +107,7 @@ run() {
 	local status=0
 	timeout --foreground -k 10 "$GUEST_TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp "$GUEST_CPUS" -m "$GUEST_MEM" \
 		-nographic -no-reboot -monitor none -serial stdio \
-		-kernel "$d/root/boot/vmlinuz-$ver" -initrd "$d/initramfs.cpio.gz" \
+		-kernel "$d/root/boot/vmlinuz-$ver" -initrd "$img" \
 		-append "console=ttyS0 panic=-1 quiet loglevel=3 kmods=$d/root/lib/modules out=$out" \
 		-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
 		-virtfs "local,path=$out,mount_tag=out,security_model=none" </dev/null || status=$?

@@ -40,7 +40,7 @@ gotest=(-test.count=1 -test.v -test.timeout 30m)
 row loader internal/loader "$KERNELS_BIN/loader.test" "${gotest[@]}"
 row goldens bpf "$KERNELS_BIN/bpf.test" "${gotest[@]}"
 row demo . "$KERNELS_BIN/demo" --daemon "$KERNELS_BIN/stunnerd-xdp" --turncat "$KERNELS_BIN/turncat" \
-	--rate "${KERNELS_DEMO_RATE:-2000}" --seconds 5 --min-kernel-share 99
+	--rate "${KERNELS_DEMO_RATE:-1000}" --seconds "${KERNELS_DEMO_SECONDS:-30}" --min-kernel-share 99
 row shapes test/e2e "$KERNELS_BIN/e2e.test" "${gotest[@]}" -test.run "TestNodeShapeTwins${KERNELS_SHAPES:+/($KERNELS_SHAPES)$}"
 # The node-shape table (shapes_test.go logs it) for docs/testing.md.
 sed -n '/node shapes, /,/^--- /p' "$out/shapes.log" | grep -E '^\s+[a-z0-9-]+ +(default|off) ' > "$out/shapes.table" || true
