@@ -26,6 +26,13 @@ type taggedSession struct {
 	limit                   int64 // when not 0, the session sends this many datagrams at most
 	sent, received, foreign atomic.Int64
 	last                    atomic.Int64 // when the last echo came, in Unix ns
+	sending                 atomic.Bool  // run is still sending
+}
+
+// allIn says whether every datagram sent so far has its answer, and nothing
+// more is to be sent.
+func (s *taggedSession) allIn() bool {
+	return !s.sending.Load() && s.received.Load()+s.foreign.Load() >= s.sent.Load()
 }
 
 // taggedSize is the datagram a tagged session sends: the tag and a sequence number.
@@ -37,10 +44,16 @@ func (s *taggedSession) run(t *testing.T, relay net.PacketConn, tag uint64, rate
 		peer = &net.UDPAddr{IP: net.ParseIP(peerAddr), Port: 5002}
 	}
 	readDone := make(chan struct{})
+	s.sending.Store(true)
 	go func() {
 		defer close(readDone)
 		buf := make([]byte, 1500)
 		for {
+			// Done when every echo is in; else the last echoes get a second
+			// (scaled: in a slow guest, waiting it out cost every row 18 s).
+			if s.allIn() {
+				return
+			}
 			_ = relay.SetReadDeadline(time.Now().Add(testenv.Timeout(time.Second))) // the last echoes
 			n, from, err := relay.ReadFrom(buf)
 			if err != nil {
@@ -69,6 +82,10 @@ func (s *taggedSession) run(t *testing.T, relay net.PacketConn, tag uint64, rate
 			return
 		}
 		s.sent.Add(1)
+	}
+	s.sending.Store(false)
+	if s.allIn() {
+		_ = relay.SetReadDeadline(time.Now()) // wake the reader blocked on its deadline
 	}
 	<-readDone
 }
