@@ -85,7 +85,9 @@ func (e *tcEnv) runTC(t testing.TB, ingress string, frame []byte, skb model.SKB)
 	}
 	doErr := e.ns.Do(func() error {
 		idx := uint32(e.ifaces[ingress].index)
-		ctx := skBuff{IngressIfindex: idx, Ifindex: idx}
+		// The device (skb->dev) the program reads it from; 5.10 sets no
+		// ingress_ifindex (skb_iif) in a run.
+		ctx := skBuff{Ifindex: idx}
 		if skb.GSO {
 			ctx.GsoSize, ctx.GsoSegs = 1000, 2
 		}
