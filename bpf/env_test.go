@@ -271,22 +271,6 @@ func (e *env) setFlowsAside(t testing.TB, aside bool) {
 	}
 }
 
-// settleFIB waits until the FIB generation has stayed put for 250 ms: the
-// watcher has seen the namespace's setup (at most 10 s).
-func (e *env) settleFIB(t testing.TB) {
-	t.Helper()
-	gen, since := e.fibGen(t), time.Now()
-	for deadline := time.Now().Add(10 * time.Second); time.Since(since) < 250*time.Millisecond; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the FIB generation kept moving for 10 s (now %d)", gen)
-		}
-		time.Sleep(25 * time.Millisecond)
-		if g := e.fibGen(t); g != gen {
-			gen, since = g, time.Now()
-		}
-	}
-}
-
 // fibGen reads the program's FIB generation.
 func (e *env) fibGen(t testing.TB) uint32 {
 	t.Helper()

@@ -37,12 +37,20 @@ func TestNextHopCache(t *testing.T) {
 		}
 	}
 
-	// The namespace's setup still being reported (a slow machine, a guest
-	// of test/kernels) would move the generation between the two packets.
-	e.settleFIB(t)
-	relay(t, xdpRedirect, xdpRedirect)
-	_, st := e.slot(t, b)
-	gen := e.fibGen(t)
+	// Both packets in one generation: an event of the namespace's (its
+	// setup still being reported, IPv6 router solicitations: on a slow
+	// machine, a guest of test/kernels) moves it between them now and then.
+	var (
+		st  bpf.RelayBindingState
+		gen uint32
+	)
+	for try := 0; ; try++ {
+		gen = e.fibGen(t)
+		relay(t, xdpRedirect, xdpRedirect)
+		if _, st = e.slot(t, b); e.fibGen(t) == gen || try == 20 {
+			break
+		}
+	}
 	if st.C2pHop.Gen != gen || st.C2pHop.Dmac != peerMAC || int(st.C2pHop.Ifindex) != b0.index ||
 		st.P2cHop.Gen != gen || st.P2cHop.Dmac != clientMAC || int(st.P2cHop.Ifindex) != a0.index {
 		t.Fatalf("next hops not cached in generation %d: %+v", gen, st)

@@ -527,7 +527,10 @@ static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
 	__u16 proto;
 	int r;
 
-	in.ifindex = ctx->ingress_ifindex;
+	/* The device the skb arrived on: at TC ingress skb->dev, which
+	 * __netif_receive_skb_core has just made skb_iif (ingress_ifindex) as
+	 * well. Read from skb->dev: a BPF_PROG_RUN before 5.15 sets only that. */
+	in.ifindex = ctx->ifindex;
 	if ((r = parse_eth(&c, &eth, &proto)) >= 0) {
 		*reason = r;
 		return TC_ACT_OK;
