@@ -223,3 +223,34 @@ func (b *nodeBuilder) vlanNIC() {
 	b.ip(r.LAN, "link", "set", "n1."+vlanID, "master", "lan0", "up")
 	r.NIC, r.EgressIf = nic, nic
 }
+
+// DropCounters returns, per namespace of the rig, the kernel's counters of datagrams it dropped
+// or could not deliver (UDP receive-buffer and checksum errors, IP discards and unroutable
+// packets) and the interfaces' drop and error counts that are not zero: where a lost datagram
+// went, for a failed row's log.
+func (r *NodeRig) DropCounters() string {
+	var b strings.Builder
+	seen := map[*NS]bool{}
+	for _, n := range []*NS{r.Client, r.Node, r.Node2, r.Pod, r.Peer} {
+		if n == nil || seen[n] {
+			continue
+		}
+		seen[n] = true
+		out, err := n.Exec("nstat", "-asz")
+		if err != nil {
+			fmt.Fprintf(&b, "%s: nstat: %v\n", n.Name, err)
+			continue
+		}
+		var lines []string
+		for _, l := range strings.Split(out, "\n") {
+			f := strings.Fields(l)
+			if len(f) >= 2 && f[1] != "0" && strings.Contains(f[0], "Err") || len(f) >= 2 && f[1] != "0" &&
+				(strings.Contains(f[0], "Discards") || strings.Contains(f[0], "NoRoutes") || strings.Contains(f[0], "NoPorts")) {
+				lines = append(lines, f[0]+"="+f[1])
+			}
+		}
+		links, _ := n.Exec("ip", "-s", "-s", "-o", "link")
+		fmt.Fprintf(&b, "%s: %s\n%s", n.Name, strings.Join(lines, " "), links)
+	}
+	return b.String()
+}
