@@ -1,10 +1,12 @@
 package netns
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -249,8 +251,34 @@ func (r *NodeRig) DropCounters() string {
 				lines = append(lines, f[0]+"="+f[1])
 			}
 		}
-		links, _ := n.Exec("ip", "-s", "-s", "-o", "link")
-		fmt.Fprintf(&b, "%s: %s\n%s", n.Name, strings.Join(lines, " "), links)
+		fmt.Fprintf(&b, "%s: %s %s\n", n.Name, strings.Join(lines, " "), linkDrops(n))
 	}
 	return b.String()
+}
+
+// linkDrops returns the drop and error counts of n's interfaces that are not zero.
+func linkDrops(n *NS) string {
+	out, err := Exec("ip", "-n", n.Name, "-j", "-s", "-s", "link", "show")
+	if err != nil {
+		return err.Error()
+	}
+	var links []struct {
+		Ifname  string
+		Stats64 map[string]map[string]any
+	}
+	if err := json.Unmarshal([]byte(out), &links); err != nil {
+		return err.Error()
+	}
+	var drops []string
+	for _, l := range links {
+		for _, dir := range []string{"rx", "tx"} {
+			for k, v := range l.Stats64[dir] {
+				if f, ok := v.(float64); ok && f != 0 && k != "bytes" && k != "packets" && k != "multicast" && k != "carrier_changes" {
+					drops = append(drops, fmt.Sprintf("%s:%s_%s=%.0f", l.Ifname, dir, k, f))
+				}
+			}
+		}
+	}
+	slices.Sort(drops)
+	return strings.Join(drops, " ")
 }
