@@ -185,6 +185,11 @@ func (r shapeRow) String() string {
 // runShape builds the row's node, starts the daemon in mode, and runs the session.
 func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
 	r := netns.NewNode(t, c.shape)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("drops and errors the kernel counted:\n%s", r.DropCounters())
+		}
+	})
 	if err := r.LooksLikeANode(); err != nil {
 		t.Fatal(err)
 	}

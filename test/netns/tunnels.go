@@ -1,10 +1,12 @@
 package netns
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -222,4 +224,61 @@ func (b *nodeBuilder) vlanNIC() {
 	b.linkAdd(r.LAN, "vlan", false, "link", "n1", "name", "n1."+vlanID, "type", "vlan", "id", vlanID)
 	b.ip(r.LAN, "link", "set", "n1."+vlanID, "master", "lan0", "up")
 	r.NIC, r.EgressIf = nic, nic
+}
+
+// DropCounters returns, per namespace of the rig, the kernel's counters of datagrams it dropped
+// or could not deliver (UDP receive-buffer and checksum errors, IP discards and unroutable
+// packets) and the interfaces' drop and error counts that are not zero: where a lost datagram
+// went, for a failed row's log.
+func (r *NodeRig) DropCounters() string {
+	var b strings.Builder
+	seen := map[*NS]bool{}
+	for _, n := range []*NS{r.Client, r.Node, r.Node2, r.Pod, r.Peer} {
+		if n == nil || seen[n] {
+			continue
+		}
+		seen[n] = true
+		out, err := n.Exec("nstat", "-asz")
+		if err != nil {
+			fmt.Fprintf(&b, "%s: nstat: %v\n", n.Name, err)
+			continue
+		}
+		var lines []string
+		for _, l := range strings.Split(out, "\n") {
+			f := strings.Fields(l)
+			if len(f) >= 2 && f[1] != "0" && strings.Contains(f[0], "Err") || len(f) >= 2 && f[1] != "0" &&
+				(strings.Contains(f[0], "Discards") || strings.Contains(f[0], "NoRoutes") || strings.Contains(f[0], "NoPorts")) {
+				lines = append(lines, f[0]+"="+f[1])
+			}
+		}
+		fmt.Fprintf(&b, "%s: %s %s\n", n.Name, strings.Join(lines, " "), linkDrops(n))
+	}
+	return b.String()
+}
+
+// linkDrops returns the drop and error counts of n's interfaces that are not zero.
+func linkDrops(n *NS) string {
+	out, err := Exec("ip", "-n", n.Name, "-j", "-s", "-s", "link", "show")
+	if err != nil {
+		return err.Error()
+	}
+	var links []struct {
+		Ifname  string
+		Stats64 map[string]map[string]any
+	}
+	if err := json.Unmarshal([]byte(out), &links); err != nil {
+		return err.Error()
+	}
+	var drops []string
+	for _, l := range links {
+		for _, dir := range []string{"rx", "tx"} {
+			for k, v := range l.Stats64[dir] {
+				if f, ok := v.(float64); ok && f != 0 && k != "bytes" && k != "packets" && k != "multicast" && k != "carrier_changes" {
+					drops = append(drops, fmt.Sprintf("%s:%s_%s=%.0f", l.Ifname, dir, k, f))
+				}
+			}
+		}
+	}
+	slices.Sort(drops)
+	return strings.Join(drops, " ")
 }
