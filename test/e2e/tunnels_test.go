@@ -10,14 +10,14 @@ import "github.com/l7mp/stunnerd-xdp/test/netns"
 var tunnelShapeCases = []shapeCase{
 	{name: "calico-ipip", shape: netns.CalicoIPIP,
 		engagesC2P: true,
-		lossKnown:  "issue 34: the TC engine's bpf_redirect into tunl0 (no fixed remote end) is dropped in the tunnel's transmit",
 		why: "Felix masquerades what leaves tunl0 from the node IP to tunl0's 10.244.0.0 (--random-fully): the NAT gate installs " +
 			"the binding from the translated relay, as in vxlan-masq; client->peer: XDP passes (tunl0 takes no XDP frames) and the " +
-			"TC engine on the NIC bpf_redirect()s the skb into tunl0, whose transmit takes the outer destination from the route on " +
-			"the skb (ip_tunnel_xmit, NBMA: rt_nexthop), which an skb at TC ingress does not carry yet: dropped (tx_fifo_errors) " +
-			"after being counted relayed; bpf_redirect_neigh with no next hop attaches the route and delivers (a scratch TC program " +
-			"on the NIC, 6.1 and 6.12: bpf_redirect 0 of 20 at the pod, tunl0 tx_fifo_errors +20; bpf_redirect_neigh 20 of 20). peer->client comes " +
-			"back through the tunnel to 10.244.0.0, decapsulated onto tunl0, an L3 device the TC engine is not attached to: userspace"},
+			"TC engine on the NIC redirects the skb into tunl0, whose transmit takes the outer destination from the route on " +
+			"the skb (ip_tunnel_xmit, NBMA: rt_nexthop), which an skb at TC ingress does not carry yet: dev_caps marks tunl0 " +
+			"DEV_XMIT_NEEDS_ROUTE (an ipip device without a remote end) and the engine redirects with bpf_redirect_neigh, which " +
+			"routes it out of tunl0 and attaches the route (bpf_redirect: 0 of 20 delivered, tx_fifo_errors +20, on 6.1 and 6.12). " +
+			"peer->client comes back through the tunnel to 10.244.0.0, decapsulated onto tunl0, an L3 device the TC engine is " +
+			"not attached to: userspace"},
 	{name: "wireguard", shape: netns.WireGuard,
 		engagesC2P: true,
 		why: "Felix masquerades what leaves wireguard.cali from the node IP to its 10.244.0.0: the NAT gate installs the binding " +
