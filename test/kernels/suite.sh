@@ -45,7 +45,10 @@ row goldens bpf "$KERNELS_BIN/bpf.test" "${gotest[@]}" -test.skip '^(TestRateLim
 
 row demo . "$KERNELS_BIN/demo" --daemon "$KERNELS_BIN/stunnerd-xdp" --turncat "$KERNELS_BIN/turncat" \
 	--rate "${KERNELS_DEMO_RATE:-1000}" --seconds "${KERNELS_DEMO_SECONDS:-30}" --min-kernel-share 99
-row shapes test/e2e "$KERNELS_BIN/e2e.test" "${gotest[@]}" -test.run "TestNodeShapeTwins${KERNELS_SHAPES:+/($KERNELS_SHAPES)$}"
+# KERNELS_SHAPES picks rows (a regexp of their names), KERNELS_SHAPE_MODES the
+# runs of each: "default|off" (the twins) or "default".
+row shapes test/e2e "$KERNELS_BIN/e2e.test" "${gotest[@]}" \
+	-test.run "^TestNodeShapeTwins$/^(${KERNELS_SHAPES:-.*})$/^(${KERNELS_SHAPE_MODES:-default|off})$"
 # The node-shape table (shapes_test.go logs it) for docs/testing.md.
 sed -n '/node shapes, /,/^--- /p' "$out/shapes.log" | grep -E '^\s+[a-z0-9-]+ +(default|off) ' > "$out/shapes.table" || true
 grep -q FAIL "$out/results.tsv" && exit 1
