@@ -376,7 +376,8 @@ func (e *env) writeCaps(i *iface) error {
 		on   bool
 		flag bpf.RelayDevFlag
 	}{{i.caps.Native, bpf.RelayDevFlagDEV_ATTACHED_NATIVE}, {i.caps.Generic, bpf.RelayDevFlagDEV_ATTACHED_GENERIC},
-		{i.caps.XDPXmit, bpf.RelayDevFlagDEV_XDP_XMIT}, {i.caps.XDPTX, bpf.RelayDevFlagDEV_XDP_TX}} {
+		{i.caps.XDPXmit, bpf.RelayDevFlagDEV_XDP_XMIT}, {i.caps.XDPTX, bpf.RelayDevFlagDEV_XDP_TX},
+		{i.caps.NeedsRoute, bpf.RelayDevFlagDEV_XMIT_NEEDS_ROUTE}} {
 		if f.on {
 			v.Flags |= f.flag
 		}
@@ -595,6 +596,7 @@ type observation struct {
 	out     []byte
 	reason  bpf.RelayReason // the one verdict counter that moved
 	counted channelmap.Stats
+	neigh   uint64 // the TC engine's tc_redirect_neigh moved by this (beside reason)
 }
 
 // observe runs frame through the program and reads back the verdict counter

@@ -200,9 +200,10 @@ func (e *env) fuzzCaps(t *testing.T, spec []byte) {
 // fuzzCapsByte decodes one dev_caps byte: bits 0-1 the mode (native, generic,
 // not attached, no entry at all), bit 2 XDP frames redirected to it are
 // transmitted, bit 3 XDP_TX out of it is, bits 4-5 its MTU (the device's,
-// 1400, 1600, 9000).
+// 1400, 1600, 9000), bit 6 its transmit needs a route on the skb (the TC
+// engine's bpf_redirect_neigh).
 func (e *env) fuzzCapsByte(name string, b byte) *model.DevCaps {
-	c := &model.DevCaps{XDPXmit: b&4 != 0, XDPTX: b&8 != 0,
+	c := &model.DevCaps{XDPXmit: b&4 != 0, XDPTX: b&8 != 0, NeedsRoute: b&0x40 != 0,
 		MTU: []int{e.ifaces[name].mtu, 1400, 1600, 9000}[b>>4&3]}
 	switch b & 3 {
 	case 0:

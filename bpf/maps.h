@@ -377,6 +377,12 @@ enum dev_flag {
 	DEV_XDP_TX = 8,           /* a native XDP_TX out of it is transmitted (a
 	                             veth: as DEV_XDP_XMIT; a NIC with native XDP:
 	                             always) */
+	DEV_XMIT_NEEDS_ROUTE = 16, /* its transmit takes the outer destination from
+	                             the route attached to the skb (an ip_tunnel
+	                             device without a fixed remote: Calico's tunl0,
+	                             an NBMA GRE): an skb redirected without one is
+	                             dropped (tx_fifo_errors), so the TC engine
+	                             redirects into it with bpf_redirect_neigh */
 };
 
 struct dev_cap {

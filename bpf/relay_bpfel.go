@@ -132,6 +132,7 @@ const (
 	RelayDevFlagDEV_ATTACHED_GENERIC RelayDevFlag = 2
 	RelayDevFlagDEV_XDP_XMIT         RelayDevFlag = 4
 	RelayDevFlagDEV_XDP_TX           RelayDevFlag = 8
+	RelayDevFlagDEV_XMIT_NEEDS_ROUTE RelayDevFlag = 16
 )
 
 type RelayDstKey struct {

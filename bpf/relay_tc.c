@@ -37,7 +37,8 @@
  *   - a GSO skb (UDP GSO or GRO: several datagrams) is passed, never relayed
  *     as one datagram.
  *
- * Verdicts: TC_ACT_REDIRECT (relayed), TCX_NEXT (the hook's next program, then
+ * Verdicts: TC_ACT_REDIRECT (relayed; with bpf_redirect_neigh into an egress
+ * whose transmit needs a route on the skb, DEV_XMIT_NEEDS_ROUTE), TCX_NEXT (the hook's next program, then
  * the stack and pion/turn get the skb, untouched), TC_ACT_SHOT (over a dropping rate limit, or a rewrite
  * that failed half way). Counters: tc_verdicts, indexed by enum reason for the
  * reasons both engines share and by enum tc_reason for the TC engine's own. */
@@ -294,6 +295,17 @@ static __always_inline int tc_emit(struct __sk_buff *skb, __u32 in_ifindex, stru
 		*reason = c2p ? REASON_RELAY_C2P_TX : REASON_RELAY_P2C_TX;
 	else
 		*reason = c2p ? REASON_RELAY_C2P_REDIRECT : REASON_RELAY_P2C_REDIRECT;
+	/* An egress whose transmit routes by the skb's dst (an ip_tunnel device
+	 * without a fixed remote: tunl0): bpf_redirect hands it an skb without
+	 * one, dropped in the tunnel's transmit. bpf_redirect_neigh routes the
+	 * packet out of that device, attaches the route and resolves the
+	 * neighbour. Its params NULL and plen 0: on 5.10's two-argument form
+	 * the second argument is the flags, 0 as well. */
+	const struct dev_cap *out = bpf_map_lookup_elem(&dev_caps, &rw->egress_ifindex);
+	if (out && (out->flags & DEV_XMIT_NEEDS_ROUTE)) {
+		tc_count(TC_REASON_REDIRECT_NEIGH);
+		return bpf_redirect_neigh(rw->egress_ifindex, 0, 0, 0);
+	}
 	/* Out of the egress through the skb path (dev_queue_xmit): any device.
 	 * The MACs are the FIB's, as XDP's. */
 	return bpf_redirect(rw->egress_ifindex, 0);

@@ -232,7 +232,8 @@ const (
 	RelayTcTcReasonTC_REASON_GSO               RelayTcTcReason = 64
 	RelayTcTcReasonTC_REASON_PARTIAL_ELSEWHERE RelayTcTcReason = 65
 	RelayTcTcReasonTC_REASON_REWRITE_FAILED    RelayTcTcReason = 66
-	RelayTcTcReasonTC_REASON_MAX               RelayTcTcReason = 67
+	RelayTcTcReasonTC_REASON_REDIRECT_NEIGH    RelayTcTcReason = 67
+	RelayTcTcReasonTC_REASON_MAX               RelayTcTcReason = 68
 )
 
 // Names of all BPF objects in the ELF.

@@ -18,6 +18,10 @@ enum tc_reason {
 	                                   one (a tunnel's): passed */
 	TC_REASON_REWRITE_FAILED,       /* a helper failed after the data moved: the half
 	                                   rewritten skb is dropped (TC_ACT_SHOT) */
+	TC_REASON_REDIRECT_NEIGH,       /* relayed with bpf_redirect_neigh into an egress
+	                                   whose transmit needs a route on the skb
+	                                   (DEV_XMIT_NEEDS_ROUTE): counted beside the
+	                                   relay reason, a subset of the relayed */
 	TC_REASON_MAX,
 };
 

@@ -178,8 +178,14 @@ func (e *tcEnv) checkTC(t testing.TB, m *model.Model, ingress string, frame []by
 	if !equalCounts(beforeXDP, afterXDP) {
 		t.Errorf("the TC program moved an XDP verdict counter")
 	}
+	// bpf_redirect_neigh's counter moves beside the relay reason: compared
+	// with the model's RedirectNeigh, then left out of the one that moves.
+	neigh := bpf.RelayTcTcReasonTC_REASON_REDIRECT_NEIGH
+	neighMoved := after[neigh] - before[neigh]
+	after[neigh] = before[neigh]
 	got := observation{verdict: ret, out: out, counted: statsDelta(beforeTotals, afterTotals),
 		reason: movedByOne(t, before, after, bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_MAX), tcReasonName)}
+	got.neigh = neighMoved
 	clock := m.Now
 	m.Now = func() uint64 { return e.ranAt }
 	want := m.ProcessTC(e.ifaces[ingress].index, frame, skb)
@@ -192,6 +198,9 @@ func (e *tcEnv) checkTC(t testing.TB, m *model.Model, ingress string, frame []by
 	}
 	if got.verdict != uint32(want.Verdict) || got.reason != want.Reason {
 		t.Errorf("program: %v %s; model: %v %s", model.TCVerdict(got.verdict), tcReasonName(got.reason), want.Verdict, tcReasonName(want.Reason))
+	}
+	if wantNeigh := map[bool]uint64{false: 0, true: 1}[want.RedirectNeigh]; got.neigh != wantNeigh {
+		t.Errorf("tc_redirect_neigh moved by %d, the model says %d", got.neigh, wantNeigh)
 	}
 	if !bytes.Equal(got.out, want.Frame) {
 		t.Errorf("output differs from the model's\nprogram %x\n  model %x", got.out, want.Frame)
@@ -220,6 +229,8 @@ func tcReasonName(r bpf.RelayReason) string {
 		return "tc_partial_elsewhere"
 	case bpf.RelayTcTcReasonTC_REASON_REWRITE_FAILED:
 		return "tc_rewrite_failed"
+	case bpf.RelayTcTcReasonTC_REASON_REDIRECT_NEIGH:
+		return "tc_redirect_neigh"
 	}
 	return reasonName(r)
 }
@@ -342,13 +353,22 @@ func guessedPartial(frame []byte) bool {
 	return uint32(udp[6])<<8|uint32(udp[7]) == s
 }
 
-// TestTCAnyEgress: where XDP passes because the egress is not in its devmap
-// (a pod's veth, a tunnel), the TC engine relays, both directions, IPv4 and
-// IPv6 clients, with the output built independently of the model.
-func TestTCAnyEgress(t *testing.T) {
-	e := newTCEnv(t)
-	m := e.install(t)
+// tcEgressCase is a packet the TC engine relays, with its output built
+// independently of the model.
+type tcEgressCase struct {
+	name, ingress, egress string
+	in, want              []byte
+	reason                bpf.RelayReason
+	skb                   model.SKB
+	notAttached           bool // XDP passes it: the egress is not in its devmap
+}
+
+// anyEgressCases are the packets XDP passes because the egress is not in its
+// devmap (a pod's veth, a tunnel) and the TC engine relays: both directions,
+// IPv4 and IPv6 clients.
+func anyEgressCases(e *tcEnv) []tcEgressCase {
 	a0, e0 := e.ifaces["a0"], e.ifaces["e0"]
+	var cases []tcEgressCase
 	for _, name := range []string{"notattached", "v6fwdoff6"} {
 		b := bindings[name]
 		d := data(200)
@@ -357,32 +377,73 @@ func TestTCAnyEgress(t *testing.T) {
 			listener = "fd00:100::1"
 		}
 		in := fromClient(b, listener, packet.ChannelData(b.Channel, d, []byte{7, 7}))
-		want := toPeer(in, b, e0.mac, otherMAC, d).Marshal()
-		t.Run(name+"/c2p", func(t *testing.T) {
-			if got := e.observe(t, "a0", in.Marshal()); got.reason != bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED {
-				t.Fatalf("XDP: %s, want egress_not_attached", reasonName(got.reason))
-			}
-			m.Process(a0.index, in.Marshal())
-			got, _ := e.checkTC(t, m, "a0", in.Marshal(), model.SKB{})
-			if model.TCVerdict(got.verdict) != model.TCRedirect || got.reason != bpf.RelayReasonREASON_RELAY_C2P_REDIRECT {
-				t.Errorf("%v %s", model.TCVerdict(got.verdict), tcReasonName(got.reason))
-			}
-			if !bytes.Equal(got.out, want) {
-				t.Errorf("output\n got %x\nwant %x", got.out, want)
-			}
-		})
+		cases = append(cases, tcEgressCase{name: name + "/c2p", ingress: "a0", egress: "e0", in: in.Marshal(),
+			want: toPeer(in, b, e0.mac, otherMAC, d).Marshal(), reason: bpf.RelayReasonREASON_RELAY_C2P_REDIRECT,
+			notAttached: true})
 	}
 	// peer->client from the unattached side, to an IPv4 client on a0.
 	b := bindings["notattached"]
 	in := fromPeer(b, data(150))
 	in.SrcMAC = otherMAC
-	want := toClient(in, b, b.ReplySource, a0.mac, clientMAC, data(150)).Marshal()
-	got, _ := e.checkTC(t, m, "e0", in.Marshal(), model.SKB{Checksum: e.skbChecksum(model.ChecksumComplete)})
-	if model.TCVerdict(got.verdict) != model.TCRedirect || got.reason != bpf.RelayReasonREASON_RELAY_P2C_REDIRECT {
-		t.Errorf("p2c: %v %s", model.TCVerdict(got.verdict), tcReasonName(got.reason))
+	cases = append(cases, tcEgressCase{name: "notattached/p2c", ingress: "e0", egress: "a0", in: in.Marshal(),
+		want:   toClient(in, b, b.ReplySource, a0.mac, clientMAC, data(150)).Marshal(),
+		reason: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT, skb: model.SKB{Checksum: e.skbChecksum(model.ChecksumComplete)}})
+	return cases
+}
+
+// TestTCAnyEgress: where XDP passes because the egress is not in its devmap
+// (a pod's veth, a tunnel), the TC engine relays (anyEgressCases).
+func TestTCAnyEgress(t *testing.T) {
+	e := newTCEnv(t)
+	m := e.install(t)
+	for _, c := range anyEgressCases(e) {
+		t.Run(c.name, func(t *testing.T) {
+			if c.notAttached {
+				if got := e.observe(t, c.ingress, c.in); got.reason != bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED {
+					t.Fatalf("XDP: %s, want egress_not_attached", reasonName(got.reason))
+				}
+				m.Process(e.ifaces[c.ingress].index, c.in)
+			}
+			got, _ := e.checkTC(t, m, c.ingress, c.in, c.skb)
+			if model.TCVerdict(got.verdict) != model.TCRedirect || got.reason != c.reason {
+				t.Errorf("%v %s, want TC_ACT_REDIRECT %s", model.TCVerdict(got.verdict), tcReasonName(got.reason), reasonName(c.reason))
+			}
+			if !bytes.Equal(got.out, c.want) {
+				t.Errorf("output\n got %x\nwant %x", got.out, c.want)
+			}
+		})
 	}
-	if !bytes.Equal(got.out, want) {
-		t.Errorf("p2c output\n got %x\nwant %x", got.out, want)
+}
+
+// TestTCRedirectNeigh: into an egress whose dev_caps say its transmit needs a
+// route on the skb (DEV_XMIT_NEEDS_ROUTE: tunl0), the TC engine relays the
+// same frame with bpf_redirect_neigh and counts tc_redirect_neigh beside the
+// relay reason; with the flag unset, bpf_redirect and no such count. The
+// anyEgressCases and an XDP_TX row (the egress is the ingress).
+func TestTCRedirectNeigh(t *testing.T) {
+	e := newTCEnv(t)
+	m := e.install(t)
+	a0 := e.ifaces["a0"]
+	tx := bindings["tx"]
+	c2pTX := fromClient(tx, "10.100.0.1", packet.ChannelData(tx.Channel, data(100), nil))
+	cases := append(anyEgressCases(e), tcEgressCase{name: "tx/c2p", ingress: "a0", egress: "a0", in: c2pTX.Marshal(),
+		want: toPeer(c2pTX, tx, a0.mac, peer2MAC, data(100)).Marshal(), reason: bpf.RelayReasonREASON_RELAY_C2P_TX})
+	for _, c := range cases {
+		for _, needsRoute := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/needs-route=%v", c.name, needsRoute), func(t *testing.T) {
+				e.setCaps(t, m, c.egress, &model.DevCaps{NeedsRoute: needsRoute, MTU: e.ifaces[c.egress].mtu})
+				got, want := e.checkTC(t, m, c.ingress, c.in, c.skb)
+				if model.TCVerdict(got.verdict) != model.TCRedirect || got.reason != c.reason {
+					t.Errorf("%v %s, want TC_ACT_REDIRECT %s", model.TCVerdict(got.verdict), tcReasonName(got.reason), reasonName(c.reason))
+				}
+				if wantNeigh := map[bool]uint64{false: 0, true: 1}[needsRoute]; got.neigh != wantNeigh || want.RedirectNeigh != needsRoute {
+					t.Errorf("tc_redirect_neigh moved by %d (model: %v), want %d", got.neigh, want.RedirectNeigh, wantNeigh)
+				}
+				if !bytes.Equal(got.out, c.want) {
+					t.Errorf("output\n got %x\nwant %x", got.out, c.want)
+				}
+			})
+		}
 	}
 }
 
@@ -411,7 +472,9 @@ func TestTCGSO(t *testing.T) {
 // FuzzTCVsModel: FuzzRelayVsModel for the TC engine: any frame on any
 // interface against the golden bindings, as a CHECKSUM_NONE or
 // CHECKSUM_COMPLETE skb, with or without gso_size (kind: bit 0 COMPLETE, bit
-// 1 GSO).
+// 1 GSO); when bits 2-7 of kind are not all zero, they are the dev_caps
+// (fuzzCapsByte's bits 0-4 from bits 2-6, its bit 6, needs a route, from bit
+// 7) of the interface bits 3-5 of ingress name (bits 0-2 the ingress).
 func FuzzTCVsModel(f *testing.F) {
 	e := newTCEnv(f)
 	bs := sortedBindings()
@@ -422,8 +485,17 @@ func FuzzTCVsModel(f *testing.F) {
 	}
 	redirect := bindings["redirect"]
 	f.Add(fromClient(redirect, "10.100.0.1", packet.ChannelData(redirect.Channel, data(64), nil)).Marshal(), uint8(0), uint8(2))
+	// The egress b0, then the ingress a0 (peer->client), marked as needing a
+	// route: bpf_redirect_neigh.
+	f.Add(fromClient(redirect, "10.100.0.1", packet.ChannelData(redirect.Channel, data(64), nil)).Marshal(),
+		ingressIndex("a0")|ingressIndex("b0")<<3, uint8(0x80))
+	f.Add(fromPeer(redirect, data(64)).Marshal(), ingressIndex("b0")|ingressIndex("a0")<<3, uint8(0x81))
 	f.Fuzz(func(t *testing.T, frame []byte, ingress, kind uint8) {
-		name := ifaceNames[int(ingress)%len(ifaceNames)]
+		name := ifaceNames[int(ingress&7)%len(ifaceNames)]
+		if c := kind >> 2; c != 0 {
+			capsOf := ifaceNames[int(ingress>>3)%len(ifaceNames)]
+			e.setCaps(t, nil, capsOf, e.fuzzCapsByte(capsOf, c&0x1f|c&0x20<<1))
+		}
 		skb := model.SKB{GSO: kind&2 != 0}
 		if kind&1 != 0 {
 			skb.Checksum = e.skbChecksum(model.ChecksumComplete)
@@ -486,7 +558,8 @@ func TestTCRateLimit(t *testing.T) {
 }
 
 // FuzzTCBindingsVsModel: FuzzRelayBindingsVsModel for the TC engine: varied
-// binding sets, both directions, every FIB outcome and rate limit, as a
+// binding sets, both directions, every FIB outcome and rate limit, the
+// interfaces' dev_caps (fuzzCaps: with bit 6, bpf_redirect_neigh), as a
 // CHECKSUM_NONE or a CHECKSUM_COMPLETE skb.
 func FuzzTCBindingsVsModel(f *testing.F) {
 	e := newTCEnv(f)
@@ -515,9 +588,15 @@ func FuzzTCBindingsVsModel(f *testing.F) {
 	// Bit 7 of ingress sets the flow caches aside (see FuzzRelayBindingsVsModel).
 	f.Add([]byte{0, 0, 0, 0x70, 0x40, 1}, uint8(0x80), uint8(0), uint8(0), uint8(1), false, data(100))
 	f.Add([]byte{0x85, 0, 0, 0x20, 0x10, 1}, uint8(0x80), uint8(1), uint8(0), uint8(0), true, data(100))
+	// dev_caps bytes after the bindings, then the rate-limit byte (see
+	// fuzzCaps): b0, then a0, whose transmit needs a route.
+	f.Add([]byte{0, 0, 0, 0x20, 0x10, 1, 0x00, 0x40, 0}, uint8(0), uint8(0), uint8(0), uint8(1), false, data(100))
+	f.Add([]byte{0, 0, 0, 0x20, 0x10, 1, 0x40, 0x00, 0}, uint8(0), uint8(1), uint8(0), uint8(0), true, data(100))
+	f.Add([]byte{0x80, 0, 0, 0x20, 0x10, 1, 0x00, 0x41, 0}, uint8(0), uint8(0), uint8(0), uint8(1), false, data(100))
 	f.Fuzz(func(t *testing.T, spec []byte, ingress, pick, dst, flags uint8, complete bool, payload []byte) {
 		bs := decodeBindings(spec)
 		e.replace(t, bs)
+		e.fuzzCaps(t, spec)
 		e.setFlowsAside(t, ingress&0x80 != 0)
 		m := e.newModel(t, bs)
 		e.fuzzRateLimit(t, m, spec, bs)

@@ -56,6 +56,10 @@ var TCReasonNames = map[bpf.RelayTcTcReason]string{
 	bpf.RelayTcTcReasonTC_REASON_PARTIAL_ELSEWHERE: "pass_checksum_partial_elsewhere",
 	// A helper failed after the data moved: the half-rewritten skb is shot.
 	bpf.RelayTcTcReasonTC_REASON_REWRITE_FAILED: "drop_rewrite_failed",
+	// Relayed with bpf_redirect_neigh into a device whose transmit needs a
+	// route on the skb (tunl0): counted beside the relay_* reason, a subset
+	// of those, not another verdict.
+	bpf.RelayTcTcReasonTC_REASON_REDIRECT_NEIGH: "relayed_via_redirect_neigh",
 }
 
 // TCReasonName is the metric label of the TC engine's Verdicts()[i] (loader

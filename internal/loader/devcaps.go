@@ -150,6 +150,9 @@ func (d *devCaps) setModes(modes map[int]Mode) {
 // them (known false: nothing known).
 func capOf(l netlink.Link, mode Mode, features xdpfeatures.Act, known bool) bpf.RelayDevCap {
 	v := bpf.RelayDevCap{Mtu: uint32(l.Attrs().MTU)}
+	if xmitNeedsRoute(l) {
+		v.Flags |= bpf.RelayDevFlagDEV_XMIT_NEEDS_ROUTE
+	}
 	switch mode {
 	case ModeNative:
 		v.Flags |= bpf.RelayDevFlagDEV_ATTACHED_NATIVE
@@ -174,6 +177,27 @@ func capOf(l netlink.Link, mode Mode, features xdpfeatures.Act, known bool) bpf.
 		v.Flags |= bpf.RelayDevFlagDEV_XDP_TX
 	}
 	return v
+}
+
+// xmitNeedsRoute tells a device whose transmit takes the outer destination
+// from the route attached to the skb: an ip_tunnel-based IP tunnel (ipip,
+// sit, ip6tnl, gre, ip6gre) without a fixed remote end (Calico's tunl0, an
+// NBMA GRE). ip_tunnel_xmit and ip6_tnl_xmit drop an skb without a dst
+// there (tx_fifo_errors, tx_carrier_errors): what a TC redirect without
+// bpf_redirect_neigh hands them. An Ethernet-over-GRE device (gretap) routes
+// no inner IP packet: not one of them.
+func xmitNeedsRoute(l netlink.Link) bool {
+	switch t := l.(type) {
+	case *netlink.Iptun:
+		return t.Remote == nil || t.Remote.IsUnspecified()
+	case *netlink.Sittun:
+		return t.Remote == nil || t.Remote.IsUnspecified()
+	case *netlink.Ip6tnl:
+		return t.Remote == nil || t.Remote.IsUnspecified()
+	case *netlink.Gretun: // gre, ip6gre (gretap is a *netlink.Gretap)
+		return t.Remote == nil || t.Remote.IsUnspecified()
+	}
+	return false
 }
 
 // sync reads every device and its features and writes what changed.

@@ -90,7 +90,12 @@
 //     a full checksum that carries the input's error over (rule 5 without its
 //     PARTIAL guess). Verdicts are TC actions: relayed packets are redirected,
 //     everything else goes on untouched (TCX_NEXT), and what a dropping rate
-//     limit refuses is shot.
+//     limit refuses is shot. A redirect into an egress whose transmit needs a
+//     route on the skb (Caps.NeedsRoute: an ip_tunnel device without a fixed
+//     remote, such as tunl0, drops an skb without one) is made with
+//     bpf_redirect_neigh, which routes it out of that device and attaches
+//     the route: the same frame and reason, counted as well under
+//     TC_REASON_REDIRECT_NEIGH (Result.RedirectNeigh).
 package model
 
 import (
@@ -162,6 +167,11 @@ type DevCaps struct {
 	XDPTX bool
 	// MTU is the device's MTU as the program was told it.
 	MTU int
+	// NeedsRoute: its transmit takes the outer destination from the route
+	// attached to the skb (an ip_tunnel device without a fixed remote, such
+	// as Calico's tunl0): the TC engine redirects into it with
+	// bpf_redirect_neigh, which attaches one (rule 10).
+	NeedsRoute bool
 }
 
 // Interface is one network interface as the FIB and the program see it.
@@ -256,6 +266,10 @@ type Result struct {
 	// on TX and Redirect), with the application-data bytes it carried.
 	Counted *channelmap.Key
 	DataLen int
+	// RedirectNeigh: the TC engine relayed it with bpf_redirect_neigh (an
+	// egress whose Caps say NeedsRoute), counted as
+	// TC_REASON_REDIRECT_NEIGH beside Reason.
+	RedirectNeigh bool
 }
 
 // Model holds the bindings and the learned listener addresses.
@@ -698,6 +712,7 @@ func (m *Model) send(ingress int, in datagram, out outPacket, res Result, key ch
 		res.Verdict, res.Reason = TX, txReason
 	}
 	res.Frame = m.build(in, out, hop)
+	res.RedirectNeigh = m.skb != nil && hop.egress.Caps != nil && hop.egress.Caps.NeedsRoute
 	res.Counted = &key
 	res.DataLen = out.dataLen
 	return res

@@ -67,6 +67,9 @@ type TCResult struct {
 	Learned *Learned
 	Counted *channelmap.Key
 	DataLen int
+	// RedirectNeigh: relayed with bpf_redirect_neigh, counted under
+	// TC_REASON_REDIRECT_NEIGH beside Reason.
+	RedirectNeigh bool
 }
 
 // ProcessTC is the TC engine for one skb arriving on the interface with the
@@ -88,5 +91,6 @@ func (m *Model) ProcessTC(ingress int, frame []byte, skb SKB) TCResult {
 	case TX, Redirect:
 		v = TCRedirect
 	}
-	return TCResult{Verdict: v, Reason: r.Reason, Frame: r.Frame, Learned: r.Learned, Counted: r.Counted, DataLen: r.DataLen}
+	return TCResult{Verdict: v, Reason: r.Reason, Frame: r.Frame, Learned: r.Learned, Counted: r.Counted, DataLen: r.DataLen,
+		RedirectNeigh: r.RedirectNeigh}
 }

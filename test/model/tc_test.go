@@ -94,3 +94,35 @@ func TestTCPassesAndAnyEgress(t *testing.T) {
 		t.Errorf("TC, unattached egress: %v %v", r.Verdict, r.Reason)
 	}
 }
+
+// An egress whose transmit needs a route on the skb (tunl0): the TC engine
+// relays the same frame with bpf_redirect_neigh (RedirectNeigh); XDP, which
+// never reaches such a device, and any other egress do not say so.
+func TestTCRedirectNeigh(t *testing.T) {
+	in := clientFrame("10.100.0.1", packet.ChannelData(0x4000, []byte("x"), nil)).Marshal()
+	env := testEnv()
+	env.Interfaces[1].Attached = false
+	plain, err := model.New(env, []channelmap.Binding{binding})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := plain.ProcessTC(2, in, model.SKB{})
+	if want.RedirectNeigh {
+		t.Fatal("an egress without NeedsRoute: bpf_redirect_neigh")
+	}
+	env.Interfaces[1].Caps = &model.DevCaps{NeedsRoute: true, MTU: 1500}
+	m, err := model.New(env, []channelmap.Binding{binding})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := m.ProcessTC(2, in, model.SKB{})
+	if r.Verdict != model.TCRedirect || r.Reason != bpf.RelayReasonREASON_RELAY_C2P_REDIRECT || !r.RedirectNeigh {
+		t.Errorf("TC into a NeedsRoute egress: %v %v neigh %v", r.Verdict, r.Reason, r.RedirectNeigh)
+	}
+	if !bytes.Equal(r.Frame, want.Frame) {
+		t.Errorf("the frame depends on the redirect helper")
+	}
+	if x := m.Process(2, in); x.RedirectNeigh || x.Reason != bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED {
+		t.Errorf("XDP: %v neigh %v", x.Reason, x.RedirectNeigh)
+	}
+}
