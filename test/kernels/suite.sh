@@ -46,7 +46,7 @@ row loader internal/loader "$KERNELS_BIN/loader.test" "${gotest[@]}"
 row goldens bpf "$KERNELS_BIN/bpf.test" "${gotest[@]}" -test.skip '^(TestRateLimit|TestTCRateLimit|TestChargeProgram)$'
 
 row demo . "$KERNELS_BIN/demo" --daemon "$KERNELS_BIN/stunnerd-xdp" --turncat "$KERNELS_BIN/turncat" \
-	--rate "${KERNELS_DEMO_RATE:-1000}" --seconds "${KERNELS_DEMO_SECONDS:-30}" --min-kernel-share 99
+	--rate "${KERNELS_DEMO_RATE:-1000}" --seconds "${KERNELS_DEMO_SECONDS:-60}" --min-kernel-share 99
 # KERNELS_SHAPES picks rows (a regexp of their names), KERNELS_SHAPE_MODES the
 # runs of each: "default|off" (the twins) or "default".
 row shapes test/e2e "$KERNELS_BIN/e2e.test" "${gotest[@]}" \
