@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -560,7 +561,13 @@ func TestGSOSuperPacketPasses(t *testing.T) {
 	over := v1[bpf.RelayReasonREASON_INGRESS_OVER_MTU] - v0[bpf.RelayReasonREASON_INGRESS_OVER_MTU]
 	counted := s1.PeerToClientPackets - s0.PeerToClientPackets
 	t.Logf("relay socket got %v, client got %v, pass_ingress_over_mtu %d, counted %d", atRelay, atClient, over, counted)
-	if len(atRelay) != 3 || atRelay[0] != 1000 || len(atClient) != 0 || over != 1 || counted != 0 {
+	switch {
+	case over == 0 && len(atRelay) == 0 && slices.Equal(atClient, []int{1004, 1004, 1004}) && counted == 3:
+		// On 5.10 (a test/kernels guest) generic XDP gets the three
+		// datagrams already segmented: each is an ordinary one, relayed as
+		// ChannelData. No super-packet to test on this kernel.
+		t.Log("the kernel segmented the super-packet before XDP: three datagrams relayed, as pion's would be")
+	case len(atRelay) != 3 || atRelay[0] != 1000 || len(atClient) != 0 || over != 1 || counted != 0:
 		t.Error("want three 1000-byte datagrams at the relay socket, nothing at the client, one pass_ingress_over_mtu, nothing counted")
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -244,7 +243,7 @@ func TestTCReconfigureSwapsTheHook(t *testing.T) {
 				return err
 			}
 			want, _ := info.ID()
-			got, err := hookPrograms("a")
+			got, err := testenv.IngressPrograms("a")
 			if err != nil {
 				return err
 			}
@@ -388,28 +387,6 @@ func ingressFilters(name string) ([]netlink.Filter, error) {
 		err = errors.New("no filter")
 	}
 	return fs, err
-}
-
-// hookPrograms returns the programs at the device's ingress: tcx's and the
-// engines' cls_bpf filters'.
-func hookPrograms(name string) ([]ebpf.ProgramID, error) {
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		return nil, err
-	}
-	var ids []ebpf.ProgramID
-	if r, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress}); err == nil {
-		for _, p := range r.Programs {
-			ids = append(ids, p.ID)
-		}
-	}
-	fs, _ := netlink.FilterList(l, netlink.HANDLE_MIN_INGRESS)
-	for _, f := range fs {
-		if b, ok := f.(*netlink.BpfFilter); ok {
-			ids = append(ids, ebpf.ProgramID(b.Id))
-		}
-	}
-	return ids, nil
 }
 
 // addPodVeth adds a pod's veth as Cilium and Calico make it: the pair on the

@@ -15,7 +15,7 @@ var tunnelShapeCases = []shapeCase{
 			"TC engine on the NIC redirects the skb into tunl0, whose transmit takes the outer destination from the route on " +
 			"the skb (ip_tunnel_xmit, NBMA: rt_nexthop), which an skb at TC ingress does not carry yet: dev_caps marks tunl0 " +
 			"DEV_XMIT_NEEDS_ROUTE (an ipip device without a remote end) and the engine redirects with bpf_redirect_neigh, which " +
-			"routes it out of tunl0 and attaches the route (bpf_redirect: 0 of 20 delivered, tx_fifo_errors +20, on 6.1 and 6.12). " +
+			"routes it out of tunl0 and attaches the route (bpf_redirect: 0 of 20 delivered, tx_fifo_errors +20, on 5.10, 6.1 and 6.12). " +
 			"peer->client comes back through the tunnel to 10.244.0.0, decapsulated onto tunl0, an L3 device the TC engine is " +
 			"not attached to: userspace"},
 	{name: "wireguard", shape: netns.WireGuard,
@@ -23,15 +23,15 @@ var tunnelShapeCases = []shapeCase{
 		why: "Felix masquerades what leaves wireguard.cali from the node IP to its 10.244.0.0: the NAT gate installs the binding " +
 			"from the translated relay; client->peer: XDP passes (wireguard.cali takes no XDP frames) and the TC engine on the NIC " +
 			"(the FIB follows the rule to table 1) redirects the skb into wireguard.cali, whose transmit needs no route on the skb " +
-			"(the peer is the allowed IPs' match for the inner destination; a scratch TC program's bpf_redirect: 20 of 20 on 6.1 and 6.12); " +
+			"(the peer is the allowed IPs' match for the inner destination; a scratch TC program's bpf_redirect: 20 of 20 on 5.10, 6.1 and 6.12); " +
 			"peer->client arrives encrypted (UDP 51820: not ours, " +
 			"passed), decrypted onto wireguard.cali, an L3 device the TC engine is not attached to: userspace"},
 	{name: "gre", shape: netns.GRE,
 		engagesC2P: true, engagesP2C: true,
 		why: "client->peer: XDP passes (gre1 takes no XDP frames) and the TC engine on the NIC redirects the skb into gre1, which " +
 			"has a fixed remote end and no header_ops: it encapsulates to its remote without a route on the skb (a scratch TC " +
-			"program's bpf_redirect: 20 of 20 on 6.1 and 6.12; a GRE device " +
-			"without a remote end would drop it as tunl0 does); the pod's replies to the node IP leave node 2 through its NIC and " +
+			"program's bpf_redirect: 20 of 20 on 5.10, 6.1 and 6.12; a GRE device " +
+			"without a remote end is marked as tunl0 is and gets bpf_redirect_neigh); the pod's replies to the node IP leave node 2 through its NIC and " +
 			"arrive on the NIC: XDP_TX"},
 	{name: "vlan-nic", shape: netns.VLANNIC,
 		attach:     map[string]string{"eth0.100": "generic"},

@@ -30,11 +30,20 @@ cp "$BIN/turncat" "$kb/turncat"
 export KERNELS_BIN=$kb STUNNERD_XDP=$kb/stunnerd-xdp UDPECHO=$kb/udpecho TURNCAT=$kb/turncat
 # Waits in the tests scale with the guest's speed (TCG: ~10x slower).
 export TEST_TIMEOUT_SCALE=${TEST_TIMEOUT_SCALE:-10}
+# KERNELS_TWINS names the suites whose node shapes run with their
+# --xdp-mode=off twins ("all", the default, or a list); the others run the
+# default mode only (CI's time: .ci/run runs the twins on one kernel).
+twins=${KERNELS_TWINS:-all}
 fail=0
 for s in "${suites[@]}"; do
 	o=$(realpath -m "$res/$s"); rm -rf "$o"; mkdir -p "$o"
 	t0=$SECONDS
-	KERNELS_OUT=$o bash test/kernels/kernels.sh run "$s" bash test/kernels/suite.sh 2>&1 \
+	modes="default"
+	case " $twins " in *" all "*|*" $s "*) modes="default|off";; esac
+	# KERNELS_ROWS_<suite> narrows the rows for one kernel (CI's time), else KERNELS_ROWS.
+	rv=KERNELS_ROWS_$s
+	KERNELS_ROWS=${!rv:-${KERNELS_ROWS:-loader goldens demo shapes}} \
+	KERNELS_SHAPE_MODES=$modes KERNELS_OUT=$o bash test/kernels/kernels.sh run "$s" bash test/kernels/suite.sh 2>&1 \
 		| grep -vE '^\s*$|SeaBIOS|iPXE|Booting from ROM|Press Ctrl-B' || true
 	[ -f "$o/rc" ] && [ "$(cat "$o/rc")" = 0 ] || fail=1
 	echo "matrix: $s done in $((SECONDS - t0)) s"
