@@ -99,7 +99,7 @@ run() {
 	{
 		echo "cd $(printf %q "$PWD")"
 		# The environment the command sees, less what belongs to this machine's session.
-		env | grep -E '^(CI|PATH|GO[A-Z]*|HOME|STUNNERD_XDP|TURNCAT|STUNNERD|STUNNERD_121|UDPECHO|ETCD|KUBE_APISERVER|KERNELS_[A-Z_]*|TEST[A-Z_]*)=' | sed 's/^/export /; s/=\(.*\)$/=\x27\1\x27/'
+		env | grep -E '^(CI|PATH|GO[A-Z]*|HOME|STUNNERD_XDP|TURNCAT|STUNNERD|STUNNERD_121|UDPECHO|ETCD|KUBE_APISERVER|KERNELS_[A-Z_]*|TEST[A-Z_]*|UPDATE_VERIFIER|VERIFIER_OUT)=' | sed 's/^/export /; s/=\(.*\)$/=\x27\1\x27/'
 		printf '%q ' "$@"; echo
 	} > "$out/cmd.sh"
 	rm -f "$out/rc"
