@@ -75,7 +75,7 @@ func startInRig(t *testing.T, mode loader.Mode, listeners ...config.ResolvedList
 		Listeners:    listeners,
 		Users:        map[string]string{"u": "p"},
 		RelayAddress: srvPeer,
-		MinRelayPort: 40000, MaxRelayPort: 40999,
+		MinRelayPort: 64000, MaxRelayPort: 64999,
 		// The rig's peer0, in a private network the defaults refuse.
 		AllowPeers: []netip.Prefix{netip.MustParsePrefix("10.200.0.2/32")},
 		XDPMode:    mode,

@@ -36,7 +36,7 @@ func TestProgramRefused(t *testing.T) {
 	}
 	d, listen := startOnLoopback(t, func(listen netip.AddrPort) Config {
 		return Config{Listen: listen, Users: map[string]string{"u": "p"}, RelayAddress: listen.Addr(),
-			MinRelayPort: 40000, MaxRelayPort: 40999, Interfaces: []string{"lo"},
+			MinRelayPort: 64000, MaxRelayPort: 64999, Interfaces: []string{"lo"},
 			XDPRetryInterval: 10 * time.Millisecond, UDPThreadNum: 1, load: refuse,
 			AllowPeers: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}
 	})
@@ -124,7 +124,7 @@ func TestKernelReport(t *testing.T) {
 	}
 	d, err := Start(Config{
 		Listen: netip.AddrPortFrom(addr, 3478), Users: map[string]string{"u": "p"}, RelayAddress: addr,
-		MinRelayPort: 40000, MaxRelayPort: 40999, Interfaces: []string{"kv0"},
+		MinRelayPort: 64000, MaxRelayPort: 64999, Interfaces: []string{"kv0"},
 		XDPRetryInterval: 20 * time.Millisecond, TCEngine: true, Logger: lf, SteeringDir: testenv.BPFFS(t),
 	})
 	if err != nil {

@@ -74,7 +74,7 @@ func startOnLink(t *testing.T, iface string, addr netip.Addr, tc bool) *Daemon {
 		Listen:       netip.AddrPortFrom(addr, 3478),
 		Users:        map[string]string{"u": "p"},
 		RelayAddress: addr,
-		MinRelayPort: 40000, MaxRelayPort: 40999,
+		MinRelayPort: 64000, MaxRelayPort: 64999,
 		XDPMode:          loader.ModeGeneric,
 		Interfaces:       []string{iface},
 		XDPRetryInterval: time.Hour,
