@@ -226,6 +226,45 @@ static __always_inline int tc_move(struct __sk_buff *skb, __u32 from, __u32 to, 
 	return 0;
 }
 
+/* l2_len is the length of the skb's link-layer header at TC ingress: an
+ * Ethernet header, or none on an L3 device (tc_turn_relay_l3). */
+static __always_inline __u32 l2_len(const int l3)
+{
+	return l3 ? 0 : sizeof(struct ethhdr);
+}
+
+/* parse_l3 is parse_eth for an skb that starts at the IP header: the family
+ * from the version nibble. skb->protocol would say the same on a real L3
+ * device; the nibble is what the parser checks next anyway. */
+static __always_inline int parse_l3(struct cursor *c, __u16 *proto)
+{
+	__u8 *v = c->pos;
+	if ((void *)(v + 1) > c->end)
+		return REASON_NOT_IP;
+	switch (*v >> 4) {
+	case 4:
+		*proto = ETH_P_IP;
+		return -1;
+	case 6:
+		*proto = ETH_P_IPV6;
+		return -1;
+	}
+	return REASON_NOT_IP;
+}
+
+/* tc_push_eth puts room for an Ethernet header in front of an L3 skb (zeros,
+ * written by tc_emit): what bpf_skb_change_head is for, an L3 skb pushing a
+ * MAC header before a redirect into an L2 device. It makes the header the
+ * skb's MAC header (mac_len 14), which the hook pulls after the program and
+ * pushes again before the redirect; into an L3 egress the redirect takes it
+ * off again (__bpf_redirect_no_mac), and bpf_redirect_neigh does as well.
+ * Nothing later in the rewrite depends on mac_len but bpf_skb_change_proto,
+ * which an L3 skb never reaches (TC_REASON_L3_FAMILY). */
+static __always_inline int tc_push_eth(struct __sk_buff *ctx)
+{
+	return bpf_skb_change_head(ctx, sizeof(struct ethhdr), 0);
+}
+
 /* tc_emit writes the Ethernet, IP and UDP headers (and for peer->client the
  * ChannelData header) of the rewritten skb, whose UDP header is at udp_off,
  * and redirects it. */
@@ -322,7 +361,7 @@ static __always_inline int tc_over_limit(const struct rate_limit *rl, __u32 allo
 }
 
 static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct cursor *c, struct input *in,
-					     struct udphdr *udp, __u32 *reason)
+					     struct udphdr *udp, __u32 *reason, const int l3)
 {
 	__u16 payload_len = bpf_ntohs(udp->len) - sizeof(*udp);
 	__be16 channel;
@@ -354,10 +393,14 @@ static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct curso
 		*reason = r;
 		return TC_ACT_OK;
 	}
-	__u32 udp_off = sizeof(struct ethhdr) + in->l3_len;
+	__u32 udp_off = l2_len(l3) + in->l3_len;
 	int partial = partial_state(ctx, udp_off);
 	if (partial < 0) {
 		*reason = TC_REASON_PARTIAL_ELSEWHERE;
+		return TC_ACT_OK;
+	}
+	if (l3 && in->family == AF_INET6) {
+		*reason = TC_REASON_L3_FAMILY;
 		return TC_ACT_OK;
 	}
 	const struct rate_limit *rl = limit_on();
@@ -388,9 +431,14 @@ static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct curso
 	}
 
 	/* The rewrite. Until the data moves, a failure leaves the packet as it
-	 * came: a change of the tail to its own length makes the skb linear and
+	 * came (an L3 skb's pushed header aside, which the hook pulls again): a
+	 * change of the tail to its own length makes the skb linear and
 	 * writable (and fails where the trim after the move would). */
-	__u32 data_off = udp_off + sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN;
+	if (l3 && tc_push_eth(ctx)) {
+		*reason = REASON_ADJUST_FAILED;
+		return TC_ACT_OK;
+	}
+	__u32 data_off = sizeof(struct ethhdr) + in->l3_len + sizeof(struct udphdr) + CHANNEL_DATA_HDR_LEN;
 	if (bpf_skb_change_tail(ctx, ctx->len, 0)) {
 		*reason = REASON_ADJUST_FAILED;
 		return TC_ACT_OK;
@@ -418,7 +466,7 @@ static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct curso
 
 static __always_inline int tc_p2c_out(struct __sk_buff *ctx, struct cursor *c, struct input *in, struct udphdr *udp,
 				      __u32 *reason, struct binding_state *st, const struct p2c_binding *bind,
-				      const int to_v4)
+				      const int to_v4, const int l3)
 {
 	struct iphdr *old;
 	__u16 data_len;
@@ -435,10 +483,13 @@ static __always_inline int tc_p2c_out(struct __sk_buff *ctx, struct cursor *c, s
 		*reason = r;
 		return TC_ACT_OK;
 	}
-	__u32 udp_off = sizeof(struct ethhdr) + sizeof(struct iphdr);
-	int partial = partial_state(ctx, udp_off);
+	int partial = partial_state(ctx, l2_len(l3) + sizeof(struct iphdr));
 	if (partial < 0) {
 		*reason = TC_REASON_PARTIAL_ELSEWHERE;
+		return TC_ACT_OK;
+	}
+	if (l3 && !to_v4) {
+		*reason = TC_REASON_L3_FAMILY;
 		return TC_ACT_OK;
 	}
 	const struct rate_limit *rl = limit_on();
@@ -464,8 +515,13 @@ static __always_inline int tc_p2c_out(struct __sk_buff *ctx, struct cursor *c, s
 
 	/* The tail first: the Ethernet trailer off, then 4 bytes on. Until the
 	 * data moves a failure leaves what the stack reads unchanged (zeros
-	 * after the IP packet are a trailer to it). */
-	__u32 data_off = udp_off + sizeof(struct udphdr);
+	 * after the IP packet are a trailer to it; an L3 skb's pushed header
+	 * the hook pulls again). */
+	if (l3 && tc_push_eth(ctx)) {
+		*reason = REASON_ADJUST_FAILED;
+		return TC_ACT_OK;
+	}
+	__u32 data_off = sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr);
 	__u32 end = data_off + data_len;
 	if ((ctx->len != end && bpf_skb_change_tail(ctx, end, 0)) ||
 	    bpf_skb_change_tail(ctx, end + CHANNEL_DATA_HDR_LEN, 0)) {
@@ -491,7 +547,7 @@ static __always_inline int tc_p2c_out(struct __sk_buff *ctx, struct cursor *c, s
 }
 
 static __always_inline int tc_peer_to_client(struct __sk_buff *ctx, struct cursor *c, struct input *in,
-					     struct udphdr *udp, __u32 *reason)
+					     struct udphdr *udp, __u32 *reason, const int l3)
 {
 	if (in->family != AF_INET) {
 		*reason = REASON_NO_PEER_BINDING;
@@ -506,11 +562,11 @@ static __always_inline int tc_peer_to_client(struct __sk_buff *ctx, struct curso
 		return TC_ACT_OK;
 	}
 	if (addr_is_v4(&bind->client_addr))
-		return tc_p2c_out(ctx, c, in, udp, reason, st, bind, 1);
-	return tc_p2c_out(ctx, c, in, udp, reason, st, bind, 0);
+		return tc_p2c_out(ctx, c, in, udp, reason, st, bind, 1, l3);
+	return tc_p2c_out(ctx, c, in, udp, reason, st, bind, 0, l3);
 }
 
-static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
+static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason, const int l3)
 {
 	/* Several datagrams in one skb (UDP GSO from a pod, GRO): the stack
 	 * segments them; relaying the skb would send one datagram. */
@@ -543,7 +599,7 @@ static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
 	 * __netif_receive_skb_core has just made skb_iif (ingress_ifindex) as
 	 * well. Read from skb->dev: a BPF_PROG_RUN before 5.15 sets only that. */
 	in.ifindex = ctx->ifindex;
-	if ((r = parse_eth(&c, &eth, &proto)) >= 0) {
+	if ((r = l3 ? parse_l3(&c, &proto) : parse_eth(&c, &eth, &proto)) >= 0) {
 		*reason = r;
 		return TC_ACT_OK;
 	}
@@ -554,9 +610,9 @@ static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
 		}
 		switch (port_kind(udp->dest)) {
 		case PORT_CLIENT:
-			return tc_client_to_peer(ctx, &c, &in, udp, reason);
+			return tc_client_to_peer(ctx, &c, &in, udp, reason, l3);
 		case PORT_PEER:
-			return tc_peer_to_client(ctx, &c, &in, udp, reason);
+			return tc_peer_to_client(ctx, &c, &in, udp, reason, l3);
 		default:
 			break;
 		}
@@ -567,9 +623,9 @@ static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
 		}
 		switch (port_kind(udp->dest)) {
 		case PORT_CLIENT:
-			return tc_client_to_peer(ctx, &c, &in, udp, reason);
+			return tc_client_to_peer(ctx, &c, &in, udp, reason, l3);
 		case PORT_PEER:
-			return tc_peer_to_client(ctx, &c, &in, udp, reason);
+			return tc_peer_to_client(ctx, &c, &in, udp, reason, l3);
 		default:
 			break;
 		}
@@ -578,14 +634,31 @@ static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason)
 	return TC_ACT_OK;
 }
 
-SEC("tc")
-int tc_turn_relay(struct __sk_buff *ctx)
+static __always_inline int tc_run(struct __sk_buff *ctx, const int l3)
 {
 	__u32 reason = REASON_NOT_OURS;
-	int action = tc_relay(ctx, &reason);
+	int action = tc_relay(ctx, &reason, l3);
 	tc_count(reason);
 	/* What it does not relay goes on to the hook's next program (another
 	 * Gateway's engine on the node), untouched, then to the stack: TC_ACT_OK
 	 * would end the tcx chain there. */
 	return action == TC_ACT_OK ? TC_NEXT : action;
+}
+
+/* The engine on a device with an Ethernet header: NICs, veths, VXLAN and
+ * Geneve devices, bridges. */
+SEC("tc")
+int tc_turn_relay(struct __sk_buff *ctx)
+{
+	return tc_run(ctx, 0);
+}
+
+/* The engine on a device without a link-layer header (ARPHRD_NONE, TUNNEL,
+ * IPGRE...: tunl0, a WireGuard or GRE device), where an overlay's
+ * decapsulated media enter: the skb starts at the IP header. The loader
+ * attaches the one or the other by the device's type. */
+SEC("tc")
+int tc_turn_relay_l3(struct __sk_buff *ctx)
+{
+	return tc_run(ctx, 1);
 }

@@ -233,7 +233,8 @@ const (
 	RelayTcTcReasonTC_REASON_PARTIAL_ELSEWHERE RelayTcTcReason = 65
 	RelayTcTcReasonTC_REASON_REWRITE_FAILED    RelayTcTcReason = 66
 	RelayTcTcReasonTC_REASON_REDIRECT_NEIGH    RelayTcTcReason = 67
-	RelayTcTcReasonTC_REASON_MAX               RelayTcTcReason = 68
+	RelayTcTcReasonTC_REASON_L3FAMILY          RelayTcTcReason = 68
+	RelayTcTcReasonTC_REASON_MAX               RelayTcTcReason = 69
 )
 
 // Names of all BPF objects in the ELF.
@@ -257,6 +258,7 @@ const (
 	RelayTcMapVerdicts       = "verdicts"
 	RelayTcMapWirePorts      = "wire_ports"
 	RelayTcProgTcTurnRelay   = "tc_turn_relay"
+	RelayTcProgTcTurnRelayL3 = "tc_turn_relay_l3"
 	RelayTcVarUnusedReason   = "_unused_reason"
 	RelayTcVarUnusedTcReason = "_unused_tc_reason"
 	RelayTcVarCfg            = "cfg"
@@ -304,7 +306,8 @@ type RelayTcSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayTcProgramSpecs struct {
-	TcTurnRelay *ebpf.ProgramSpec `ebpf:"tc_turn_relay"`
+	TcTurnRelay   *ebpf.ProgramSpec `ebpf:"tc_turn_relay"`
+	TcTurnRelayL3 *ebpf.ProgramSpec `ebpf:"tc_turn_relay_l3"`
 }
 
 // RelayTcMapSpecs contains maps before they are loaded into the kernel.
@@ -410,12 +413,14 @@ type RelayTcVariables struct {
 //
 // It can be passed to LoadRelayTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayTcPrograms struct {
-	TcTurnRelay *ebpf.Program `ebpf:"tc_turn_relay"`
+	TcTurnRelay   *ebpf.Program `ebpf:"tc_turn_relay"`
+	TcTurnRelayL3 *ebpf.Program `ebpf:"tc_turn_relay_l3"`
 }
 
 func (p *RelayTcPrograms) Close() error {
 	return _RelayTcClose(
 		p.TcTurnRelay,
+		p.TcTurnRelayL3,
 	)
 }
 

@@ -22,6 +22,10 @@ enum tc_reason {
 	                                   whose transmit needs a route on the skb
 	                                   (DEV_XMIT_NEEDS_ROUTE): counted beside the
 	                                   relay reason, a subset of the relayed */
+	TC_REASON_L3_FAMILY,            /* from a device without a link-layer header
+	                                   (tc_turn_relay_l3), a relay that would
+	                                   change the family (an IPv6 client's):
+	                                   passed, see relay_tc.c */
 	TC_REASON_MAX,
 };
 

@@ -281,12 +281,7 @@ func livePodPeer(t *testing.T, egressSums, v6, wire, noKfunc bool) liveCost {
 		return []byte(fmt.Sprintf("%s %04d %s", dir, i, strings.Repeat("x", i%200)))
 	}
 	got := exchange(t, clientConn, podConn, ap(listenerAddr), 0, func(i int) []byte {
-		d := payload("c2p", i)
-		m := make([]byte, 4+len(d)+(4-len(d)%4)%4)
-		binary.BigEndian.PutUint16(m, liveChannel)
-		binary.BigEndian.PutUint16(m[2:], uint16(len(d)))
-		copy(m[4:], d)
-		return m
+		return channelData(payload("c2p", i))
 	}, func(i int, from netip.AddrPort, msg []byte) error {
 		if from != ap("10.1.0.1:50000") {
 			return fmt.Errorf("from %v, want the relay address", from)

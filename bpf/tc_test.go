@@ -137,8 +137,15 @@ func (e *tcEnv) runTC(t testing.TB, ingress string, frame []byte, skb model.SKB)
 		if skb.Checksum == model.ChecksumComplete {
 			opts.Flags = testSkbChecksumComplete
 		}
+		prog := e.tc.Prog()
+		if skb.L3 {
+			// BPF_PROG_RUN takes the first 14 bytes for an Ethernet header
+			// (eth_type_trans) and gives the program the whole buffer, as a
+			// device without a link-layer header gives it the IP packet.
+			prog = e.tc.ProgL3()
+		}
 		e.ranAt = model.MonotonicNow()
-		ret, err = e.tc.Prog().Run(&opts)
+		ret, err = prog.Run(&opts)
 		out = opts.DataOut
 		return nil
 	})
@@ -231,6 +238,8 @@ func tcReasonName(r bpf.RelayReason) string {
 		return "tc_rewrite_failed"
 	case bpf.RelayTcTcReasonTC_REASON_REDIRECT_NEIGH:
 		return "tc_redirect_neigh"
+	case bpf.RelayTcTcReasonTC_REASON_L3FAMILY:
+		return "tc_l3_family"
 	}
 	return reasonName(r)
 }
@@ -313,6 +322,109 @@ func tcGoldenPackets(t *testing.T, noKfunc bool) {
 			})
 		}
 	}
+}
+
+// TestTCL3GoldenPackets: on a device without a link-layer header (tunl0,
+// WireGuard: tc_turn_relay_l3) every golden and hostile row's packet, its
+// Ethernet header taken off, against the model (SKB.L3); a row the engines
+// relay alike leaves as the row's own output frame (the Ethernet header put
+// in front), except that a relay changing the family passes
+// (tc_l3_family). Then the packets the TC engine relays into any egress
+// (anyEgressCases), with bpf_redirect and with bpf_redirect_neigh.
+func TestTCL3GoldenPackets(t *testing.T) {
+	for _, noKfunc := range tcSkbReads() {
+		t.Run(skbReadName(noKfunc), func(t *testing.T) { tcL3GoldenPackets(t, noKfunc) })
+	}
+}
+
+func tcL3GoldenPackets(t *testing.T, noKfunc bool) {
+	e := newTCEnvWith(t, noKfunc)
+	m := e.install(t)
+	var rows []golden
+	for _, set := range [][]golden{goldenCases(e.env), goldenCases6(e.env), contractCases(e.env), hostileCases(e.env), hostileCases6(e.env)} {
+		rows = append(rows, set...)
+	}
+	relayed, familyPassed := 0, 0
+	for _, c := range rows {
+		if len(c.in) < 14 || !skbRunnable(c.in[14:]) {
+			continue
+		}
+		in := c.in[14:]
+		kinds := []model.Checksum{model.ChecksumNone, model.ChecksumComplete}
+		if !e.complete {
+			kinds = kinds[:1]
+		}
+		for _, kind := range kinds {
+			t.Run(fmt.Sprintf("%s/ip_summed=%d", c.name, kind), func(t *testing.T) {
+				got, _ := e.checkTC(t, m, c.ingress, in, model.SKB{Checksum: kind, L3: true})
+				// The row's expectation holds where its ethertype is what the
+				// version nibble says (the L3 program reads only the nibble).
+				isIP := c.in[12] == 0x08 && c.in[13] == 0x00 && in[0]>>4 == 4 || c.in[12] == 0x86 && c.in[13] == 0xdd && in[0]>>4 == 6
+				if !isIP || c.reason == bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED || guessedPartial(c.in) {
+					return
+				}
+				wantVerdict, wantReason, wantOut := tcVerdictOf(c.verdict), c.reason, c.out
+				if wantVerdict == model.TCRedirect && len(c.out) > 14 && (c.in[12] == 0x86) != (c.out[12] == 0x86) {
+					wantVerdict, wantReason, wantOut = model.TCNext, bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_L3FAMILY), nil
+					familyPassed++
+				} else if wantVerdict == model.TCRedirect {
+					relayed++
+				}
+				if wantOut == nil {
+					wantOut = in
+				}
+				if model.TCVerdict(got.verdict) != wantVerdict || got.reason != wantReason {
+					t.Errorf("%v %s, want %v %s", model.TCVerdict(got.verdict), tcReasonName(got.reason), wantVerdict, tcReasonName(wantReason))
+				}
+				if !bytes.Equal(got.out, wantOut) {
+					t.Errorf("output differs from the row's\n got %x\nwant %x", got.out, wantOut)
+				}
+			})
+		}
+	}
+	if relayed == 0 || familyPassed == 0 {
+		t.Errorf("%d rows relayed, %d passed for their family change: the rows do not cover the L3 program", relayed, familyPassed)
+	}
+	for _, c := range anyEgressCases(e) {
+		for _, needsRoute := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/needs-route=%v", c.name, needsRoute), func(t *testing.T) {
+				e.setCaps(t, m, c.egress, &model.DevCaps{NeedsRoute: needsRoute, MTU: e.ifaces[c.egress].mtu})
+				skb := c.skb
+				skb.L3 = true
+				got, _ := e.checkTC(t, m, c.ingress, c.in[14:], skb)
+				wantReason, wantOut := c.reason, c.want
+				if c.in[12] == 0x86 {
+					wantReason, wantOut = bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_L3FAMILY), c.in[14:]
+				}
+				if got.reason != wantReason || !bytes.Equal(got.out, wantOut) {
+					t.Errorf("%v %s, want %s\n got %x\nwant %x", model.TCVerdict(got.verdict), tcReasonName(got.reason), tcReasonName(wantReason), got.out, wantOut)
+				}
+			})
+		}
+	}
+}
+
+// FuzzTCL3VsModel: FuzzTCVsModel for tc_turn_relay_l3: any bytes from the IP
+// header on, on any interface, against the golden bindings (kind: bit 0
+// CHECKSUM_COMPLETE, bit 1 GSO).
+func FuzzTCL3VsModel(f *testing.F) {
+	e := newTCEnv(f)
+	bs := sortedBindings()
+	e.replace(f, bs)
+	for _, c := range append(append(goldenCases(e.env), goldenCases6(e.env)...), hostileCases(e.env)...) {
+		if len(c.in) > 14 {
+			f.Add(c.in[14:], ingressIndex(c.ingress), uint8(0))
+			f.Add(c.in[14:], ingressIndex(c.ingress), uint8(1))
+		}
+	}
+	f.Fuzz(func(t *testing.T, frame []byte, ingress, kind uint8) {
+		name := ifaceNames[int(ingress&7)%len(ifaceNames)]
+		skb := model.SKB{GSO: kind&2 != 0, L3: true}
+		if kind&1 != 0 {
+			skb.Checksum = e.skbChecksum(model.ChecksumComplete)
+		}
+		e.fuzzOne(t, bs, name, frame, skb)
+	})
 }
 
 // skbRunnable tells a frame BPF_PROG_RUN builds an skb of: more than an
@@ -500,15 +612,21 @@ func FuzzTCVsModel(f *testing.F) {
 		if kind&1 != 0 {
 			skb.Checksum = e.skbChecksum(model.ChecksumComplete)
 		}
-		m := e.newModel(t, bs)
-		if !skbRunnable(frame) {
-			m.ProcessTC(e.ifaces[name].index, frame, skb) // BPF_PROG_RUN refuses it; the model must not panic
-			return
-		}
-		if _, res := e.checkTC(t, m, name, frame, skb); res.Learned != nil {
-			e.restore(t, bs)
-		}
+		e.fuzzOne(t, bs, name, frame, skb)
 	})
+}
+
+// fuzzOne checks one fuzz input against a fresh model of the bindings bs
+// (restored in the maps when the program learned from it).
+func (e *tcEnv) fuzzOne(t *testing.T, bs []channelmap.Binding, name string, frame []byte, skb model.SKB) {
+	m := e.newModel(t, bs)
+	if !skbRunnable(frame) {
+		m.ProcessTC(e.ifaces[name].index, frame, skb) // BPF_PROG_RUN refuses it; the model must not panic
+		return
+	}
+	if _, res := e.checkTC(t, m, name, frame, skb); res.Learned != nil {
+		e.restore(t, bs)
+	}
 }
 
 // TestTCRateLimit: the TC engine charges the same buckets as XDP (one per

@@ -200,6 +200,7 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 		"          namespace: Calico cali*, Cilium lxc*, EKS eni*, AKS azv*, bridge plugins veth*, Antrea, OVN-Kubernetes);\n"+
 		"          a veth pair with both ends on the node is not a pod's\n"+
 		"kind:K    every device of link kind K (ip -d link): kind:vxlan, kind:geneve are overlay devices such as flannel.1,\n"+
+		"          kind:ipip, kind:wireguard Calico's tunl0 and wireguard.cali (Cilium's cilium_ipip4, cilium_wg0),\n"+
 		"          where a masqueraded peer's replies come back; kind:veth is every veth, pods' or not\n"+
 		"NAME      a shell pattern of names, e.g. cali*,lxc* to narrow the default to those CNIs' pods\n"+
 		"empty: only beside XDP")

@@ -60,6 +60,9 @@ var TCReasonNames = map[bpf.RelayTcTcReason]string{
 	// route on the skb (tunl0): counted beside the relay_* reason, a subset
 	// of those, not another verdict.
 	bpf.RelayTcTcReasonTC_REASON_REDIRECT_NEIGH: "relayed_via_redirect_neigh",
+	// From a device without a link-layer header (tunl0, WireGuard), a relay
+	// that would change the family (an IPv6 client's): userspace.
+	bpf.RelayTcTcReasonTC_REASON_L3FAMILY: "pass_l3_family_change",
 }
 
 // TCReasonName is the metric label of the TC engine's Verdicts()[i] (loader

@@ -20,18 +20,19 @@ func SetVerifierStats() func() {
 }
 
 // LoadTCStats loads the TC engine over p's maps as LoadTC does, with the
-// verifier's statistics in its VerifierLog.
-func LoadTCStats(p *Program) (*ebpf.Program, error) {
+// verifier's statistics in its programs' VerifierLog: the Ethernet one and
+// the L3 one.
+func LoadTCStats(p *Program) (*ebpf.Program, *ebpf.Program, error) {
 	spec, err := bpf.LoadRelayTc()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var c bpf.RelayConfig
 	if err := p.objs.Cfg.Get(&c); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := spec.Variables[bpf.RelayTcVarCfg].Set(bpf.RelayTcConfig(c)); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	shared := mapsByName(&p.objs.RelayMaps)
 	repl := map[string]*ebpf.Map{}
@@ -44,11 +45,11 @@ func LoadTCStats(p *Program) (*ebpf.Program, error) {
 	var objs bpf.RelayTcObjects
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: repl,
 		Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats}}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	objs.TcVerdicts.Close()
 	objs.TcScratch.Close()
-	return objs.TcTurnRelay, nil
+	return objs.TcTurnRelay, objs.TcTurnRelayL3, nil
 }
 
 // SetSettle sets how long discovery waits before it attaches a device that

@@ -123,14 +123,14 @@ func TestVerifierBudget(t *testing.T) {
 		}
 		count("xdp_turn_relay/"+c.name, prog.XDP())
 		count("charge/"+c.name, prog.Charge())
-		var tcProg *ebpf.Program
+		var tcProg, tcL3 *ebpf.Program
 		if fromLog {
-			tcProg, err = loader.LoadTCStats(prog)
+			tcProg, tcL3, err = loader.LoadTCStats(prog)
 		} else {
 			var tc *loader.TC
 			if tc, err = prog.LoadTC(); err == nil {
 				defer tc.Close()
-				tcProg = tc.Prog()
+				tcProg, tcL3 = tc.Prog(), tc.ProgL3()
 			}
 		}
 		if err != nil {
@@ -138,8 +138,10 @@ func TestVerifierBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 		count("tc_turn_relay/"+c.name, tcProg)
+		count("tc_turn_relay_l3/"+c.name, tcL3)
 		if fromLog {
 			tcProg.Close()
+			tcL3.Close()
 		}
 		prog.Close()
 	}

@@ -44,6 +44,8 @@ type TC struct {
 type tcAttachment struct {
 	hook tcHook
 	name string
+	// l3: the device has no link-layer header (tc_turn_relay_l3 runs there).
+	l3 bool
 }
 
 // clsactSettle is how long the engine leaves a new device alone before it
@@ -164,22 +166,49 @@ func (t *TC) Reconfigure(p *Program) error {
 	if err := loadTC(p, &next, &t.objs.RelayTcMaps); err != nil {
 		return err
 	}
-	var moved []tcHook
+	var moved []tcAttachment
 	for _, a := range t.links {
-		if err := a.hook.update(next.TcTurnRelay); err != nil {
-			for _, h := range moved {
-				_ = h.update(t.objs.TcTurnRelay)
+		if err := a.hook.update(progFor(&next, a.l3)); err != nil {
+			for _, m := range moved {
+				_ = m.hook.update(progFor(&t.objs, m.l3))
 			}
 			_ = next.Close()
 			return fmt.Errorf("swap the TC program on %s: %w", a.name, err)
 		}
-		moved = append(moved, a.hook)
+		moved = append(moved, a)
 	}
-	// The maps in next are clones of ours: close them, keep the program.
+	// The maps in next are clones of ours: close them, keep the programs.
 	_ = next.RelayTcMaps.Close()
-	old := t.objs.TcTurnRelay
-	t.objs.TcTurnRelay = next.TcTurnRelay
+	old := t.objs.RelayTcPrograms
+	t.objs.RelayTcPrograms = next.RelayTcPrograms
 	return old.Close()
+}
+
+// progFor is the engine's program for a device with an Ethernet header, or
+// without a link-layer header (l3).
+func progFor(objs *bpf.RelayTcObjects, l3 bool) *ebpf.Program {
+	if l3 {
+		return objs.TcTurnRelayL3
+	}
+	return objs.TcTurnRelay
+}
+
+// ErrLinkLayer: the engine reads no skb of this device's link layer (it
+// knows Ethernet and none).
+var ErrLinkLayer = errors.New("link layer the TC engine does not read")
+
+// linkLayerL3 tells whether a device of that link type (netlink's name of its
+// ARPHRD type) gives TC ingress programs an skb that starts at the IP header
+// (no header_ops): tunl0 (ipip), WireGuard and tun (none), GRE, SIT, ip6
+// tunnels, PPP, raw IP. Ethernet and loopback devices give the Ethernet header.
+func linkLayerL3(encap string) (bool, error) {
+	switch encap {
+	case "ether", "loopback":
+		return false, nil
+	case "none", "ipip", "tunnel6", "gre", "ip6gre", "sit", "ppp", "unknown519" /* ARPHRD_RAWIP */ :
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: %s", ErrLinkLayer, encap)
 }
 
 // mapsByName lists the maps of a bpf2go Maps struct by their names in the
@@ -195,8 +224,12 @@ func mapsByName(ms *bpf.RelayMaps) map[string]*ebpf.Map {
 	return out
 }
 
-// Prog returns the TC program (for BPF_PROG_RUN in tests).
+// Prog returns the TC program for devices with an Ethernet header (for
+// BPF_PROG_RUN in tests).
 func (t *TC) Prog() *ebpf.Program { return t.objs.TcTurnRelay }
+
+// ProgL3 returns the TC program for devices without a link-layer header.
+func (t *TC) ProgL3() *ebpf.Program { return t.objs.TcTurnRelayL3 }
 
 // Verdicts returns the TC engine's verdict counters, summed over CPUs,
 // indexed by reason (bpf.RelayReason below bpf.RelayTcTcReasonTC_REASON_GSO,
@@ -231,18 +264,27 @@ func (t *TC) Attach(iface string) error {
 		t.links[ifc.Index] = a
 		return nil
 	}
+	nl, err := netlink.LinkByIndex(ifc.Index)
+	if err != nil {
+		return fmt.Errorf("interface %q: %w", iface, err)
+	}
+	l3, err := linkLayerL3(nl.Attrs().EncapType)
+	if err != nil {
+		return fmt.Errorf("attach TC to %s: %w", iface, err)
+	}
+	prog := progFor(&t.objs, l3)
 	var hook tcHook
 	if t.how == TCAttachClsact {
-		hook, err = attachClsact(ifc.Index, t.owner.handle, t.objs.TcTurnRelay)
+		hook, err = attachClsact(ifc.Index, t.owner.handle, prog)
 	} else {
 		var l link.Link
-		l, err = link.AttachTCX(link.TCXOptions{Program: t.objs.TcTurnRelay, Attach: ebpf.AttachTCXIngress, Interface: ifc.Index})
+		l, err = link.AttachTCX(link.TCXOptions{Program: prog, Attach: ebpf.AttachTCXIngress, Interface: ifc.Index})
 		hook = tcxHook{l}
 	}
 	if err != nil {
 		return fmt.Errorf("attach TC (%s) to %s: %w", t.how, iface, err)
 	}
-	t.links[ifc.Index] = tcAttachment{hook: hook, name: iface}
+	t.links[ifc.Index] = tcAttachment{hook: hook, name: iface, l3: l3}
 	return nil
 }
 

@@ -16,7 +16,8 @@ import (
 
 // Discover keeps the engine attached to the interfaces that match the
 // patterns (MatchIface; DefaultTCPatterns: every pod's host-side veth,
-// "pod:veth", and tunnel devices by kind, "kind:vxlan", "kind:geneve") as
+// "pod:veth", and tunnel devices by kind, "kind:vxlan", "kind:geneve",
+// "kind:ipip", "kind:wireguard") as
 // they come and go, until stop is closed: it attaches to those present now,
 // then follows the namespace's link events (a new, renamed or changed device
 // that matches is attached, with clsact after clsactSettle; a deleted one's
@@ -194,8 +195,12 @@ const KindPrefix = "kind:"
 const PodPrefix = "pod:"
 
 // DefaultTCPatterns are the interfaces the TC engine follows by default:
-// every pod's host-side veth and every VXLAN and Geneve device.
-var DefaultTCPatterns = []string{PodPrefix + "veth", KindPrefix + "vxlan", KindPrefix + "geneve"}
+// every pod's host-side veth, every VXLAN and Geneve device, and every IPIP
+// and WireGuard device (Calico's tunl0 and wireguard.cali, Cilium's
+// cilium_ipip4 and cilium_wg0: devices without a link-layer header, where
+// the engine's L3 program runs), where the media of local pods and overlays
+// enter.
+var DefaultTCPatterns = []string{PodPrefix + "veth", KindPrefix + "vxlan", KindPrefix + "geneve", KindPrefix + "ipip", KindPrefix + "wireguard"}
 
 // IfaceInfo is what the patterns look at.
 type IfaceInfo struct {

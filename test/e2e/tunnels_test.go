@@ -9,23 +9,25 @@ import "github.com/l7mp/stunnerd-xdp/test/netns"
 // The expectations say what the engines do once the kernel path loads there.
 var tunnelShapeCases = []shapeCase{
 	{name: "calico-ipip", shape: netns.CalicoIPIP,
-		engagesC2P: true,
+		engagesC2P: true, engagesP2C: true,
 		why: "Felix masquerades what leaves tunl0 from the node IP to tunl0's 10.244.0.0 (--random-fully): the NAT gate installs " +
 			"the binding from the translated relay, as in vxlan-masq; client->peer: XDP passes (tunl0 takes no XDP frames) and the " +
 			"TC engine on the NIC redirects the skb into tunl0, whose transmit takes the outer destination from the route on " +
 			"the skb (ip_tunnel_xmit, NBMA: rt_nexthop), which an skb at TC ingress does not carry yet: dev_caps marks tunl0 " +
 			"DEV_XMIT_NEEDS_ROUTE (an ipip device without a remote end) and the engine redirects with bpf_redirect_neigh, which " +
 			"routes it out of tunl0 and attaches the route (bpf_redirect: 0 of 20 delivered, tx_fifo_errors +20, on 5.10, 6.1 and 6.12). " +
-			"peer->client comes back through the tunnel to 10.244.0.0, decapsulated onto tunl0, an L3 device the TC engine is " +
-			"not attached to: userspace"},
+			"peer->client comes back through the tunnel to 10.244.0.0, decapsulated onto tunl0, a device without a link-layer header " +
+			"(kind:ipip in the default --tc-iface): the engine's L3 program parses from the IP header, puts an Ethernet header in " +
+			"front (bpf_skb_change_head) and redirects into the NIC"},
 	{name: "wireguard", shape: netns.WireGuard,
-		engagesC2P: true,
+		engagesC2P: true, engagesP2C: true,
 		why: "Felix masquerades what leaves wireguard.cali from the node IP to its 10.244.0.0: the NAT gate installs the binding " +
 			"from the translated relay; client->peer: XDP passes (wireguard.cali takes no XDP frames) and the TC engine on the NIC " +
 			"(the FIB follows the rule to table 1) redirects the skb into wireguard.cali, whose transmit needs no route on the skb " +
 			"(the peer is the allowed IPs' match for the inner destination; a scratch TC program's bpf_redirect: 20 of 20 on 5.10, 6.1 and 6.12); " +
 			"peer->client arrives encrypted (UDP 51820: not ours, " +
-			"passed), decrypted onto wireguard.cali, an L3 device the TC engine is not attached to: userspace"},
+			"passed), decrypted onto wireguard.cali, a device without a link-layer header (kind:wireguard in the default " +
+			"--tc-iface): the engine's L3 program relays it into the NIC"},
 	{name: "gre", shape: netns.GRE,
 		engagesC2P: true, engagesP2C: true,
 		why: "client->peer: XDP passes (gre1 takes no XDP frames) and the TC engine on the NIC redirects the skb into gre1, which " +

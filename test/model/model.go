@@ -95,7 +95,12 @@
 //     remote, such as tunl0, drops an skb without one) is made with
 //     bpf_redirect_neigh, which routes it out of that device and attaches
 //     the route: the same frame and reason, counted as well under
-//     TC_REASON_REDIRECT_NEIGH (Result.RedirectNeigh).
+//     TC_REASON_REDIRECT_NEIGH (Result.RedirectNeigh). On a device without a
+//     link-layer header (SKB.L3: tunl0, WireGuard, GRE; decapsulated media
+//     enter there) the skb starts at the IP header: the family is its version
+//     nibble, a relayed packet leaves as the same Ethernet frame as from any
+//     other ingress, and one whose family would change (IPv4 <-> IPv6)
+//     passes (TC_REASON_L3_FAMILY).
 package model
 
 import (
@@ -698,6 +703,10 @@ func (m *Model) send(ingress int, in datagram, out outPacket, res Result, key ch
 	}
 	if m.skb != nil && m.skb.Checksum == ChecksumPartial && !m.skb.CsumAtUDP {
 		res.Reason = bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_PARTIAL_ELSEWHERE)
+		return res
+	}
+	if m.skb != nil && m.skb.L3 && in.v6 != out.dst.Addr().Is6() {
+		res.Reason = bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_L3FAMILY)
 		return res
 	}
 	if m.overLimit(relay, out.dataLen) {

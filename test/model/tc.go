@@ -56,6 +56,13 @@ type SKB struct {
 	// VLAN: the device took a VLAN tag off the frame (skb->vlan_tci): the
 	// frame was tagged, which rule 1 passes.
 	VLAN bool
+	// L3: the skb arrived on a device without a link-layer header (tunl0, a
+	// WireGuard or GRE device; the engine's tc_turn_relay_l3): its bytes
+	// start at the IP header, whose version nibble names the family. A
+	// relayed one leaves with an Ethernet header in front (bpf_skb_change_head),
+	// the same frame as from an Ethernet ingress; one whose family would
+	// change (an IPv6 client's, either way) passes (TC_REASON_L3_FAMILY).
+	L3 bool
 }
 
 // TCResult is what the TC engine does with one skb. Reason is an enum reason
@@ -82,8 +89,15 @@ func (m *Model) ProcessTC(ingress int, frame []byte, skb SKB) TCResult {
 		return TCResult{Verdict: TCNext, Reason: bpf.RelayReasonREASON_NOT_IP, Frame: frame}
 	}
 	m.skb = &skb
-	r := m.Process(ingress, frame)
+	in := frame
+	if skb.L3 {
+		in = withEthernet(frame)
+	}
+	r := m.Process(ingress, in)
 	m.skb = nil
+	if skb.L3 && r.Verdict == Pass {
+		r.Frame = frame // passed as it came, without the header the model put in front
+	}
 	v := TCNext
 	switch r.Verdict {
 	case Drop:
@@ -93,4 +107,21 @@ func (m *Model) ProcessTC(ingress int, frame []byte, skb SKB) TCResult {
 	}
 	return TCResult{Verdict: v, Reason: r.Reason, Frame: r.Frame, Learned: r.Learned, Counted: r.Counted, DataLen: r.DataLen,
 		RedirectNeigh: r.RedirectNeigh}
+}
+
+// withEthernet is an L3 skb's bytes behind the Ethernet header that the
+// engine reads in its place: the ethertype of the version nibble (none
+// where it is neither 4 nor 6, or there is no byte: not IP).
+func withEthernet(ip []byte) []byte {
+	f := make([]byte, 14+len(ip))
+	if len(ip) > 0 {
+		switch ip[0] >> 4 {
+		case 4:
+			f[12], f[13] = 0x08, 0x00
+		case 6:
+			f[12], f[13] = 0x86, 0xdd
+		}
+	}
+	copy(f[14:], ip)
+	return f
 }
