@@ -33,7 +33,9 @@ func TestMatchIface(t *testing.T) {
 		{defaults, IfaceInfo{Name: "veth0", Kind: "veth"}, false}, // both ends on the node
 		{defaults, IfaceInfo{Name: "eth0"}, false},
 		{defaults, IfaceInfo{Name: "cni0", Kind: "bridge"}, false},
-		{defaults, IfaceInfo{Name: "wg0", Kind: "wireguard"}, false},
+		{defaults, IfaceInfo{Name: "wireguard.cali", Kind: "wireguard"}, true}, // L3: tc_turn_relay_l3
+		{defaults, IfaceInfo{Name: "tunl0", Kind: "ipip"}, true},
+		{defaults, IfaceInfo{Name: "gre1", Kind: "gre"}, false},
 		{defaults, IfaceInfo{Name: "vx0", Kind: "vxlan", PeerElsewhere: true}, true},
 		// Names narrow the default, for an operator who wants that: a pod's
 		// veth named otherwise is not taken, a node's own veth named so is.
