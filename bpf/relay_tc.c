@@ -265,6 +265,22 @@ static __always_inline int tc_push_eth(struct __sk_buff *ctx)
 	return bpf_skb_change_head(ctx, sizeof(struct ethhdr), 0);
 }
 
+/* tos_priority is the kernel's rt_tos2priority: ip_tos2prio indexed by the
+ * TOS's four bits above the lowest, in groups of four (best effort 0, bulk 2,
+ * interactive 6, interactive bulk 4). */
+static __always_inline __u32 tos_priority(__u8 tos)
+{
+	switch ((tos >> 3) & 3) {
+	case 1:
+		return 2;
+	case 2:
+		return 6;
+	case 3:
+		return 4;
+	}
+	return 0;
+}
+
 /* tc_emit writes the Ethernet, IP and UDP headers (and for peer->client the
  * ChannelData header) of the rewritten skb, whose UDP header is at udp_off,
  * and redirects it. */
@@ -340,6 +356,13 @@ static __always_inline int tc_emit(struct __sk_buff *skb, __u32 in_ifindex, stru
 	 * packet out of that device, attaches the route and resolves the
 	 * neighbour. Its params NULL and plen 0: on 5.10's two-argument form
 	 * the second argument is the flags, 0 as well. */
+	/* The skb leaves as the stack would send a datagram with its TOS:
+	 * egress qdiscs that sort by priority (pfifo_fast's and prio's bands)
+	 * see the priority ip_forward and a socket's IP_TOS give it
+	 * (rt_tos2priority; IPv6 none), and no mark of the ingress's (a
+	 * socket's, 0: pion/turn's set none) reaches the egress's rules. */
+	skb->priority = rw->family == AF_INET ? tos_priority(rw->tos) : 0;
+	skb->mark = 0;
 	const struct dev_cap *out = bpf_map_lookup_elem(&dev_caps, &rw->egress_ifindex);
 	if (out && (out->flags & DEV_XMIT_NEEDS_ROUTE)) {
 		tc_count(TC_REASON_REDIRECT_NEIGH);

@@ -48,6 +48,8 @@ const testSkbChecksumComplete = 1 << 2
 type tcEnv struct {
 	*env
 	tc *loader.TC
+	// ctxOut is the __sk_buff the last runTC returned.
+	ctxOut skBuff
 	// complete: this kernel's BPF_PROG_RUN starts an skb CHECKSUM_COMPLETE
 	// (BPF_F_TEST_SKB_CHECKSUM_COMPLETE, which 5.10 and 6.1 refuse): only
 	// then do the tests run CHECKSUM_COMPLETE skbs (live traffic has them
@@ -129,11 +131,12 @@ func (e *tcEnv) runTC(t testing.TB, ingress string, frame []byte, skb model.SKB)
 		idx := uint32(e.ifaces[ingress].index)
 		// The device (skb->dev) the program reads it from; 5.10 sets no
 		// ingress_ifindex (skb_iif) in a run.
-		ctx := skBuff{Ifindex: idx}
+		ctx := skBuff{Ifindex: idx, Priority: skb.Priority, Mark: skb.Mark}
 		if skb.GSO {
 			ctx.GsoSize, ctx.GsoSegs = 1000, 2
 		}
-		opts := ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+512), Context: ctx}
+		e.ctxOut = skBuff{}
+		opts := ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+512), Context: ctx, ContextOut: &e.ctxOut}
 		if skb.Checksum == model.ChecksumComplete {
 			opts.Flags = testSkbChecksumComplete
 		}
@@ -211,6 +214,9 @@ func (e *tcEnv) checkTC(t testing.TB, m *model.Model, ingress string, frame []by
 	}
 	if !bytes.Equal(got.out, want.Frame) {
 		t.Errorf("output differs from the model's\nprogram %x\n  model %x", got.out, want.Frame)
+	}
+	if !noBytes && (e.ctxOut.Priority != want.Priority || e.ctxOut.Mark != want.Mark) {
+		t.Errorf("skb priority %d, mark %#x after the program; the model's %d, %#x", e.ctxOut.Priority, e.ctxOut.Mark, want.Priority, want.Mark)
 	}
 	e.checkEffects(t, m, got.counted, want.Reason, want.Counted, want.DataLen)
 	return got, want
@@ -302,7 +308,7 @@ func tcGoldenPackets(t *testing.T, noKfunc bool) {
 		for _, kind := range kinds {
 			t.Run(fmt.Sprintf("%s/ip_summed=%d", c.name, kind), func(t *testing.T) {
 				for run := 0; run < 2; run++ {
-					got, want := e.checkTC(t, m, c.ingress, c.in, model.SKB{Checksum: kind})
+					got, want := e.checkTC(t, m, c.ingress, c.in, model.SKB{Checksum: kind, Priority: 5, Mark: 0x5eed})
 					sameAsXDP := c.reason != bpf.RelayReasonREASON_EGRESS_NOT_ATTACHED && !guessedPartial(c.in)
 					if !sameAsXDP {
 						continue
@@ -356,7 +362,7 @@ func tcL3GoldenPackets(t *testing.T, noKfunc bool) {
 		}
 		for _, kind := range kinds {
 			t.Run(fmt.Sprintf("%s/ip_summed=%d", c.name, kind), func(t *testing.T) {
-				got, _ := e.checkTC(t, m, c.ingress, in, model.SKB{Checksum: kind, L3: true})
+				got, _ := e.checkTC(t, m, c.ingress, in, model.SKB{Checksum: kind, L3: true, Priority: 5, Mark: 0x5eed})
 				// The row's expectation holds where its ethertype is what the
 				// version nibble says (the L3 program reads only the nibble).
 				isIP := c.in[12] == 0x08 && c.in[13] == 0x00 && in[0]>>4 == 4 || c.in[12] == 0x86 && c.in[13] == 0xdd && in[0]>>4 == 6
@@ -419,7 +425,7 @@ func FuzzTCL3VsModel(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, frame []byte, ingress, kind uint8) {
 		name := ifaceNames[int(ingress&7)%len(ifaceNames)]
-		skb := model.SKB{GSO: kind&2 != 0, L3: true}
+		skb := model.SKB{GSO: kind&2 != 0, L3: true, Priority: 3, Mark: 0xabc}
 		if kind&1 != 0 {
 			skb.Checksum = e.skbChecksum(model.ChecksumComplete)
 		}
@@ -608,7 +614,7 @@ func FuzzTCVsModel(f *testing.F) {
 			capsOf := ifaceNames[int(ingress>>3)%len(ifaceNames)]
 			e.setCaps(t, nil, capsOf, e.fuzzCapsByte(capsOf, c&0x1f|c&0x20<<1))
 		}
-		skb := model.SKB{GSO: kind&2 != 0}
+		skb := model.SKB{GSO: kind&2 != 0, Priority: 3, Mark: 0xabc}
 		if kind&1 != 0 {
 			skb.Checksum = e.skbChecksum(model.ChecksumComplete)
 		}

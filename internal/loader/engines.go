@@ -34,8 +34,8 @@ type Engines struct {
 	ended  chan struct{}
 }
 
-// WithTC loads the TC engine over the program's maps, attached with tcx
-// where the kernel has it, else clsact (WithTCAttach).
+// WithTC loads the TC engine over the program's maps, attached as a
+// cls_bpf filter after every other (TCAttachAuto, WithTCAttach).
 func (p *Program) WithTC(patterns []string, log *slog.Logger) (*Engines, error) {
 	return p.WithTCAttach(patterns, TCAttachAuto, log)
 }
@@ -57,8 +57,8 @@ func (p *Program) WithTCAttach(patterns []string, how TCAttach, log *slog.Logger
 	return &Engines{Program: p, TC: tc, patterns: slices.Clone(patterns), log: log, tcOnly: map[string]bool{}}, nil
 }
 
-// TCAttachMethod is how the TC engine attaches on this kernel: "tcx" (6.6+)
-// or "clsact" (a cls_bpf filter).
+// TCAttachMethod is how the TC engine attaches: "clsact" (a cls_bpf
+// filter, the default) or "tcx" (where asked, 6.6+).
 func (e *Engines) TCAttachMethod() TCAttach { return e.TC.AttachMethod() }
 
 // Attach attaches the XDP program (as Program.Attach), then the TC engine to

@@ -16,8 +16,8 @@ import (
 )
 
 // TC is the second kernel engine (bpf/relay_tc.c): the relay on the skb path,
-// attached at ingress with tcx, or where the kernel has no tcx (before 6.6)
-// with a cls_bpf filter on a clsact qdisc (TCAttach). It shares every map with
+// attached at ingress as a cls_bpf filter on a clsact qdisc, after every
+// other filter (TCAttach: tcx only where asked). It shares every map with
 // the XDP program it was loaded for (bindings, states, counters, rate limits,
 // flow caches), and reaches any egress (bpf_redirect), so it relays where XDP
 // cannot transmit: a pod's veth, a tunnel or bridge device, and traffic
@@ -58,8 +58,8 @@ type tcAttachment struct {
 const clsactSettle = 5 * time.Second
 
 // LoadTC loads the TC engine over the XDP program's maps, with its
-// configuration (listener ports, relay range, flow cache seed), attached with
-// tcx where the kernel has it, else clsact (LoadTCWith). After the XDP
+// configuration (listener ports, relay range, flow cache seed), attached as
+// a cls_bpf filter after every other (TCAttachAuto, LoadTCWith). After the XDP
 // program's Reconfigure, call the engine's Reconfigure.
 func (p *Program) LoadTC() (*TC, error) { return p.LoadTCWith(TCAttachAuto) }
 
@@ -81,15 +81,11 @@ func (p *Program) LoadTCWith(how TCAttach) (*TC, error) {
 
 // chooseAttach settles how the engine attaches, once for all interfaces.
 func (t *TC) chooseAttach(how TCAttach) error {
-	tcx := tcxSupported(t.objs.TcTurnRelay)
 	switch how {
 	case TCAttachAuto:
 		how = TCAttachClsact
-		if tcx {
-			how = TCAttachTCX
-		}
 	case TCAttachTCX:
-		if !tcx {
+		if !tcxSupported(t.objs.TcTurnRelay) {
 			return fmt.Errorf("attach the TC engine with tcx (kernel 6.6+): %w", ebpf.ErrNotSupported)
 		}
 	case TCAttachClsact:

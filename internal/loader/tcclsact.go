@@ -15,11 +15,17 @@ import (
 type TCAttach string
 
 const (
-	// TCAttachAuto is tcx where the kernel has it (6.6+), else clsact.
+	// TCAttachAuto is clsact on every kernel: where tcx exists (6.6+), its
+	// programs run before the device's qdisc filters, so a tcx engine would
+	// redirect past the bandwidth plugin's ingress qdisc (a u32 filter
+	// mirred to an ifb with a TBF: the pod's egress limit) and any policer;
+	// the node's traffic control keeps its say only when the engine runs
+	// after it (issue 35).
 	TCAttachAuto TCAttach = "auto"
 	// TCAttachTCX: a tcx bpf_link, after the programs already there. A link
 	// is this process's: a crash detaches the engine. tcx programs run before
-	// the device's clsact/ingress qdisc filters (the bandwidth plugin's).
+	// the device's clsact/ingress qdisc filters (the bandwidth plugin's):
+	// only where asked (tests and benchmarks compare the two).
 	TCAttachTCX TCAttach = "tcx"
 	// TCAttachClsact: a cls_bpf filter in direct-action mode on the device's
 	// ingress qdisc (a clsact made when there is none), at a priority after

@@ -636,8 +636,8 @@ func sameConfig(a, b loader.Config) bool {
 }
 
 // TCAttacher is a program whose TC engine says how it is attached
-// (loader.Engines): "tcx" (a bpf_link, 6.6+) or "clsact" (a cls_bpf filter
-// on the clsact qdisc, older kernels).
+// (loader.Engines): "clsact" (a cls_bpf filter on the clsact qdisc, the
+// default) or "tcx" (a bpf_link, 6.6+, where asked).
 type TCAttacher interface {
 	TCAttachMethod() loader.TCAttach
 }

@@ -55,6 +55,9 @@ type shapeCase struct {
 	// fails, so that the entry is cleared when the fix lands.
 	lossKnown string
 	why       string // why the row engages, or does not, today
+	// policy, when set, puts the node's policy in place (tc, netfilter,
+	// sysctls) after the rig is built and before the daemon starts.
+	policy func(t *testing.T, r *netns.NodeRig)
 }
 
 // egressToo lists the NIC and the node's device towards the peer: what an
@@ -193,6 +196,9 @@ func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
 	})
 	if err := r.LooksLikeANode(); err != nil {
 		t.Fatal(err)
+	}
+	if c.policy != nil {
+		c.policy(t, r)
 	}
 	var offload []string
 	if c.offload != nil {

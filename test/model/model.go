@@ -100,7 +100,10 @@
 //     enter there) the skb starts at the IP header: the family is its version
 //     nibble, a relayed packet leaves as the same Ethernet frame as from any
 //     other ingress, and one whose family would change (IPv4 <-> IPv6)
-//     passes (TC_REASON_L3_FAMILY).
+//     passes (TC_REASON_L3_FAMILY). A relayed skb leaves with the priority the
+//     stack gives a datagram of its TOS (TOSPriority, as ip_forward and a
+//     socket's IP_TOS set it; IPv6 0), which egress qdiscs sort by, and mark
+//     0, a socket's (pion/turn's sockets set none); a passed one keeps both.
 package model
 
 import (

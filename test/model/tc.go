@@ -63,6 +63,8 @@ type SKB struct {
 	// the same frame as from an Ethernet ingress; one whose family would
 	// change (an IPv6 client's, either way) passes (TC_REASON_L3_FAMILY).
 	L3 bool
+	// Priority and Mark are skb->priority and skb->mark as the skb arrives.
+	Priority, Mark uint32
 }
 
 // TCResult is what the TC engine does with one skb. Reason is an enum reason
@@ -77,16 +79,21 @@ type TCResult struct {
 	// RedirectNeigh: relayed with bpf_redirect_neigh, counted under
 	// TC_REASON_REDIRECT_NEIGH beside Reason.
 	RedirectNeigh bool
+	// Priority and Mark are skb->priority and skb->mark after the program:
+	// a relayed skb leaves as a socket's datagram with its TOS would
+	// (TOSPriority; mark 0), any other as it came.
+	Priority, Mark uint32
 }
 
 // ProcessTC is the TC engine for one skb arriving on the interface with the
 // given ifindex: Process with the skb path's rules (rule 8).
 func (m *Model) ProcessTC(ingress int, frame []byte, skb SKB) TCResult {
 	if skb.GSO {
-		return TCResult{Verdict: TCNext, Reason: bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_GSO), Frame: frame}
+		return TCResult{Verdict: TCNext, Reason: bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_GSO), Frame: frame,
+			Priority: skb.Priority, Mark: skb.Mark}
 	}
 	if skb.VLAN {
-		return TCResult{Verdict: TCNext, Reason: bpf.RelayReasonREASON_NOT_IP, Frame: frame}
+		return TCResult{Verdict: TCNext, Reason: bpf.RelayReasonREASON_NOT_IP, Frame: frame, Priority: skb.Priority, Mark: skb.Mark}
 	}
 	m.skb = &skb
 	in := frame
@@ -105,8 +112,26 @@ func (m *Model) ProcessTC(ingress int, frame []byte, skb SKB) TCResult {
 	case TX, Redirect:
 		v = TCRedirect
 	}
-	return TCResult{Verdict: v, Reason: r.Reason, Frame: r.Frame, Learned: r.Learned, Counted: r.Counted, DataLen: r.DataLen,
-		RedirectNeigh: r.RedirectNeigh}
+	res := TCResult{Verdict: v, Reason: r.Reason, Frame: r.Frame, Learned: r.Learned, Counted: r.Counted, DataLen: r.DataLen,
+		RedirectNeigh: r.RedirectNeigh, Priority: skb.Priority, Mark: skb.Mark}
+	if v == TCRedirect {
+		res.Priority, res.Mark = 0, 0
+		if len(r.Frame) > 15 && r.Frame[12] == 0x08 && r.Frame[13] == 0x00 {
+			res.Priority = TOSPriority(r.Frame[15])
+		}
+	}
+	return res
+}
+
+// TOSPriority is the skb priority the kernel gives an IPv4 packet of that TOS
+// where it derives one (rt_tos2priority: a socket's IP_TOS sets
+// sk_priority so, ip_forward sets skb->priority so): egress qdiscs that sort
+// by priority (pfifo_fast's and prio's bands) see it. ip_tos2prio indexed by
+// the TOS's four bits above the lowest: 0 best effort, 2 bulk, 6
+// interactive, 4 interactive bulk (EF's 0xb8 among them). IPv6 has none: its
+// forward path and IPV6_TCLASS leave the priority 0.
+func TOSPriority(tos uint8) uint32 {
+	return [4]uint32{0, 2, 6, 4}[(tos>>1&0xf)>>2]
 }
 
 // withEthernet is an L3 skb's bytes behind the Ethernet header that the

@@ -126,3 +126,19 @@ func TestTCRedirectNeigh(t *testing.T) {
 		t.Errorf("XDP: %v neigh %v", x.Reason, x.RedirectNeigh)
 	}
 }
+
+// TestTOSPriority: TOSPriority is the kernel's rt_tos2priority for every
+// TOS: ip_tos2prio (net/ipv4/route.c) indexed by IPTOS_TOS(tos)>>1.
+func TestTOSPriority(t *testing.T) {
+	const besteffort, bulk, interactive, interactiveBulk = 0, 2, 6, 4
+	ipTOS2Prio := [16]uint32{besteffort, besteffort, besteffort, besteffort, bulk, bulk, bulk, bulk,
+		interactive, interactive, interactive, interactive, interactiveBulk, interactiveBulk, interactiveBulk, interactiveBulk}
+	for tos := range 256 {
+		if got, want := model.TOSPriority(uint8(tos)), ipTOS2Prio[(tos&0x1e)>>1]; got != want {
+			t.Errorf("TOS %#02x: priority %d, want %d", tos, got, want)
+		}
+	}
+	if model.TOSPriority(0xb8) != interactiveBulk { // EF
+		t.Errorf("EF: %d", model.TOSPriority(0xb8))
+	}
+}
