@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 	"unsafe"
@@ -280,6 +281,17 @@ func channelData(d []byte) []byte {
 // and writes bare IP packets) in the calling thread's network namespace.
 func openTun(name string) (*os.File, error) {
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if errors.Is(err, unix.ENOENT) {
+		// A minimal /dev (the kernel matrix's guests) has no node until the
+		// module is in: load it, or make the node (misc 10:200), whose
+		// opening asks the kernel to load it.
+		_ = exec.Command("modprobe", "tun").Run()
+		if _, serr := os.Stat("/dev/net/tun"); serr != nil {
+			_ = os.MkdirAll("/dev/net", 0o755)
+			_ = unix.Mknod("/dev/net/tun", unix.S_IFCHR|0o666, int(unix.Mkdev(10, 200)))
+		}
+		fd, err = unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open /dev/net/tun: %w", err)
 	}

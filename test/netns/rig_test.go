@@ -316,20 +316,28 @@ func reach(from, to *netns.NS, addr netip.Addr) error {
 		return err
 	}
 	defer conn.Close()
-	if err := from.Do(func() error {
-		c, err := net.Dial(network, dst)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_, err = c.Write([]byte("reach"))
+	var c net.Conn
+	if err := from.Do(func() (err error) {
+		c, err = net.Dial(network, dst)
 		return err
 	}); err != nil {
 		return err
 	}
-	_ = conn.SetReadDeadline(time.Now().Add(testenv.Timeout(time.Second)))
-	_, _, err := conn.ReadFrom(make([]byte, 16))
-	return err
+	defer c.Close()
+	// A datagram every 100 ms until one arrives: a fresh rig's links come
+	// up asynchronously (linkwatch batches carrier changes for up to a
+	// second on a loaded machine), and a bridge port forwards only then.
+	deadline := time.Now().Add(testenv.Timeout(2 * time.Second))
+	for {
+		if _, err := c.Write([]byte("reach")); err != nil && time.Now().After(deadline) {
+			return err
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		_, _, err := conn.ReadFrom(make([]byte, 16))
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+	}
 }
 
 func reachable(t *testing.T, from, to *netns.NS, addr netip.Addr) {
