@@ -8,7 +8,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
-// The node's own policy holds on the kernel path (issue 35): a node shape
+// Traffic control keeps its say on the kernel path (issue 35): a node shape
 // with the policy in place, in the daemon's default mode beside its
 // --xdp-mode=off twin; the kernel path may carry no more than pion/turn and
 // the node's kernel do.
