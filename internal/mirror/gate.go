@@ -260,14 +260,8 @@ func (g *gate) check(e *gateEntry) gateState {
 	}
 	r, err := g.checker.Check(e.relay, e.peer)
 	if err != nil {
-		g.checkErrs++
-		// One line a minute at most: the check runs for every pending binding
-		// four times a second.
-		if now := g.now(); now.Sub(g.lastCheckErr) >= time.Minute {
-			g.lastCheckErr = now
-			g.log.Warn("cannot tell whether the kernel NATs a peer; its bindings stay in userspace until it can",
-				"relay", e.relay.String(), "peer", e.peer.String(), "error", err, "errors", g.checkErrs)
-		}
+		g.checkFailed("cannot tell whether the kernel NATs a peer; its bindings stay in userspace until it can",
+			"relay", e.relay.String(), "peer", e.peer.String(), "error", err)
 		return g.pending(e)
 	}
 	switch r.Verdict {
@@ -296,6 +290,16 @@ func (g *gate) check(e *gateEntry) gateState {
 	}
 }
 
+// checkFailed counts a failed check and logs it, one line a minute at most:
+// the checks run for every pending binding four times a second.
+func (g *gate) checkFailed(msg string, args ...any) {
+	g.checkErrs++
+	if now := g.now(); now.Sub(g.lastCheckErr) >= time.Minute {
+		g.lastCheckErr = now
+		g.log.Warn(msg, append(args, "errors", g.checkErrs)...)
+	}
+}
+
 // clientBack tells whether the client of an entry whose client's conntrack
 // entry was removed has a new one that leads to the listener. A checker that
 // cannot tell (none, or not a ClientChecker) has no conntrack to ask: yes.
@@ -306,12 +310,8 @@ func (g *gate) clientBack(k channelmap.Key, e *gateEntry) bool {
 	}
 	v, err := cc.CheckClient(k.Client, e.clientWire, k.Listener)
 	if err != nil {
-		g.checkErrs++
-		if now := g.now(); now.Sub(g.lastCheckErr) >= time.Minute {
-			g.lastCheckErr = now
-			g.log.Warn("cannot tell where a client's conntrack entry leads; its bindings stay in userspace until it can",
-				"client", k.Client.String(), "error", err, "errors", g.checkErrs)
-		}
+		g.checkFailed("cannot tell where a client's conntrack entry leads; its bindings stay in userspace until it can",
+			"client", k.Client.String(), "error", err)
 		return false
 	}
 	if v == natcheck.ClientHere {
@@ -442,45 +442,39 @@ func (g *gate) revalidate(budget int) []channelmap.Key {
 // them (to be removed from the offload).
 func (g *gate) setNoOffload(prefixes []netip.Prefix) (readmit, evict []channelmap.Key) {
 	g.noOffload = prefixes
+	return g.reclassify(gateNoOffload, func(_ channelmap.Key, e *gateEntry) bool { return g.noOffloadPeer(e.peer.Addr()) })
+}
+
+// setXfrm replaces the xfrm policies and returns the keys of entries that
+// moved: out of every refusing policy's reach (to be admitted again) and into
+// one (to be removed from the offload). A peer in a no-offload prefix stays
+// under that reason.
+func (g *gate) setXfrm(ps policywatch.Policies) (readmit, evict []channelmap.Key) {
+	g.xfrm = ps
+	return g.reclassify(gateXfrm, func(k channelmap.Key, e *gateEntry) bool {
+		_, refused := g.xfrmRefuses(k, e)
+		return refused
+	})
+}
+
+// reclassify moves the entries that in holds for into state s and returns
+// those it removed from the offload (evict), and moves those in s that in no
+// longer holds for out, forgotten, to be admitted again (readmit).
+func (g *gate) reclassify(s gateState, in func(channelmap.Key, *gateEntry) bool) (readmit, evict []channelmap.Key) {
 	for k, e := range g.entries {
-		in := g.noOffloadPeer(e.peer.Addr())
 		switch {
-		case in && e.state != gateNoOffload:
-			if e.state.offloadable() {
+		case e.state != s && e.state != gateNoOffload && in(k, e):
+			if e.state.offloadable() && !e.full {
 				evict = append(evict, k)
 			}
 			g.setFull(e, false)
-			e.state = gateNoOffload
-		case !in && e.state == gateNoOffload:
+			e.state = s
+		case e.state == s && !in(k, e):
 			g.forget(k)
 			readmit = append(readmit, k)
 		}
 	}
 	return readmit, evict
-}
-
-// setXfrm replaces the xfrm policies and returns the keys of entries that
-// moved: out of every refusing policy's reach (to be admitted again) and into
-// one (to be removed from the offload; evict lists only those offloaded),
-// with the policy that refuses each.
-func (g *gate) setXfrm(ps policywatch.Policies) (readmit, evict []channelmap.Key, why []policywatch.Policy) {
-	g.xfrm = ps
-	for k, e := range g.entries {
-		p, refused := g.xfrmRefuses(k, e)
-		switch {
-		case refused && e.state != gateXfrm && e.state != gateNoOffload:
-			if e.state.offloadable() && !e.full {
-				evict = append(evict, k)
-				why = append(why, p)
-			}
-			g.setFull(e, false)
-			e.state = gateXfrm
-		case !refused && e.state == gateXfrm:
-			g.forget(k)
-			readmit = append(readmit, k)
-		}
-	}
-	return readmit, evict, why
 }
 
 // setFull records whether the maps refused the entry's binding; it logs when

@@ -359,12 +359,13 @@ func (m *Mirror) apply(e event) {
 		}
 		close(e.done)
 	case evSetXfrm:
-		readmit, evict, why := m.gate.setXfrm(e.xfrm)
-		for i, k := range evict {
+		readmit, evict := m.gate.setXfrm(e.xfrm)
+		for _, k := range evict {
 			m.remove(k)
 			m.evicted[evictXfrmIdx].Add(1)
+			p, _ := m.gate.xfrmRefuses(k, m.gate.entries[k])
 			m.log.Info("an xfrm policy blocks or encrypts a flow of an offloaded binding: it leaves the kernel path",
-				"client", k.Client.String(), "channel", k.Channel, "policy", why[i].String())
+				"client", k.Client.String(), "channel", k.Channel, "policy", p.String())
 		}
 		for _, k := range readmit {
 			if b, ok := m.held(k); ok {

@@ -4,15 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/pion/turn/v4"
-
-	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
@@ -133,30 +129,8 @@ func (r policyRow) String() string {
 // runPolicy builds the row's node, starts the daemon in mode, and runs the session with the
 // policy applied policyAfter into it.
 func runPolicy(t *testing.T, c policyCase, mode string) policyRow {
-	r := netns.NewNode(t, c.shape)
-	if err := r.LooksLikeANode(); err != nil {
-		t.Fatal(err)
-	}
-	r.StartDaemon(t, netns.DaemonOptions{Binary: netns.RequireBinary(t, netns.Daemon), SteeringDir: testenv.BPFFS(t),
-		Off: mode == "off", User: user, Password: password})
-	peerAddr := netip.AddrPortFrom(r.PeerIP, 5002)
-	startPeer(t, r.Peer, peerAddr.String(), true, 0)
-	relay, err := r.Client.Allocate(t, "udp4", netip.AddrPortFrom(r.ClientIP, 0).String(), &turn.ClientConfig{
-		TURNServerAddr: r.ListenAddr().String(), Username: user, Password: password, Realm: config.DefaultRealm})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, relay, peerAddr, _ := shapeSession(t, shapeCase{shape: c.shape, engagesC2P: true, engagesP2C: true}, mode)
 	node := r.NodeIP.String()
-	warm := &taggedSession{peer: net.UDPAddrFromAddrPort(peerAddr), limit: 10}
-	warm.run(t, relay, 0x35B, 50, time.Second)
-	waitFor(t, "the channel binding, settled on a path", 10*time.Second, func() bool {
-		m, err := r.Node.Scrape(r.MetricsURL())
-		return err == nil && m.Settled(mode == "off")
-	})
-	if mode != "off" {
-		warmUntilKernel(t, r, relay, peerAddr, shapeCase{engagesC2P: true, engagesP2C: true})
-	}
-
 	before := scrapeAt(t, r.Node, node)
 	var at samples // the metrics when the policy was applied
 	var wg sync.WaitGroup

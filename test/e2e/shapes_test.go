@@ -185,42 +185,8 @@ func (r shapeRow) String() string {
 
 // runShape builds the row's node, starts the daemon in mode, and runs the session.
 func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
-	r := netns.NewNode(t, c.shape)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("drops and errors the kernel counted:\n%s", r.DropCounters())
-		}
-	})
-	if err := r.LooksLikeANode(); err != nil {
-		t.Fatal(err)
-	}
-	var offload []string
-	if c.offload != nil {
-		offload = c.offload(r)
-	}
-	r.StartDaemon(t, netns.DaemonOptions{Binary: netns.RequireBinary(t, netns.Daemon), SteeringDir: testenv.BPFFS(t),
-		Off: mode == "off", OffloadInterfaces: offload, User: user, Password: password})
-	peerAddr := netip.AddrPortFrom(r.PeerIP, 5002)
-	peer := startPeer(t, r.Peer, peerAddr.String(), true, 0)
-	relay, err := r.Client.Allocate(t, "udp4", netip.AddrPortFrom(r.ClientIP, 0).String(), &turn.ClientConfig{
-		TURNServerAddr: r.ListenAddr().String(), Username: user, Password: password, Realm: config.DefaultRealm})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, relay, peerAddr, peer := shapeSession(t, c, mode)
 	node := r.NodeIP.String()
-	// A few datagrams first make the channel binding (pion/turn sends the first ones as Send
-	// indications while its ChannelBind is under way) and let the daemon decide where it goes
-	// (the NAT gate waits for conntrack's evidence): the 500 then measure the shape's steady
-	// state, not the start of a session on a loaded machine.
-	warm := &taggedSession{peer: net.UDPAddrFromAddrPort(peerAddr), limit: 10}
-	warm.run(t, relay, 0x5B, 50, time.Second)
-	waitFor(t, "the channel binding, settled on a path", 10*time.Second, func() bool {
-		m, err := r.Node.Scrape(r.MetricsURL())
-		return err == nil && m.Settled(mode == "off")
-	})
-	if mode != "off" {
-		warmUntilKernel(t, r, relay, peerAddr, c)
-	}
 	before := scrapeAt(t, r.Node, node)
 	s := &taggedSession{peer: net.UDPAddrFromAddrPort(peerAddr), limit: shapeDatagrams}
 	const tag = 0x5A
@@ -243,6 +209,48 @@ func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
 	row.attached = attachedModes(after)
 	t.Logf("%s", row)
 	return row
+}
+
+// shapeSession builds the case's node, starts the daemon in mode, the echo peer and a pion/turn
+// client's allocation, and lets a few datagrams make the channel binding (pion/turn sends the
+// first ones as Send indications while its ChannelBind is under way) and the daemon decide where
+// it goes (the NAT gate waits for conntrack's evidence); in the default mode it then warms up
+// until the kernel relays in each direction the case expects (warmUntilKernel): what follows
+// measures the shape's steady state, not the start of a session on a loaded machine.
+func shapeSession(t *testing.T, c shapeCase, mode string) (*netns.NodeRig, net.PacketConn, netip.AddrPort, *udpPeer) {
+	t.Helper()
+	r := netns.NewNode(t, c.shape)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("drops and errors the kernel counted:\n%s", r.DropCounters())
+		}
+	})
+	if err := r.LooksLikeANode(); err != nil {
+		t.Fatal(err)
+	}
+	var offload []string
+	if c.offload != nil {
+		offload = c.offload(r)
+	}
+	r.StartDaemon(t, netns.DaemonOptions{Binary: netns.RequireBinary(t, netns.Daemon), SteeringDir: testenv.BPFFS(t),
+		Off: mode == "off", OffloadInterfaces: offload, User: user, Password: password})
+	peerAddr := netip.AddrPortFrom(r.PeerIP, 5002)
+	peer := startPeer(t, r.Peer, peerAddr.String(), true, 0)
+	relay, err := r.Client.Allocate(t, "udp4", netip.AddrPortFrom(r.ClientIP, 0).String(), &turn.ClientConfig{
+		TURNServerAddr: r.ListenAddr().String(), Username: user, Password: password, Realm: config.DefaultRealm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm := &taggedSession{peer: net.UDPAddrFromAddrPort(peerAddr), limit: 10}
+	warm.run(t, relay, 0x5B, 50, time.Second)
+	waitFor(t, "the channel binding, settled on a path", 10*time.Second, func() bool {
+		m, err := r.Node.Scrape(r.MetricsURL())
+		return err == nil && m.Settled(mode == "off")
+	})
+	if mode != "off" {
+		warmUntilKernel(t, r, relay, peerAddr, c)
+	}
+	return r, relay, peerAddr, peer
 }
 
 // warmUntilKernel sends warm-up datagrams, five at a time, until the kernel
