@@ -49,10 +49,10 @@ func wantEvicted(t *testing.T, m *Mirror, want map[string]uint64) {
 	}
 }
 
-// The relay<->peer entry removed, whichever way it was made: the binding
-// leaves the maps, waits in userspace for a new entry and is offloaded again
-// once the checker finds one.
-func TestConntrackRemovedEvictsPeerFlow(t *testing.T) {
+// twoOffloaded is a gated mirror with two bindings of one client offloaded:
+// channel 0x4000 to peerA and 0x4001 to peerB.
+func twoOffloaded(t *testing.T) (*Mirror, *fakeOffload, *fakeChecker) {
+	t.Helper()
 	m, f, c, _ := newGatedMirror(t)
 	c.set(peerA, natcheck.Direct)
 	c.set(peerB, natcheck.Direct)
@@ -62,6 +62,14 @@ func TestConntrackRemovedEvictsPeerFlow(t *testing.T) {
 	if len(f.keys()) != 2 {
 		t.Fatalf("offloaded %v, want both", f.keys())
 	}
+	return m, f, c
+}
+
+// The relay<->peer entry removed, whichever way it was made: the binding
+// leaves the maps, waits in userspace for a new entry and is offloaded again
+// once the checker finds one.
+func TestConntrackRemovedEvictsPeerFlow(t *testing.T) {
+	m, f, c := twoOffloaded(t)
 	// Another flow of the relay, and another relay's flow to the peer: no binding's.
 	m.ConntrackRemoved(removed(addrPort(relay), netip.MustParseAddrPort("10.200.0.9:5001"), true))
 	m.ConntrackRemoved(removed(netip.MustParseAddrPort("10.200.0.1:50001"), addrPort(peerA), true))
@@ -151,12 +159,7 @@ func TestConntrackRemovedWildcardListener(t *testing.T) {
 
 // After lost notifications, the bindings whose entry is missing are evicted.
 func TestConntrackLostLooksUp(t *testing.T) {
-	m, f, c, _ := newGatedMirror(t)
-	c.set(peerA, natcheck.Direct)
-	c.set(peerB, natcheck.Direct)
-	bind(m, listener, peerA, 0x4000)
-	bind(m, listener, peerB, 0x4001)
-	settle(t, m)
+	m, f, c := twoOffloaded(t)
 	c.set(peerA, natcheck.Unknown)
 	m.ConntrackLost()
 	m.Sync()
@@ -168,12 +171,7 @@ func TestConntrackLostLooksUp(t *testing.T) {
 // keeps new ones out; one that lets it through (a bypass) does not; when it
 // goes they come back.
 func TestXfrmPolicies(t *testing.T) {
-	m, f, c, _ := newGatedMirror(t)
-	c.set(peerA, natcheck.Direct)
-	c.set(peerB, natcheck.Direct)
-	bind(m, listener, peerA, 0x4000)
-	bind(m, listener, peerB, 0x4001)
-	settle(t, m)
+	m, f, _ := twoOffloaded(t)
 	host := func(a *net.UDPAddr) netip.Prefix { return netip.PrefixFrom(addrPort(a).Addr(), 32) }
 	block := policywatch.Policy{Dir: policywatch.DirOut, Src: host(relay), Dst: host(peerA), Block: true}
 	m.SetXfrmPolicies(policywatch.Policies{block})
