@@ -32,6 +32,25 @@ func (m *Mirror) flowRemoved(r policywatch.Removed) {
 	if r.Deleted {
 		why = evictDeletedIdx
 	}
+	m.eachFlowOf(r, func(k channelmap.Key, client bool) {
+		if client {
+			m.evict(k, why, gateClientGone, r.OrigDst)
+		} else {
+			m.evict(k, why, gatePending, netip.AddrPort{})
+		}
+	})
+}
+
+// holds tells whether the removed entry is a flow of a binding pion holds.
+func (m *Mirror) holds(r policywatch.Removed) bool {
+	found := false
+	m.eachFlowOf(r, func(channelmap.Key, bool) { found = true })
+	return found
+}
+
+// eachFlowOf calls f with every binding the entry was a flow of: its
+// relay<->peer flow (client false) or its client's (client true).
+func (m *Mirror) eachFlowOf(r policywatch.Removed, f func(k channelmap.Key, client bool)) {
 	for _, t := range [][2]netip.AddrPort{{r.OrigSrc, r.OrigDst}, {r.OrigDst, r.OrigSrc}} {
 		ak, ok := m.byRelay[t[0]]
 		if !ok {
@@ -39,7 +58,7 @@ func (m *Mirror) flowRemoved(r policywatch.Removed) {
 		}
 		for ch, peer := range m.allocs[ak].channels {
 			if unmap(peer) == t[1] {
-				m.evict(bindingKey(ak, ch), why, gatePending, netip.AddrPort{})
+				f(bindingKey(ak, ch), false)
 			}
 		}
 	}
@@ -48,14 +67,18 @@ func (m *Mirror) flowRemoved(r policywatch.Removed) {
 		netip.AddrPortFrom(netip.IPv6Unspecified(), l.Port())} {
 		// The client as pion sees it is where the replies go.
 		ak := allocKey{client: r.ReplyDst, listener: listener}
-		a, ok := m.allocs[ak]
-		if !ok {
-			continue
-		}
-		for ch := range a.channels {
-			m.evict(bindingKey(ak, ch), why, gateClientGone, r.OrigDst)
+		for ch := range m.allocs[ak].channelsOrNil() {
+			f(bindingKey(ak, ch), true)
 		}
 	}
+}
+
+// channelsOrNil is a's channels; none for a nil allocation.
+func (a *allocation) channelsOrNil() map[uint16]netip.AddrPort {
+	if a == nil {
+		return nil
+	}
+	return a.channels
 }
 
 // evict takes binding k out of the offload if it is there and sends its gate

@@ -210,7 +210,9 @@ func ipAddr(ip net.IP) netip.Addr {
 }
 
 func (m *Mirror) push(e event) {
-	m.events.Add(1)
+	if e.kind != evFlowRemoved && e.kind != evFlowsLost {
+		m.events.Add(1) // pion's events, and the daemon's calls; not conntrack's
+	}
 	m.qmu.Lock()
 	if m.closed {
 		m.qmu.Unlock()
@@ -302,7 +304,14 @@ func (m *Mirror) SetXfrmPolicies(ps policywatch.Policies) {
 // again once the stack made a new entry for the flow (for the client's, one
 // that leads to the listener).
 func (m *Mirror) ConntrackRemoved(r policywatch.Removed) {
-	m.push(event{kind: evFlowRemoved, removed: r})
+	// Every UDP entry of the node goes (DNS lookups among them); only those
+	// of a flow pion holds wake the worker.
+	m.smu.RLock()
+	ours := m.holds(r)
+	m.smu.RUnlock()
+	if ours {
+		m.push(event{kind: evFlowRemoved, removed: r})
+	}
 }
 
 // ConntrackLost says conntrack notifications were lost: every offloaded

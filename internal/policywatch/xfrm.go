@@ -125,9 +125,16 @@ var ErrNoXfrm = errors.New("the kernel has no xfrm netlink interface")
 // ListPolicies reads the xfrm policies of the calling thread's network
 // namespace (main and sub policies; socket policies are not in the database).
 func ListPolicies() (Policies, error) {
-	req := nl.NewNetlinkRequest(nl.XFRM_MSG_GETPOLICY, unix.NLM_F_DUMP)
-	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
-	msgs, err := req.Execute(unix.NETLINK_XFRM, nl.XFRM_MSG_NEWPOLICY)
+	var msgs [][]byte
+	var err error
+	// A dump that a change interrupted may be incomplete: read again.
+	for range 3 {
+		req := nl.NewNetlinkRequest(nl.XFRM_MSG_GETPOLICY, unix.NLM_F_DUMP)
+		req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
+		if msgs, err = req.Execute(unix.NETLINK_XFRM, nl.XFRM_MSG_NEWPOLICY); !errors.Is(err, nl.ErrDumpInterrupted) {
+			break
+		}
+	}
 	if errors.Is(err, unix.EPROTONOSUPPORT) {
 		return nil, ErrNoXfrm
 	}
