@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ti-mo/conntrack"
+	"golang.org/x/sys/unix"
+
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
@@ -43,16 +46,39 @@ type policyCase struct {
 
 // dropPeer is what a CNI or kube-proxy does on a policy change that cuts the peer off: DROP
 // rules for the peer in OUTPUT, INPUT and FORWARD (one iptables-restore: applied at once), then
-// its conntrack entries flushed, both ways.
+// the peer's conntrack entries deleted, both ways, through ctnetlink as kube-proxy deletes them
+// (no conntrack process to start between the two: on a loaded machine that alone took the
+// kernel path hundreds of echoes past its twin).
 func dropPeer(t *testing.T, r *netns.NodeRig) {
 	peer := r.PeerIP.String()
 	withStdin(t, r.Node, fmt.Sprintf("*filter\n-I OUTPUT -d %[1]s -j DROP\n-I INPUT -s %[1]s -j DROP\n"+
 		"-I FORWARD -d %[1]s -j DROP\n-I FORWARD -s %[1]s -j DROP\nCOMMIT\n", peer), "iptables-restore", "--noflush")
-	// conntrack -D exits 1 when it deleted nothing: what it says is logged, not checked.
-	for _, dir := range []string{"--orig-dst", "--orig-src"} {
-		out, _ := r.Node.Exec("conntrack", "-D", "-p", "udp", dir, peer)
-		t.Logf("conntrack -D %s %s: %s", dir, peer, strings.TrimSpace(out))
+	deleted := 0
+	err := r.Node.Do(func() error {
+		c, err := conntrack.Dial(nil)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		flows, err := c.Dump(nil)
+		if err != nil {
+			return err
+		}
+		for _, f := range flows {
+			o := f.TupleOrig
+			if o.Proto.Protocol != unix.IPPROTO_UDP || o.IP.SourceAddress != r.PeerIP && o.IP.DestinationAddress != r.PeerIP {
+				continue
+			}
+			if err := c.Delete(f); err == nil {
+				deleted++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("deleting the peer's conntrack entries: %v", err)
 	}
+	t.Logf("deleted %d conntrack entries of the peer %s", deleted, peer)
 }
 
 // blockPeerXfrm adds xfrm block policies between the relay address (the node IP) and the peer,
