@@ -203,3 +203,27 @@ func TestXfrmPolicies(t *testing.T) {
 		t.Fatalf("offloaded %v once the policies went, want all three", f.keys())
 	}
 }
+
+// A policy on the relay as the peer sees it (a masquerade's address) refuses
+// a translated binding, found before or after the policy came.
+func TestXfrmPolicyOnTheTranslatedRelay(t *testing.T) {
+	m, f, c, _ := newGatedMirror(t)
+	c.translate(peerA, "10.244.0.0:61000")
+	onWire := policywatch.Policy{Dir: policywatch.DirOut, Src: netip.MustParsePrefix("10.244.0.0/32"), Block: true}
+	m.SetXfrmPolicies(policywatch.Policies{onWire})
+	bind(m, listener, peerA, 0x4000)
+	settle(t, m)
+	if len(f.keys()) != 0 {
+		t.Fatalf("offloaded %v from a relay a policy blocks", f.keys())
+	}
+	wantUserspace(t, m, map[string]int{ReasonXfrm: 1})
+	m.SetXfrmPolicies(nil)
+	if len(f.keys()) != 1 {
+		t.Fatalf("offloaded %v once the policy went, want the binding", f.keys())
+	}
+	m.SetXfrmPolicies(policywatch.Policies{onWire})
+	if len(f.keys()) != 0 {
+		t.Fatalf("offloaded %v after the policy came", f.keys())
+	}
+	wantEvicted(t, m, map[string]uint64{EvictXfrm: 1})
+}

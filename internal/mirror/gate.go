@@ -220,9 +220,6 @@ func (g *gate) classify(k channelmap.Key, e *gateEntry) {
 		return
 	}
 	g.setState(k, e, g.check(e))
-	if _, ok := g.xfrmRefuses(k, e); ok && e.state == gateTranslated {
-		e.state = gateXfrm // the translated relay is refused (the queued revalidation skips it)
-	}
 }
 
 // xfrmRefuses returns the xfrm policy that would block or encrypt one of
@@ -245,6 +242,9 @@ func (g *gate) xfrmRefuses(k channelmap.Key, e *gateEntry) (policywatch.Policy, 
 
 // setState moves e to state s and into the queue that follows s.
 func (g *gate) setState(k channelmap.Key, e *gateEntry, s gateState) {
+	if _, ok := g.xfrmRefuses(k, e); ok && s.offloadable() {
+		s = gateXfrm // a policy refuses the relay on the wire the check found
+	}
 	e.state = s
 	switch s {
 	case gatePending:
@@ -393,7 +393,7 @@ func (g *gate) recheck(budget int) []channelmap.Key {
 			seen = append(seen, q)
 		default:
 			g.setState(q.key, e, s)
-			if s.offloadable() {
+			if e.state.offloadable() {
 				direct = append(direct, q.key)
 			}
 		}
