@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ti-mo/conntrack"
+
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
@@ -179,5 +181,72 @@ func TestXfrmRoot(t *testing.T) {
 	wait("the policies flushed")
 	if ps, err := ListPolicies(); err != nil || len(ps) != 0 {
 		t.Fatalf("policies %v, %v after the flush; want none", ps, err)
+	}
+}
+
+// TestDestroyNotificationsCost: a flush of a table of n UDP entries reaches
+// the subscription as n removals, or as a loss it reports (ErrEventsLost),
+// never as fewer removals in silence; it logs what receiving and decoding
+// cost per removal.
+func TestDestroyNotificationsCost(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	c, err := conntrack.Dial(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ev, err := ListenConntrack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ev.Close()
+	for _, n := range []int{2000, 50000} {
+		for i := range n {
+			f := conntrack.NewFlow(17, 0, netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.1"),
+				uint16(1024+i%60000), uint16(5000+i/60000), 120, 0)
+			if err := c.Create(f); err != nil {
+				t.Fatalf("creating entry %d: %v", i, err)
+			}
+		}
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		got, lost := 0, false
+		for got < n && !lost {
+			rs, err := ev.Next()
+			switch {
+			case errors.Is(err, ErrEventsLost):
+				lost = true
+			case err != nil:
+				t.Fatal(err)
+			}
+			got += len(rs)
+		}
+		took := time.Since(start)
+		t.Logf("flush of %d entries: %d removals received in %v (%.1f us each), lost: %v", n, got, took,
+			float64(took.Microseconds())/float64(max(got, 1)), lost)
+		if got < n && !lost {
+			t.Fatalf("%d of %d removals, and no loss reported", got, n)
+		}
+		// Drain what is left before the next round.
+		for {
+			done := make(chan struct{})
+			go func() {
+				select {
+				case <-done:
+				case <-time.After(500 * time.Millisecond):
+					ev.conn.SetReadDeadline(time.Now())
+				}
+			}()
+			_, err := ev.Next()
+			close(done)
+			if err != nil && !errors.Is(err, ErrEventsLost) {
+				ev.conn.SetReadDeadline(time.Time{})
+				break
+			}
+		}
 	}
 }
