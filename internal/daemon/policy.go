@@ -57,10 +57,13 @@ func (d *Daemon) watchPolicy(p nodePolicy) {
 
 // watchConntrack hands every UDP entry conntrack removes to the mirror, which
 // evicts the bindings it belonged to. Without a subscription it subscribes
-// again every policyRetry; after one that failed, the mirror looks up every
-// offloaded binding's entries (removals in between went unseen).
+// again every policyRetry; once it has one after a time without, the mirror
+// looks up every offloaded binding's entries (removals in between went
+// unseen).
 func (d *Daemon) watchConntrack(log *slog.Logger, ev *policywatch.ConntrackEvents) {
-	lost := false
+	// Without a subscription from the start, entries made before the first
+	// one (conntrack loaded later) may go unseen too.
+	lost := ev == nil
 	for {
 		for ev == nil {
 			select {
@@ -80,13 +83,13 @@ func (d *Daemon) watchConntrack(log *slog.Logger, ev *policywatch.ConntrackEvent
 			}
 		}
 		stopped := make(chan struct{})
-		go func() {
+		go func(ev *policywatch.ConntrackEvents) {
 			select {
 			case <-d.stop:
 			case <-stopped:
 			}
 			ev.Close()
-		}()
+		}(ev)
 		for {
 			removed, err := ev.Next()
 			if errors.Is(err, policywatch.ErrEventsLost) {
