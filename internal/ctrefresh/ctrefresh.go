@@ -26,7 +26,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -217,25 +216,9 @@ func New(cfg Config) *Refresher {
 		}
 	}
 	if r.isLocal == nil {
-		r.isLocal = localAddr
+		r.isLocal = natcheck.IsLocal
 	}
 	return r
-}
-
-// localAddr tells whether a is an address of one of the namespace's interfaces.
-func localAddr(a netip.Addr) bool {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return false
-	}
-	for _, ia := range addrs {
-		if n, ok := ia.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == a.Unmap() {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // Close closes the ctnetlink socket.

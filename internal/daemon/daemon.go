@@ -168,6 +168,8 @@ func (d *Daemon) startXDP() {
 	if cfg.load != nil {
 		load = cfg.load
 	}
+	// Before any offload is set: the policies in place judge the first bindings.
+	policy := d.startPolicy()
 	d.xdp = offload.New(offload.Options{
 		Log: xlog, Load: load, Sink: mapWriters{d}, Program: cfg.loaderConfig(), Interfaces: ifaces,
 		Flag: cfg.XDPMode, Config: cfg.ConfigXDPMode,
@@ -183,6 +185,7 @@ func (d *Daemon) startXDP() {
 	}
 	d.logKernel()
 	d.startConntrackRefresh()
+	d.watchPolicy(policy)
 	d.wg.Add(3)
 	go func() {
 		defer d.wg.Done()

@@ -87,7 +87,7 @@ type collector struct {
 	shortcut, ttlExpired, tcpConns, tcpRefused     *prometheus.Desc
 	peerShortcut                                   *prometheus.Desc
 	tcpClosed, oversized, requestsRefused          *prometheus.Desc
-	tcVerdicts, kernel                             *prometheus.Desc
+	tcVerdicts, kernel, evicted                    *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -108,7 +108,8 @@ func newCollector(src Source) *collector {
 		label:        prometheus.NewDesc("stunnerd_xdp_offload_label", "1 for the state of the node's stunner.l7mp.io/xdp-offload label (absent without --node-name).", []string{"state"}, nil),
 		userspace: prometheus.NewDesc("stunnerd_xdp_bindings_userspace",
 			"Channel bindings pion/turn holds that stay on the userspace path, by reason: nat (the kernel NATs the flow), "+
-				"no_offload_peer (--no-offload-peer or a Service CIDR), pending (no conntrack evidence yet), full (the maps are full); "+
+				"no_offload_peer (--no-offload-peer or a Service CIDR), pending (no conntrack evidence yet), full (the maps are full), "+
+				"xfrm (an xfrm policy blocks or encrypts the flow), client_conntrack (the client's conntrack entry was removed and no new one leads here yet); "+
 				"while no program carries bindings, every binding under why: off (the XDP mode is off), program_refused (the kernel refused the program), "+
 				"no_kernel_path (XDP is wanted but attached nowhere).",
 			[]string{"reason"}, nil),
@@ -118,7 +119,13 @@ func newCollector(src Source) *collector {
 			"Permissions (CreatePermission, ChannelBind) refused because the allocation holds --max-permissions peers.", nil, nil),
 		userRateLimited: prometheus.NewDesc("stunnerd_xdp_userspace_rate_limited_total",
 			"Datagrams pion's relay sockets dropped over the allocation rate limit (--max-alloc-pps/-bps; the XDP program counts its own as verdict rate_limited).", nil, nil),
-		full:     prometheus.NewDesc("stunnerd_xdp_bindings_full_total", "Channel bindings the full XDP maps refused (--max-bindings).", nil, nil),
+		full: prometheus.NewDesc("stunnerd_xdp_bindings_full_total", "Channel bindings the full XDP maps refused (--max-bindings).", nil, nil),
+		evicted: prometheus.NewDesc("stunnerd_xdp_bindings_evicted_total",
+			"Offloaded channel bindings that left the kernel's maps while pion/turn kept them, by reason: conntrack_deleted (the conntrack entry of "+
+				"their relay<->peer or client<->listener flow was deleted through netlink: conntrack -D or -F, kube-proxy, a CNI), conntrack_expired "+
+				"(the kernel removed it itself: timeout, early drop, NAT clean-up), conntrack_missing (found missing after conntrack notifications "+
+				"were lost), xfrm (an xfrm policy blocks or encrypts the flow).",
+			[]string{"reason"}, nil),
 		tcpConns: prometheus.NewDesc("stunnerd_xdp_tcp_connections", "Open TURN-TCP and TURN-TLS connections.", nil, nil),
 		tcpRefused: prometheus.NewDesc("stunnerd_xdp_tcp_connections_refused_total",
 			"TURN-TCP and TURN-TLS connections reset at accept, by the cap reached: total (--max-tcp-conns) or source (--max-tcp-conns-per-source).", []string{"cap"}, nil),
@@ -147,7 +154,7 @@ func newCollector(src Source) *collector {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.tcVerdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.refused, c.permRefused, c.userRateLimited, c.shortcut, c.peerShortcut, c.ttlExpired,
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.tcVerdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.evicted, c.refused, c.permRefused, c.userRateLimited, c.shortcut, c.peerShortcut, c.ttlExpired,
 		c.tcpConns, c.tcpRefused, c.tcpClosed, c.oversized, c.requestsRefused, c.kernel} {
 		ch <- d
 	}
@@ -255,6 +262,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(ch, c.mirrorErrors, st.Errors)
 	counter(ch, c.drift, st.Drift)
 	counter(ch, c.full, st.Full)
+	for _, r := range mirror.EvictReasons {
+		counter(ch, c.evicted, st.Evicted[r], r)
+	}
 	q := c.src.Quota()
 	for _, r := range quota.Reasons {
 		counter(ch, c.refused, q.Refused[r], r.String())

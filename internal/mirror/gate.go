@@ -9,12 +9,20 @@ import (
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/natcheck"
+	"github.com/l7mp/stunnerd-xdp/internal/policywatch"
 )
 
 // NATChecker tells whether the kernel translates a relay<->peer flow
 // (natcheck.Checker).
 type NATChecker interface {
 	Check(relay, peer netip.AddrPort) (natcheck.Result, error)
+}
+
+// ClientChecker tells whether a client's conntrack entry leads to the
+// listener (natcheck.Checker). A NATChecker that is one is asked before a
+// binding whose client's entry was removed is offloaded again.
+type ClientChecker interface {
+	CheckClient(client, wire, listener netip.AddrPort) (natcheck.ClientVerdict, error)
 }
 
 // Reasons a binding pion/turn holds stays on the userspace path, the label of
@@ -30,6 +38,13 @@ const (
 	ReasonPending = "pending"
 	// ReasonFull: the XDP maps are full (--max-bindings).
 	ReasonFull = "full"
+	// ReasonXfrm: an xfrm policy would block or encrypt the relay<->peer or
+	// the client<->listener flow (policywatch.Policies.Refuses).
+	ReasonXfrm = "xfrm"
+	// ReasonClientConntrack: the client's conntrack entry was removed and
+	// no new one leads to the listener yet: the client's packets meet the
+	// rules afresh (a DNAT may send them to another node).
+	ReasonClientConntrack = "client_conntrack"
 	// The reasons of every binding while no program carries any (the mirror
 	// has no offload; see offload.Manager.Unavailable):
 	// ReasonOff: the XDP mode is off (flag, config, node label, a hand-over).
@@ -43,8 +58,28 @@ const (
 )
 
 // UserspaceReasons lists every reason, so that a gauge exports all of them.
-var UserspaceReasons = []string{ReasonNAT, ReasonNoOffloadPeer, ReasonPending, ReasonFull,
-	ReasonOff, ReasonRefused, ReasonNoKernelPath}
+var UserspaceReasons = []string{ReasonNAT, ReasonNoOffloadPeer, ReasonPending, ReasonFull, ReasonXfrm,
+	ReasonClientConntrack, ReasonOff, ReasonRefused, ReasonNoKernelPath}
+
+// Reasons an offloaded binding left the kernel's maps while pion/turn kept
+// it, the label of stunnerd_xdp_bindings_evicted_total.
+const (
+	// EvictConntrackDeleted: the conntrack entry of its relay<->peer or
+	// client<->listener flow was deleted through netlink (conntrack -D or
+	// -F, kube-proxy, a CNI).
+	EvictConntrackDeleted = "conntrack_deleted"
+	// EvictConntrackExpired: the kernel removed the entry itself (its
+	// timeout ran out, an early drop, a NAT clean-up).
+	EvictConntrackExpired = "conntrack_expired"
+	// EvictConntrackMissing: the entry was found missing when the mirror
+	// looked after conntrack notifications were lost.
+	EvictConntrackMissing = "conntrack_missing"
+	// EvictXfrm: an xfrm policy that blocks or encrypts the flow appeared.
+	EvictXfrm = "xfrm"
+)
+
+// EvictReasons lists every eviction reason.
+var EvictReasons = []string{EvictConntrackDeleted, EvictConntrackExpired, EvictConntrackMissing, EvictXfrm}
 
 // RecheckInterval is how often pending bindings are checked again, and
 // RecheckBudget how many of them at most per tick: a burst of new bindings
@@ -69,6 +104,11 @@ const (
 	// offloaded from the translated relay, and checked again every
 	// RecheckInterval (see revalidate).
 	gateTranslated
+	// gateXfrm: an xfrm policy would block or encrypt one of its flows.
+	gateXfrm
+	// gateClientGone: the client's conntrack entry was removed; checked
+	// again (as pending) until a new one leads to the listener.
+	gateClientGone
 )
 
 func (s gateState) String() string {
@@ -83,6 +123,10 @@ func (s gateState) String() string {
 		return "pending"
 	case gateTranslated:
 		return "translated"
+	case gateXfrm:
+		return "xfrm"
+	case gateClientGone:
+		return "client_conntrack"
 	}
 	return "none"
 }
@@ -99,6 +143,9 @@ type gateEntry struct {
 	backoff     time.Duration
 	due         time.Time // pending: when to check again
 	full        bool      // offloadable, but Upsert said channelmap.ErrFull
+	// clientWire is where the client's removed entry sent its packets
+	// (gateClientGone): the new one is looked up there.
+	clientWire netip.AddrPort
 }
 
 type queuedCheck struct {
@@ -113,6 +160,7 @@ type gate struct {
 	now       func() time.Time
 	checker   NATChecker // nil: nothing is checked, every flow is direct
 	noOffload []netip.Prefix
+	xfrm      policywatch.Policies
 
 	entries map[channelmap.Key]*gateEntry
 	queue   []queuedCheck // pending entries, checked round robin
@@ -167,11 +215,36 @@ func (g *gate) classify(k channelmap.Key, e *gateEntry) {
 		e.state = gateNoOffload
 		return
 	}
+	if _, ok := g.xfrmRefuses(k, e); ok {
+		e.state = gateXfrm
+		return
+	}
 	g.setState(k, e, g.check(e))
+}
+
+// xfrmRefuses returns the xfrm policy that would block or encrypt one of
+// the binding's flows: relay (and the relay on the wire, once known)
+// <-> peer, listener <-> client.
+func (g *gate) xfrmRefuses(k channelmap.Key, e *gateEntry) (policywatch.Policy, bool) {
+	if len(g.xfrm) == 0 {
+		return policywatch.Policy{}, false
+	}
+	if p, ok := g.xfrm.Refuses(e.relay, e.peer); ok {
+		return p, true
+	}
+	if e.wire.IsValid() && e.wire != e.relay {
+		if p, ok := g.xfrm.Refuses(e.wire, e.peer); ok {
+			return p, true
+		}
+	}
+	return g.xfrm.Refuses(k.Listener, k.Client)
 }
 
 // setState moves e to state s and into the queue that follows s.
 func (g *gate) setState(k channelmap.Key, e *gateEntry, s gateState) {
+	if _, ok := g.xfrmRefuses(k, e); ok && s.offloadable() {
+		s = gateXfrm // a policy refuses the relay on the wire the check found
+	}
 	e.state = s
 	switch s {
 	case gatePending:
@@ -187,14 +260,8 @@ func (g *gate) check(e *gateEntry) gateState {
 	}
 	r, err := g.checker.Check(e.relay, e.peer)
 	if err != nil {
-		g.checkErrs++
-		// One line a minute at most: the check runs for every pending binding
-		// four times a second.
-		if now := g.now(); now.Sub(g.lastCheckErr) >= time.Minute {
-			g.lastCheckErr = now
-			g.log.Warn("cannot tell whether the kernel NATs a peer; its bindings stay in userspace until it can",
-				"relay", e.relay.String(), "peer", e.peer.String(), "error", err, "errors", g.checkErrs)
-		}
+		g.checkFailed("cannot tell whether the kernel NATs a peer; its bindings stay in userspace until it can",
+			"relay", e.relay.String(), "peer", e.peer.String(), "error", err)
 		return g.pending(e)
 	}
 	switch r.Verdict {
@@ -221,6 +288,53 @@ func (g *gate) check(e *gateEntry) gateState {
 	default:
 		return g.pending(e)
 	}
+}
+
+// checkFailed counts a failed check and logs it, one line a minute at most:
+// the checks run for every pending binding four times a second.
+func (g *gate) checkFailed(msg string, args ...any) {
+	g.checkErrs++
+	if now := g.now(); now.Sub(g.lastCheckErr) >= time.Minute {
+		g.lastCheckErr = now
+		g.log.Warn(msg, append(args, "errors", g.checkErrs)...)
+	}
+}
+
+// clientBack tells whether the client of an entry whose client's conntrack
+// entry was removed has a new one that leads to the listener. A checker that
+// cannot tell (none, or not a ClientChecker) has no conntrack to ask: yes.
+func (g *gate) clientBack(k channelmap.Key, e *gateEntry) bool {
+	cc, ok := g.checker.(ClientChecker)
+	if !ok || !e.clientWire.IsValid() {
+		return true
+	}
+	v, err := cc.CheckClient(k.Client, e.clientWire, k.Listener)
+	if err != nil {
+		g.checkFailed("cannot tell where a client's conntrack entry leads; its bindings stay in userspace until it can",
+			"client", k.Client.String(), "error", err)
+		return false
+	}
+	if v == natcheck.ClientHere {
+		e.clientWire = netip.AddrPort{}
+		return true
+	}
+	return false
+}
+
+// requeue moves an entry whose binding left the kernel's maps (a conntrack
+// entry of its flows is gone) to s, gatePending or gateClientGone, checked
+// again from the next recheck on.
+func (g *gate) requeue(k channelmap.Key, e *gateEntry, s gateState, clientWire netip.AddrPort) {
+	g.setFull(e, false)
+	g.gen++
+	e.gen = g.gen // queued checks of its former state are void
+	e.backoff = 0
+	e.due = g.now()
+	if s == gateClientGone {
+		e.clientWire = clientWire
+	}
+	e.state = s
+	g.queue = append(g.queue, queuedCheck{key: k, gen: e.gen})
 }
 
 // pending schedules the entry's next check, each one later than the last.
@@ -260,7 +374,7 @@ func (g *gate) recheck(budget int) []channelmap.Key {
 		q := queue[0]
 		queue = queue[1:]
 		e := g.entries[q.key]
-		if e == nil || e.gen != q.gen || e.state != gatePending {
+		if e == nil || e.gen != q.gen || e.state != gatePending && e.state != gateClientGone {
 			continue // forgotten or replaced since it was queued
 		}
 		if now.Before(e.due) {
@@ -268,13 +382,18 @@ func (g *gate) recheck(budget int) []channelmap.Key {
 			continue
 		}
 		budget--
+		if e.state == gateClientGone && !g.clientBack(q.key, e) {
+			g.pending(e)
+			seen = append(seen, q)
+			continue
+		}
 		switch s := g.check(e); s {
 		case gatePending:
 			e.state = s
 			seen = append(seen, q)
 		default:
 			g.setState(q.key, e, s)
-			if s.offloadable() {
+			if e.state.offloadable() {
 				direct = append(direct, q.key)
 			}
 		}
@@ -323,16 +442,34 @@ func (g *gate) revalidate(budget int) []channelmap.Key {
 // them (to be removed from the offload).
 func (g *gate) setNoOffload(prefixes []netip.Prefix) (readmit, evict []channelmap.Key) {
 	g.noOffload = prefixes
+	return g.reclassify(gateNoOffload, func(_ channelmap.Key, e *gateEntry) bool { return g.noOffloadPeer(e.peer.Addr()) })
+}
+
+// setXfrm replaces the xfrm policies and returns the keys of entries that
+// moved: out of every refusing policy's reach (to be admitted again) and into
+// one (to be removed from the offload). A peer in a no-offload prefix stays
+// under that reason.
+func (g *gate) setXfrm(ps policywatch.Policies) (readmit, evict []channelmap.Key) {
+	g.xfrm = ps
+	return g.reclassify(gateXfrm, func(k channelmap.Key, e *gateEntry) bool {
+		_, refused := g.xfrmRefuses(k, e)
+		return refused
+	})
+}
+
+// reclassify moves the entries that in holds for into state s and returns
+// those it removed from the offload (evict), and moves those in s that in no
+// longer holds for out, forgotten, to be admitted again (readmit).
+func (g *gate) reclassify(s gateState, in func(channelmap.Key, *gateEntry) bool) (readmit, evict []channelmap.Key) {
 	for k, e := range g.entries {
-		in := g.noOffloadPeer(e.peer.Addr())
 		switch {
-		case in && e.state != gateNoOffload:
-			if e.state.offloadable() {
+		case e.state != s && e.state != gateNoOffload && in(k, e):
+			if e.state.offloadable() && !e.full {
 				evict = append(evict, k)
 			}
 			g.setFull(e, false)
-			e.state = gateNoOffload
-		case !in && e.state == gateNoOffload:
+			e.state = s
+		case e.state == s && !in(k, e):
 			g.forget(k)
 			readmit = append(readmit, k)
 		}
@@ -384,6 +521,10 @@ func (g *gate) counts() map[string]int {
 			out[ReasonNoOffloadPeer]++
 		case gatePending:
 			out[ReasonPending]++
+		case gateXfrm:
+			out[ReasonXfrm]++
+		case gateClientGone:
+			out[ReasonClientConntrack]++
 		}
 	}
 	out[ReasonFull] = g.full

@@ -9,6 +9,14 @@
 // would not translate its relay<->peer flow (see gate.go and
 // internal/natcheck): peers in a no-offload prefix and NATed flows stay in
 // userspace, flows without evidence yet wait there and are checked again.
+//
+// A flow is in the kernel only while the node's stack would carry it (see
+// docs/datapath.md): a binding leaves the maps when the conntrack entry of its
+// relay<->peer or client<->listener flow is removed (ConntrackRemoved), and
+// stays out of them while an xfrm policy would block or encrypt one of its
+// flows (SetXfrmPolicies). It comes back through the gate once the stack has
+// made a new entry for the flow, as nf_flowtable offloads a flow after the
+// ruleset accepted it.
 package mirror
 
 import (
@@ -25,6 +33,7 @@ import (
 	"github.com/pion/turn/v4"
 
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
+	"github.com/l7mp/stunnerd-xdp/internal/policywatch"
 )
 
 // Offload is where bindings go: the XDP maps (channelmap.Maps).
@@ -59,6 +68,9 @@ const (
 	evSetOffload
 	evSetGate      // a new NATChecker
 	evSetNoOffload // new no-offload prefixes
+	evSetXfrm      // new xfrm policies
+	evFlowRemoved  // a conntrack entry was removed
+	evFlowsLost    // conntrack notifications were lost: look at every offloaded flow
 	evSync         // a barrier: closes done when every earlier event is applied
 )
 
@@ -72,6 +84,8 @@ type event struct {
 	offload Offload
 	checker NATChecker
 	noOff   []netip.Prefix
+	xfrm    policywatch.Policies
+	removed policywatch.Removed
 	done    chan struct{}
 }
 
@@ -81,6 +95,9 @@ type Stats struct {
 	// Full counts bindings the full maps refused (each once until it is
 	// offloaded or gone).
 	Full uint64
+	// Evicted counts offloaded bindings that left the maps while pion kept
+	// them, by reason (every reason of EvictReasons is present).
+	Evicted map[string]uint64
 }
 
 // Mirror keeps pion's allocations, permissions and channels and the offload in step.
@@ -96,22 +113,28 @@ type Mirror struct {
 	// Owned by the worker; smu guards reads from other goroutines.
 	smu     sync.RWMutex
 	allocs  map[allocKey]*allocation
+	byRelay map[netip.AddrPort]allocKey // relay socket -> its allocation
 	offload Offload
 	gate    *gate
 
 	events, installs, removals, errs, drift atomic.Uint64
+	evicted                                 [len(evictReasons)]atomic.Uint64
 	noPath                                  atomic.Pointer[func() string]
 }
+
+// evictReasons index Mirror.evicted.
+var evictReasons = [...]string{EvictConntrackDeleted, EvictConntrackExpired, EvictConntrackMissing, EvictXfrm}
 
 // New starts a mirror with no offload (everything stays in userspace until
 // SetOffload).
 func New(log *slog.Logger) *Mirror {
 	m := &Mirror{
-		log:    log,
-		wake:   make(chan struct{}, 1),
-		done:   make(chan struct{}),
-		allocs: make(map[allocKey]*allocation),
-		gate:   newGate(log),
+		log:     log,
+		wake:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		allocs:  make(map[allocKey]*allocation),
+		byRelay: make(map[netip.AddrPort]allocKey),
+		gate:    newGate(log),
 	}
 	go m.run()
 	return m
@@ -187,7 +210,9 @@ func ipAddr(ip net.IP) netip.Addr {
 }
 
 func (m *Mirror) push(e event) {
-	m.events.Add(1)
+	if e.kind != evFlowRemoved && e.kind != evFlowsLost {
+		m.events.Add(1) // pion's events, and the daemon's calls; not conntrack's
+	}
 	m.qmu.Lock()
 	if m.closed {
 		m.qmu.Unlock()
@@ -263,6 +288,36 @@ func (m *Mirror) SetNoOffloadPeers(prefixes []netip.Prefix) {
 	<-done
 }
 
+// SetXfrmPolicies replaces the xfrm policies the gate consults and waits
+// until bindings moved accordingly: those whose relay<->peer or
+// client<->listener flow a policy now blocks or encrypts leave the offload,
+// those no policy refuses any more are checked and offloaded if they may be.
+func (m *Mirror) SetXfrmPolicies(ps policywatch.Policies) {
+	done := make(chan struct{})
+	m.push(event{kind: evSetXfrm, xfrm: slices.Clone(ps), done: done})
+	<-done
+}
+
+// ConntrackRemoved takes the bindings whose relay<->peer or
+// client<->listener flow the removed conntrack entry was out of the offload
+// (it does not wait): they go back through the gate, which offloads them
+// again once the stack made a new entry for the flow (for the client's, one
+// that leads to the listener).
+func (m *Mirror) ConntrackRemoved(r policywatch.Removed) {
+	// Every UDP entry of the node goes (DNS lookups among them); only those
+	// of a flow pion holds wake the worker.
+	m.smu.RLock()
+	ours := m.holds(r)
+	m.smu.RUnlock()
+	if ours {
+		m.push(event{kind: evFlowRemoved, removed: r})
+	}
+}
+
+// ConntrackLost says conntrack notifications were lost: every offloaded
+// binding's entries are looked up, and those missing are handled as removed.
+func (m *Mirror) ConntrackLost() { m.push(event{kind: evFlowsLost}) }
+
 // Close stops the worker after the queued events; the offload is left as is
 // (the caller detaches and frees the maps).
 func (m *Mirror) Close() {
@@ -312,6 +367,25 @@ func (m *Mirror) apply(e event) {
 			}
 		}
 		close(e.done)
+	case evSetXfrm:
+		readmit, evict := m.gate.setXfrm(e.xfrm)
+		for _, k := range evict {
+			m.remove(k)
+			m.evicted[evictXfrmIdx].Add(1)
+			p, _ := m.gate.xfrmRefuses(k, m.gate.entries[k])
+			m.log.Info("an xfrm policy blocks or encrypts a flow of an offloaded binding: it leaves the kernel path",
+				"client", k.Client.String(), "channel", k.Channel, "policy", p.String())
+		}
+		for _, k := range readmit {
+			if b, ok := m.held(k); ok {
+				m.install(b)
+			}
+		}
+		close(e.done)
+	case evFlowRemoved:
+		m.flowRemoved(e.removed)
+	case evFlowsLost:
+		m.flowsLost()
 	case evSetOffload:
 		if m.offload != nil {
 			m.forEachInstalled(func(b channelmap.Binding) { m.remove(b.Key()) })
@@ -324,6 +398,7 @@ func (m *Mirror) apply(e event) {
 	case evAllocationCreated:
 		if _, ok := m.allocs[e.alloc]; !ok {
 			m.allocs[e.alloc] = &allocation{relay: e.relay, channels: map[uint16]netip.AddrPort{}, permissions: map[netip.Addr]bool{}}
+			m.indexRelay(e.alloc, netip.AddrPort{}, e.relay)
 		}
 	case evAllocationDeleted:
 		a, ok := m.allocs[e.alloc]
@@ -336,6 +411,7 @@ func (m *Mirror) apply(e event) {
 			}
 			m.gate.forget(bindingKey(e.alloc, ch))
 		}
+		m.indexRelay(e.alloc, a.relay, netip.AddrPort{})
 		delete(m.allocs, e.alloc)
 	case evPermissionCreated:
 		a := m.alloc(e)
@@ -395,12 +471,27 @@ func (m *Mirror) alloc(e event) *allocation {
 	if !ok {
 		a = &allocation{relay: e.relay, channels: map[uint16]netip.AddrPort{}, permissions: map[netip.Addr]bool{}}
 		m.allocs[e.alloc] = a
+		m.indexRelay(e.alloc, netip.AddrPort{}, e.relay)
 	}
-	if e.relay.IsValid() {
+	if e.relay.IsValid() && a.relay != e.relay {
+		m.indexRelay(e.alloc, a.relay, e.relay)
 		a.relay = e.relay
 	}
 	return a
 }
+
+// indexRelay moves allocation k's entry in byRelay from old to relay
+// (either may be invalid: none).
+func (m *Mirror) indexRelay(k allocKey, old, relay netip.AddrPort) {
+	if old.IsValid() && m.byRelay[unmap(old)] == k {
+		delete(m.byRelay, unmap(old))
+	}
+	if relay.IsValid() {
+		m.byRelay[unmap(relay)] = k
+	}
+}
+
+func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
 
 func bindingKey(k allocKey, ch uint16) channelmap.Key {
 	return channelmap.Key{Client: k.client, Listener: k.listener, Channel: ch}
@@ -639,8 +730,12 @@ func (m *Mirror) Counts() (allocations, channels int) {
 
 // Stats returns the mirror's counters.
 func (m *Mirror) Stats() Stats {
+	evicted := make(map[string]uint64, len(evictReasons))
+	for i, r := range evictReasons {
+		evicted[r] = m.evicted[i].Load()
+	}
 	return Stats{Events: m.events.Load(), Installs: m.installs.Load(), Removals: m.removals.Load(),
-		Errors: m.errs.Load(), Drift: m.drift.Load(), Full: m.gate.fullTotal.Load()}
+		Errors: m.errs.Load(), Drift: m.drift.Load(), Full: m.gate.fullTotal.Load(), Evicted: evicted}
 }
 
 // UserspaceBindings returns how many bindings pion holds stay in userspace,
@@ -664,7 +759,7 @@ func (m *Mirror) UserspaceBindings() map[string]int {
 	if m.offload != nil {
 		return out
 	}
-	for _, r := range []string{ReasonNAT, ReasonPending, ReasonFull, ReasonNoOffloadPeer} {
+	for _, r := range []string{ReasonNAT, ReasonPending, ReasonFull, ReasonNoOffloadPeer, ReasonXfrm, ReasonClientConntrack} {
 		out[r] = 0 // verdicts of an earlier offload: not why the bindings wait now
 	}
 	for _, a := range m.allocs {

@@ -19,6 +19,7 @@ package natcheck
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -236,4 +237,70 @@ func ClassifyRelay(f conntrack.Flow, relay, peer netip.AddrPort) Result {
 
 func endpoint(a netip.Addr, port uint16) netip.AddrPort {
 	return netip.AddrPortFrom(a.Unmap(), port)
+}
+
+// ClientVerdict is what conntrack says of a client's flow to the node.
+type ClientVerdict int
+
+const (
+	// ClientNone: no entry (yet): the client's next packet meets the
+	// rules afresh.
+	ClientNone ClientVerdict = iota
+	// ClientHere: the entry leads to the listener.
+	ClientHere
+	// ClientElsewhere: the entry leads elsewhere (DNATed to another node).
+	ClientElsewhere
+)
+
+// CheckClient looks up the entry of the client's flow to wire (where its
+// packets arrive: the listener, a VIP, a NodePort) and tells whether it
+// leads to the listener socket: replies from listener (for a wildcard
+// listener, from one of the namespace's addresses on its port) to the client.
+// Without conntrack in use every flow leads where it is sent: ClientHere.
+func (c *Checker) CheckClient(client, wire, listener netip.AddrPort) (ClientVerdict, error) {
+	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
+	wire = netip.AddrPortFrom(wire.Addr().Unmap(), wire.Port())
+	conn, err := c.dial()
+	if err != nil {
+		return ClientNone, err
+	}
+	if conn == nil {
+		return ClientHere, nil
+	}
+	f, err := conn.Get(flow(client, wire))
+	if errors.Is(err, unix.ENOENT) {
+		return ClientNone, nil
+	}
+	if err != nil {
+		return ClientNone, fmt.Errorf("natcheck: conntrack get %v->%v: %w", client, wire, err)
+	}
+	rep := f.TupleReply
+	if endpoint(f.TupleOrig.IP.SourceAddress, f.TupleOrig.Proto.SourcePort) != client {
+		rep = f.TupleOrig // made in the other direction
+	}
+	from := endpoint(rep.IP.SourceAddress, rep.Proto.SourcePort)
+	to := endpoint(rep.IP.DestinationAddress, rep.Proto.DestinationPort)
+	here := to == client && from.Port() == listener.Port() &&
+		(from.Addr() == listener.Addr().Unmap() || listener.Addr().IsUnspecified() && IsLocal(from.Addr()))
+	if here {
+		return ClientHere, nil
+	}
+	return ClientElsewhere, nil
+}
+
+// IsLocal tells whether a is an address of one of the calling thread's
+// namespace's interfaces.
+func IsLocal(a netip.Addr) bool {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false
+	}
+	for _, ia := range addrs {
+		if n, ok := ia.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == a.Unmap() {
+				return true
+			}
+		}
+	}
+	return false
 }

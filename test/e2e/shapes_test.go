@@ -188,6 +188,40 @@ func (r shapeRow) String() string {
 
 // runShape builds the row's node, starts the daemon in mode, and runs the session.
 func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
+	r, relay, peerAddr, peer := shapeSession(t, c, mode)
+	node := r.NodeIP.String()
+	before := scrapeAt(t, r.Node, node)
+	s := &taggedSession{peer: net.UDPAddrFromAddrPort(peerAddr), limit: shapeDatagrams}
+	const tag = 0x5A
+	s.run(t, relay, tag, shapeRate, 2*time.Duration(shapeDatagrams/shapeRate)*time.Second)
+	after := scrapeAt(t, r.Node, node)
+
+	row := shapeRow{name: c.name, mode: mode, sent: s.sent.Load(), echoed: s.received.Load(), foreign: s.foreign.Load(),
+		atPeer: peer.got(tag), attached: map[string]string{}, verdicts: map[string]float64{}}
+	for i, dir := range []string{"client_to_peer", "peer_to_client"} {
+		row.xdp[i] = after.grew(t, before, relayed("xdp", dir))
+		row.user[i] = after.grew(t, before, relayed("userspace", dir))
+	}
+	for name, v := range after {
+		if reason, ok := strings.CutPrefix(name, `stunnerd_xdp_verdicts_total{reason="`); ok {
+			if d := v - before[name]; d > 0 {
+				row.verdicts[strings.TrimSuffix(reason, `"}`)] = d
+			}
+		}
+	}
+	row.attached = attachedModes(after)
+	t.Logf("%s", row)
+	return row
+}
+
+// shapeSession builds the case's node, starts the daemon in mode, the echo peer and a pion/turn
+// client's allocation, and lets a few datagrams make the channel binding (pion/turn sends the
+// first ones as Send indications while its ChannelBind is under way) and the daemon decide where
+// it goes (the NAT gate waits for conntrack's evidence); in the default mode it then warms up
+// until the kernel relays in each direction the case expects (warmUntilKernel): what follows
+// measures the shape's steady state, not the start of a session on a loaded machine.
+func shapeSession(t *testing.T, c shapeCase, mode string) (*netns.NodeRig, net.PacketConn, netip.AddrPort, *udpPeer) {
+	t.Helper()
 	r := netns.NewNode(t, c.shape)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -213,11 +247,6 @@ func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := r.NodeIP.String()
-	// A few datagrams first make the channel binding (pion/turn sends the first ones as Send
-	// indications while its ChannelBind is under way) and let the daemon decide where it goes
-	// (the NAT gate waits for conntrack's evidence): the 500 then measure the shape's steady
-	// state, not the start of a session on a loaded machine.
 	warm := &taggedSession{peer: net.UDPAddrFromAddrPort(peerAddr), limit: 10}
 	warm.run(t, relay, 0x5B, 50, time.Second)
 	waitFor(t, "the channel binding, settled on a path", 10*time.Second, func() bool {
@@ -227,28 +256,7 @@ func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
 	if mode != "off" {
 		warmUntilKernel(t, r, relay, peerAddr, c)
 	}
-	before := scrapeAt(t, r.Node, node)
-	s := &taggedSession{peer: net.UDPAddrFromAddrPort(peerAddr), limit: shapeDatagrams}
-	const tag = 0x5A
-	s.run(t, relay, tag, shapeRate, 2*time.Duration(shapeDatagrams/shapeRate)*time.Second)
-	after := scrapeAt(t, r.Node, node)
-
-	row := shapeRow{name: c.name, mode: mode, sent: s.sent.Load(), echoed: s.received.Load(), foreign: s.foreign.Load(),
-		atPeer: peer.got(tag), attached: map[string]string{}, verdicts: map[string]float64{}}
-	for i, dir := range []string{"client_to_peer", "peer_to_client"} {
-		row.xdp[i] = after.grew(t, before, relayed("xdp", dir))
-		row.user[i] = after.grew(t, before, relayed("userspace", dir))
-	}
-	for name, v := range after {
-		if reason, ok := strings.CutPrefix(name, `stunnerd_xdp_verdicts_total{reason="`); ok {
-			if d := v - before[name]; d > 0 {
-				row.verdicts[strings.TrimSuffix(reason, `"}`)] = d
-			}
-		}
-	}
-	row.attached = attachedModes(after)
-	t.Logf("%s", row)
-	return row
+	return r, relay, peerAddr, peer
 }
 
 // warmUntilKernel sends warm-up datagrams, five at a time, until the kernel
