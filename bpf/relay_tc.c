@@ -61,6 +61,7 @@ extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __attribute__((weak));
 struct sk_buff {
 	unsigned char *head;
 	unsigned char *data;
+	__u16 mac_len;
 	__u16 csum_start;
 	__u16 csum_offset;
 	__u8 ip_summed : 2;
@@ -622,6 +623,17 @@ static __always_inline int tc_relay(struct __sk_buff *ctx, __u32 *reason, const 
 	 * __netif_receive_skb_core has just made skb_iif (ingress_ifindex) as
 	 * well. Read from skb->dev: a BPF_PROG_RUN before 5.15 sets only that. */
 	in.ifindex = ctx->ifindex;
+	/* On a device without a link-layer header the hook pushed mac_len
+	 * bytes in front of the IP header: none where the tunnel reset the
+	 * MAC header at decapsulation (tun, WireGuard; ip_tunnel devices from
+	 * 6.1 at the latest), the outer Ethernet and IP headers where it did
+	 * not (5.10's tunl0). Not ours to parse past: pion/turn relays it.
+	 * BPF_PROG_RUN sets no mac_len (0): the branch runs on real devices
+	 * only (the kernel matrix's calico-ipip row on 5.10). */
+	if (l3 && SKB_FIELD(ctx, skb_kern(ctx), mac_len)) {
+		*reason = TC_REASON_L3_OUTER_HEADERS;
+		return TC_ACT_OK;
+	}
 	if ((r = l3 ? parse_l3(&c, &proto) : parse_eth(&c, &eth, &proto)) >= 0) {
 		*reason = r;
 		return TC_ACT_OK;

@@ -233,8 +233,9 @@ const (
 	RelayTcTcReasonTC_REASON_PARTIAL_ELSEWHERE RelayTcTcReason = 65
 	RelayTcTcReasonTC_REASON_REWRITE_FAILED    RelayTcTcReason = 66
 	RelayTcTcReasonTC_REASON_REDIRECT_NEIGH    RelayTcTcReason = 67
-	RelayTcTcReasonTC_REASON_L3FAMILY          RelayTcTcReason = 68
-	RelayTcTcReasonTC_REASON_MAX               RelayTcTcReason = 69
+	RelayTcTcReasonTC_REASON_L3OUTER_HEADERS   RelayTcTcReason = 68
+	RelayTcTcReasonTC_REASON_L3FAMILY          RelayTcTcReason = 69
+	RelayTcTcReasonTC_REASON_MAX               RelayTcTcReason = 70
 )
 
 // Names of all BPF objects in the ELF.

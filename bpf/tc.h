@@ -22,6 +22,11 @@ enum tc_reason {
 	                                   whose transmit needs a route on the skb
 	                                   (DEV_XMIT_NEEDS_ROUTE): counted beside the
 	                                   relay reason, a subset of the relayed */
+	TC_REASON_L3_OUTER_HEADERS,     /* on a device without a link-layer header, the
+	                                   skb still has a MAC header (mac_len): the
+	                                   tunnel left the outer headers in front of
+	                                   the IP packet (5.10's ip_tunnel_rcv):
+	                                   passed */
 	TC_REASON_L3_FAMILY,            /* from a device without a link-layer header
 	                                   (tc_turn_relay_l3), a relay that would
 	                                   change the family (an IPv6 client's):

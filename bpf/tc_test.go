@@ -246,6 +246,8 @@ func tcReasonName(r bpf.RelayReason) string {
 		return "tc_redirect_neigh"
 	case bpf.RelayTcTcReasonTC_REASON_L3FAMILY:
 		return "tc_l3_family"
+	case bpf.RelayTcTcReasonTC_REASON_L3OUTER_HEADERS:
+		return "tc_l3_outer_headers"
 	}
 	return reasonName(r)
 }

@@ -63,6 +63,9 @@ var TCReasonNames = map[bpf.RelayTcTcReason]string{
 	// From a device without a link-layer header (tunl0, WireGuard), a relay
 	// that would change the family (an IPv6 client's): userspace.
 	bpf.RelayTcTcReasonTC_REASON_L3FAMILY: "pass_l3_family_change",
+	// On a device without a link-layer header, an skb the tunnel handed on
+	// with its outer headers in front (5.10's ipip): userspace.
+	bpf.RelayTcTcReasonTC_REASON_L3OUTER_HEADERS: "pass_l3_outer_headers",
 }
 
 // TCReasonName is the metric label of the TC engine's Verdicts()[i] (loader

@@ -202,10 +202,13 @@ func runShape(t *testing.T, c shapeCase, mode string) shapeRow {
 		row.xdp[i] = after.grew(t, before, relayed("xdp", dir))
 		row.user[i] = after.grew(t, before, relayed("userspace", dir))
 	}
+	// The XDP program's verdicts that grew, and the TC engine's (tc:).
 	for name, v := range after {
-		if reason, ok := strings.CutPrefix(name, `stunnerd_xdp_verdicts_total{reason="`); ok {
-			if d := v - before[name]; d > 0 {
-				row.verdicts[strings.TrimSuffix(reason, `"}`)] = d
+		for prefix, label := range map[string]string{`stunnerd_xdp_verdicts_total{reason="`: "", `stunnerd_xdp_tc_verdicts_total{reason="`: "tc:"} {
+			if reason, ok := strings.CutPrefix(name, prefix); ok {
+				if d := v - before[name]; d > 0 {
+					row.verdicts[label+strings.TrimSuffix(reason, `"}`)] = d
+				}
 			}
 		}
 	}
@@ -314,6 +317,13 @@ func (row shapeRow) check(t *testing.T, c shapeCase) {
 			}
 		}
 		for i, engages := range []bool{c.engagesC2P, c.engagesP2C} {
+			if i == 1 && engages && row.verdicts["tc:pass_l3_outer_headers"] >= float64(row.echoed) {
+				// This kernel's tunnel hands its decapsulated skbs on with
+				// the outer headers in front (5.10's ip_tunnel_rcv): the
+				// engine passes them by design.
+				t.Logf("peer->client: the tunnel device hands the engine its outer headers (pass_l3_outer_headers): userspace on this kernel")
+				continue
+			}
 			if engages && row.share(i) < 0.9 {
 				problems = append(problems, fmt.Sprintf("%s: the kernel relayed %.1f%%, want at least 90%% (%s)",
 					[]string{"client->peer", "peer->client"}[i], 100*row.share(i), c.why))

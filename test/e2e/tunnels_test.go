@@ -18,7 +18,8 @@ var tunnelShapeCases = []shapeCase{
 			"routes it out of tunl0 and attaches the route (bpf_redirect: 0 of 20 delivered, tx_fifo_errors +20, on 5.10, 6.1 and 6.12). " +
 			"peer->client comes back through the tunnel to 10.244.0.0, decapsulated onto tunl0, a device without a link-layer header " +
 			"(kind:ipip in the default --tc-iface): the engine's L3 program parses from the IP header, puts an Ethernet header in " +
-			"front (bpf_skb_change_head) and redirects into the NIC"},
+			"front (bpf_skb_change_head) and redirects into the NIC (5.10's ip_tunnel_rcv leaves the outer headers in front of the " +
+			"decapsulated packet, mac_len 34: the engine passes it, pass_l3_outer_headers, and pion/turn relays it there)"},
 	{name: "wireguard", shape: netns.WireGuard,
 		engagesC2P: true, engagesP2C: true,
 		why: "Felix masquerades what leaves wireguard.cali from the node IP to its 10.244.0.0: the NAT gate installs the binding " +

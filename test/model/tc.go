@@ -63,6 +63,11 @@ type SKB struct {
 	// the same frame as from an Ethernet ingress; one whose family would
 	// change (an IPv6 client's, either way) passes (TC_REASON_L3_FAMILY).
 	L3 bool
+	// OuterHeaders: on an L3 device, the skb still has a MAC header (the
+	// tunnel left its outer headers in front of the IP packet, as 5.10's
+	// ip_tunnel_rcv does): it passes (TC_REASON_L3_OUTER_HEADERS).
+	// BPF_PROG_RUN cannot build one (it sets no mac_len).
+	OuterHeaders bool
 	// Priority and Mark are skb->priority and skb->mark as the skb arrives.
 	Priority, Mark uint32
 }
@@ -94,6 +99,10 @@ func (m *Model) ProcessTC(ingress int, frame []byte, skb SKB) TCResult {
 	}
 	if skb.VLAN {
 		return TCResult{Verdict: TCNext, Reason: bpf.RelayReasonREASON_NOT_IP, Frame: frame, Priority: skb.Priority, Mark: skb.Mark}
+	}
+	if skb.L3 && skb.OuterHeaders {
+		return TCResult{Verdict: TCNext, Reason: bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_L3OUTER_HEADERS), Frame: frame,
+			Priority: skb.Priority, Mark: skb.Mark}
 	}
 	m.skb = &skb
 	in := frame
