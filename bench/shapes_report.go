@@ -113,8 +113,8 @@ func writeEngineCost(b *strings.Builder, r *Report) {
 	b.WriteString("\n### The engines' live cost per shape\n\n")
 	b.WriteString(et.String())
 	b.WriteString("\nThe kernel's BPF statistics (`kernel.bpf_stats_enabled`: run_time_ns / run_cnt) over each default-mode row's interval: " +
-		"the daemon's XDP program and its TC engine (tcx at ingress), each summed over its attachments, beside a trivial tcx program " +
-		"(`r0 = TCX_NEXT; exit`) attached right before the TC engine on every interface the engine runs on, so that both run on the " +
+		"the daemon's XDP program and its TC engine (a cls_bpf filter at ingress), each summed over its attachments, beside a trivial program " +
+		"(`r0 = TCX_NEXT; exit`, a cls_bpf filter at the priority before the engine's) on every interface the engine runs on, so that both run on the " +
 		"same packets in the same interval. The XDP program runs on every frame the node's NIC receives (relayed or passed, the " +
 		"echoes included); the TC engine on what XDP passed and on what pods send. A ratio is only taken within one row. " +
 		"Statistics include the run-time accounting itself (two clock reads per run), which the trivial program's figure is mostly made of.\n")
