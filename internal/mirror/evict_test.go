@@ -167,6 +167,38 @@ func TestConntrackLostLooksUp(t *testing.T) {
 	wantEvicted(t, m, map[string]uint64{EvictConntrackMissing: 1})
 }
 
+// After lost notifications, a client entry that leads elsewhere evicts its
+// bindings; none at all does not (a namespace conntrack does not track: the
+// binding was admitted without one).
+func TestConntrackLostClientEntry(t *testing.T) {
+	m, f, c, _ := newGatedMirror(t)
+	cc := &clientChecker{fakeChecker: c}
+	m.SetGate(cc)
+	c.set(peerA, natcheck.Direct)
+	cc.setClient(natcheck.ClientHere)
+	bind(m, listener, peerA, 0x4000)
+	settle(t, m)
+	f.mu.Lock()
+	for k, b := range f.m {
+		b.ReplySource, b.ReplyPort = addrPort(listener).Addr(), addrPort(listener).Port() // learned by the program
+		f.m[k] = b
+	}
+	f.mu.Unlock()
+	cc.setClient(natcheck.ClientNone)
+	m.ConntrackLost()
+	m.Sync()
+	if len(f.keys()) != 1 {
+		t.Fatalf("offloaded %v after lost notifications with no client entry, want the binding", f.keys())
+	}
+	cc.setClient(natcheck.ClientElsewhere)
+	m.ConntrackLost()
+	m.Sync()
+	if len(f.keys()) != 0 {
+		t.Fatalf("offloaded %v after lost notifications with the client's entry leading elsewhere", f.keys())
+	}
+	wantEvicted(t, m, map[string]uint64{EvictConntrackMissing: 1})
+}
+
 // An xfrm policy that blocks or encrypts a flow takes its bindings out and
 // keeps new ones out; one that lets it through (a bypass) does not; when it
 // goes they come back.
