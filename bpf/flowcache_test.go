@@ -218,9 +218,20 @@ func TestFlowCache(t *testing.T) {
 			t.Fatalf("flows cached while the caches stand aside: %v", n)
 		}
 		aside(t, false)
-		relayed(t)
-		if n := e.cachedFlows(t, b); n != [2]int{1, 1} {
-			t.Fatalf("cached flows once used again: %v, want one each", n)
+		for try := 0; ; try++ {
+			gen := e.fibGen(t)
+			relayed(t)
+			n := e.cachedFlows(t, b)
+			// A namespace event that moved the FIB generation between the
+			// packets and the count (a 6.1 guest: [0 1]) makes what they
+			// cached stale: again.
+			if e.fibGen(t) != gen && try < 20 {
+				continue
+			}
+			if n != [2]int{1, 1} {
+				t.Fatalf("cached flows once used again: %v, want one each", n)
+			}
+			break
 		}
 		standIn(t)
 	})
