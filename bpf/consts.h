@@ -101,6 +101,12 @@ enum reason {
 	REASON_INGRESS_OVER_MTU,       /* longer than the ingress device's MTU (or its
 	                                  MTU unknown): a GSO super-packet that generic
 	                                  XDP sees as one datagram */
+	REASON_RP_FILTER,              /* IPv4 from a device whose rp_filter the route
+	                                  back to the source fails (dev_caps
+	                                  DEV_RP_*): the stack drops it */
+	REASON_RP_UNCHECKED,           /* the route back could not be looked up as
+	                                  the stack does (forwarding off on lo, an
+	                                  LWT route): the stack decides */
 	REASON_MAX,
 };
 

@@ -383,6 +383,15 @@ enum dev_flag {
 	                             an NBMA GRE): an skb redirected without one is
 	                             dropped (tx_fifo_errors), so the TC engine
 	                             redirects into it with bpf_redirect_neigh */
+	DEV_RP_STRICT = 32,       /* the stack filters what arrives here by reverse
+	                             path, strictly: the route back to a packet's
+	                             source must leave through this device
+	                             (net.ipv4.conf.{all,DEV}.rp_filter's larger
+	                             value 1, or 2 on a device without an IPv4
+	                             address, where fib_validate_source falls back
+	                             to strict) */
+	DEV_RP_LOOSE = 64,        /* loosely: some unicast route back to the source
+	                             must exist (rp_filter 2) */
 };
 
 struct dev_cap {

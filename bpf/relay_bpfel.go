@@ -133,6 +133,8 @@ const (
 	RelayDevFlagDEV_XDP_XMIT         RelayDevFlag = 4
 	RelayDevFlagDEV_XDP_TX           RelayDevFlag = 8
 	RelayDevFlagDEV_XMIT_NEEDS_ROUTE RelayDevFlag = 16
+	RelayDevFlagDEV_RP_STRICT        RelayDevFlag = 32
+	RelayDevFlagDEV_RP_LOOSE         RelayDevFlag = 64
 )
 
 type RelayDstKey struct {
@@ -250,7 +252,9 @@ const (
 	RelayReasonREASON_RATE_LIMITED           RelayReason = 29
 	RelayReasonREASON_EGRESS_NO_XDP_XMIT     RelayReason = 30
 	RelayReasonREASON_INGRESS_OVER_MTU       RelayReason = 31
-	RelayReasonREASON_MAX                    RelayReason = 32
+	RelayReasonREASON_RP_FILTER              RelayReason = 32
+	RelayReasonREASON_RP_UNCHECKED           RelayReason = 33
+	RelayReasonREASON_MAX                    RelayReason = 34
 )
 
 // Names of all BPF objects in the ELF.

@@ -41,6 +41,11 @@ var ReasonNames = map[bpf.RelayReason]string{
 	// (a veth whose peer runs no XDP, a bridge, a tunnel): the stack forwards it.
 	bpf.RelayReasonREASON_EGRESS_NO_XDP_XMIT: "pass_egress_no_xdp_xmit",
 	bpf.RelayReasonREASON_INGRESS_OVER_MTU:   "pass_ingress_over_mtu",
+	// The stack's reverse-path filter would drop it (strict: the route back
+	// leaves elsewhere; loose: there is none): it goes to the stack.
+	bpf.RelayReasonREASON_RP_FILTER: "pass_rp_filter",
+	// The route back could not be looked up as the stack looks it up.
+	bpf.RelayReasonREASON_RP_UNCHECKED: "pass_rp_unchecked",
 }
 
 // ReasonName is the metric label of Verdicts()[i].
