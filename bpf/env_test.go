@@ -161,6 +161,10 @@ type env struct {
 	// gives it to the model as its clock, so that rate-limit charges are
 	// compared at the program's time, not at whenever the model ran.
 	ranAt uint64
+	// loFwd is net.ipv4.conf.lo.forwarding (the reverse-path lookup's
+	// input device); routes are the gateway routes added since setup.
+	loFwd  bool
+	routes []model.Route
 }
 
 func newEnv(t testing.TB) *env {
@@ -285,6 +289,12 @@ func (e *env) setup() error {
 	if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("0"), 0); err != nil {
 		return err
 	}
+	// Forwarding on lo, as on a node with ip_forward=1 (all=0 turned it
+	// off): the reverse-path lookups are inputs from lo.
+	if err := os.WriteFile("/proc/sys/net/ipv4/conf/lo/forwarding", []byte("1"), 0); err != nil {
+		return err
+	}
+	e.loFwd = true
 	for _, f := range []string{"all", "default"} {
 		if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", []byte("0"), 0); err != nil {
 			return err
@@ -377,7 +387,9 @@ func (e *env) writeCaps(i *iface) error {
 		flag bpf.RelayDevFlag
 	}{{i.caps.Native, bpf.RelayDevFlagDEV_ATTACHED_NATIVE}, {i.caps.Generic, bpf.RelayDevFlagDEV_ATTACHED_GENERIC},
 		{i.caps.XDPXmit, bpf.RelayDevFlagDEV_XDP_XMIT}, {i.caps.XDPTX, bpf.RelayDevFlagDEV_XDP_TX},
-		{i.caps.NeedsRoute, bpf.RelayDevFlagDEV_XMIT_NEEDS_ROUTE}} {
+		{i.caps.NeedsRoute, bpf.RelayDevFlagDEV_XMIT_NEEDS_ROUTE},
+		{i.caps.RPFilter == model.RPStrict, bpf.RelayDevFlagDEV_RP_STRICT},
+		{i.caps.RPFilter == model.RPLoose, bpf.RelayDevFlagDEV_RP_LOOSE}} {
 		if f.on {
 			v.Flags |= f.flag
 		}
@@ -454,10 +466,12 @@ func waitLocal6(ifaces map[string]*iface) error {
 // setup built the interfaces, routes and neighbours from.
 func (e *env) modelEnv() model.Env {
 	me := model.Env{
-		ListenerPorts: progConfig.ListenerPorts,
-		MinRelayPort:  progConfig.MinRelayPort,
-		MaxRelayPort:  progConfig.MaxRelayPort,
-		Destinations:  destTable,
+		ListenerPorts:      progConfig.ListenerPorts,
+		MinRelayPort:       progConfig.MinRelayPort,
+		MaxRelayPort:       progConfig.MaxRelayPort,
+		Destinations:       destTable,
+		LoopbackForwarding: e.loFwd,
+		Routes:             e.routes,
 	}
 	for _, name := range ifaceNames {
 		i := e.ifaces[name]

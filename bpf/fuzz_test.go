@@ -144,6 +144,13 @@ func FuzzRelayBindingsVsModel(f *testing.F) {
 		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0xc, 0xc, 0}, 0, 0, 1, data(1480)},   // over a0's MTU
 		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0xc, 0x3c, 0}, 1, 0, 0, data(1500)},  // over b0's MTU, peer->client
 		{[]byte{0x80, 0, 0, 0x20, 0x10, 1, 0xc, 0x8, 0}, 0, 0, 1, data(100)}, // v6 client, b0 without XDP_XMIT
+		// Reverse-path filtering (caps bit 7; ingress a0 unless the pick says
+		// e0, see below): strict on a0, the client's way back.
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0x8c, 0x8c, 0}, 0, 0, 1, data(100)},    // c2p: passes the check
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0x8c, 0x8c, 0}, 1, 0, 0, data(100)},    // p2c on a0: the peer's way back is b0
+		{[]byte{0, 0, 0, 0x20, 0x10, 1, 0x9c, 0x9c, 0}, 1, 0, 0, data(100)},    // loose: a way back exists
+		{[]byte{12, 0, 0, 0x20, 0x10, 1, 0x9c, 0x9c, 0}, 0, 0, 1, data(100)},   // loose, a source without a route
+		{[]byte{0x80, 0, 0, 0x20, 0x10, 1, 0x8c, 0x8c, 0}, 0, 0, 1, data(100)}, // IPv6: not checked
 		// NodePort: the client sends to nodePort (dst bit 6), replies from it
 		// (listener byte bit 6).
 		{[]byte{0, 0, 0, 0x20, 0x10, 0}, 0, 0x40, 1, data(10)},     // learn the NodePort
@@ -201,10 +208,17 @@ func (e *env) fuzzCaps(t *testing.T, spec []byte) {
 // not attached, no entry at all), bit 2 XDP frames redirected to it are
 // transmitted, bit 3 XDP_TX out of it is, bits 4-5 its MTU (the device's,
 // 1400, 1600, 9000), bit 6 its transmit needs a route on the skb (the TC
-// engine's bpf_redirect_neigh).
+// engine's bpf_redirect_neigh), bit 7 the stack filters by reverse path
+// there: strictly, or loosely with bit 4 (which the MTU shares).
 func (e *env) fuzzCapsByte(name string, b byte) *model.DevCaps {
 	c := &model.DevCaps{XDPXmit: b&4 != 0, XDPTX: b&8 != 0, NeedsRoute: b&0x40 != 0,
 		MTU: []int{e.ifaces[name].mtu, 1400, 1600, 9000}[b>>4&3]}
+	if b&0x80 != 0 {
+		c.RPFilter = model.RPStrict
+		if b&0x10 != 0 {
+			c.RPFilter = model.RPLoose
+		}
+	}
 	switch b & 3 {
 	case 0:
 		c.Native = true

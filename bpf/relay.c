@@ -230,12 +230,76 @@ __attribute__((noinline)) int xdp_xmit_refused(__u32 in_ifindex, __u32 out_ifind
 	return !out || !(out->flags & DEV_XDP_XMIT);
 }
 
+/* The input, whichever its family. */
+struct input {
+	struct addr saddr, daddr; /* IPv4-mapped for IPv4 */
+	__u32 l3_len;             /* IP header length: 20 or 40 */
+	__u32 l3_total;           /* IP header plus payload */
+	__u8 family;
+	__u8 tos;                 /* TOS or traffic class */
+	__u8 ttl;                 /* TTL or hop limit */
+	/* ctx->ingress_ifindex, read once at entry: clang may otherwise keep
+	 * its address, and the verifier refuses loads through a moved ctx. */
+	__u32 ifindex;
+};
+
+/* The loopback device's ifindex in every network namespace (LOOPBACK_IFINDEX). */
+#define LOOPBACK_IFINDEX 1
+
+/* reverse_path is the stack's reverse-path filter (fib_validate_source) for
+ * an IPv4 packet from a device whose dev_caps say the stack filters there
+ * (DEV_RP_*): the route back to the packet's source from its destination,
+ * looked up as the kernel looks it up for a packet it delivers locally (as
+ * an input from lo), must leave through the ingress (strict) or exist
+ * (loose). A local, broadcast, blackholed or unreachable source, or none
+ * routed, fails both. -1 when the stack would take the packet, else the
+ * reason to pass it. fib is the caller's lookup buffer (one on the stack).
+ * Not matched: a multipath route back, which the stack accepts if any of
+ * its next hops leaves through the ingress and bpf_fib_lookup names one (the
+ * others pass), and rules on ports or marks (the lookup carries neither). */
+static __always_inline int reverse_path(void *ctx, const struct input *in, struct bpf_fib_lookup *fib)
+{
+	if (in->family != AF_INET)
+		return -1; /* IPv6 has no rp_filter setting */
+	__u32 ifindex = in->ifindex;
+	const struct dev_cap *cap = bpf_map_lookup_elem(&dev_caps, &ifindex);
+	if (!cap || !(cap->flags & (DEV_RP_STRICT | DEV_RP_LOOSE)))
+		return -1;
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = AF_INET;
+	fib->ifindex = LOOPBACK_IFINDEX;
+	fib->tos = in->tos;
+	fib->ipv4_src = addr_v4(&in->daddr);
+	fib->ipv4_dst = addr_v4(&in->saddr);
+	switch (bpf_fib_lookup(ctx, fib, sizeof(*fib), 0)) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+	case BPF_FIB_LKUP_RET_NO_NEIGH: /* the device is named before the neighbour */
+		break;
+	case BPF_FIB_LKUP_RET_BLACKHOLE:
+	case BPF_FIB_LKUP_RET_UNREACHABLE:
+	case BPF_FIB_LKUP_RET_PROHIBIT:
+	case BPF_FIB_LKUP_RET_NOT_FWDED: /* local, broadcast, no route */
+		return REASON_RP_FILTER;
+	default:
+		/* Forwarding off on lo, an LWT route, errors: not as the stack. */
+		return REASON_RP_UNCHECKED;
+	}
+	if ((cap->flags & DEV_RP_STRICT) && fib->ifindex != ifindex)
+		return REASON_RP_FILTER;
+	return -1;
+}
+
 /* next_hop resolves the rewritten packet's next hop and fills in the MACs,
  * from the binding's cached one when it is still valid (gen 0: no cache). It
- * returns -1 when the packet can be forwarded, else the PASS reason. */
-static __always_inline int next_hop(struct xdp_md *ctx, __u32 in_ifindex, struct rewrite *rw,
+ * returns -1 when the packet can be forwarded, else the PASS reason. A next
+ * hop is resolved only for a packet the stack's reverse-path filter would
+ * take (reverse_path): a cached one for this ingress stands for that check
+ * too, whose answer depends on nothing that does not move the FIB
+ * generation (routes, addresses, dev_caps). */
+static __always_inline int next_hop(struct xdp_md *ctx, const struct input *in, struct rewrite *rw,
 				    struct binding_state *st, int c2p, __u32 gen)
 {
+	__u32 in_ifindex = in->ifindex;
 	struct next_hop *h = 0;
 	if (st && gen) {
 		int hit = 0;
@@ -266,7 +330,11 @@ static __always_inline int next_hop(struct xdp_md *ctx, __u32 in_ifindex, struct
 			return -1;
 	}
 
-	struct bpf_fib_lookup fib = {};
+	struct bpf_fib_lookup fib;
+	int r = reverse_path(ctx, in, &fib);
+	if (r >= 0)
+		return r;
+	__builtin_memset(&fib, 0, sizeof(fib));
 	fib.family = rw->family;
 	fib.l4_protocol = IPPROTO_UDP;
 	fib.sport = rw->sport;
@@ -457,18 +525,6 @@ static __always_inline int resize(struct xdp_md *ctx, __u32 tail, int head)
 	return bpf_xdp_adjust_head(ctx, head);
 }
 
-/* The input, whichever its family. */
-struct input {
-	struct addr saddr, daddr; /* IPv4-mapped for IPv4 */
-	__u32 l3_len;             /* IP header length: 20 or 40 */
-	__u32 l3_total;           /* IP header plus payload */
-	__u8 family;
-	__u8 tos;                 /* TOS or traffic class */
-	__u8 ttl;                 /* TTL or hop limit */
-	/* ctx->ingress_ifindex, read once at entry: clang may otherwise keep
-	 * its address, and the verifier refuses loads through a moved ctx. */
-	__u32 ifindex;
-};
 
 /* parse_input_v4 parses an IPv4 frame's IP and UDP headers (the cursor past
  * Ethernet) into *in and *udp: -1, or the reason to pass. Both engines call
@@ -972,11 +1028,13 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 		return XDP_PASS;
 	}
 	struct binding_state *st = b.st;
-	learn_listener_addr(st, &in->daddr, udp->dest);
-
 	struct rewrite rw = {};
 	c2p_rewrite(&rw, in, &b, data_len);
-	r = next_hop(ctx, in->ifindex, &rw, st, 1, gen);
+	r = next_hop(ctx, in, &rw, st, 1, gen);
+	/* Learned whether or not it is relayed (it is bound), unless the stack
+	 * would drop it: a packet forged from another device teaches nothing. */
+	if (r != REASON_RP_FILTER && r != REASON_RP_UNCHECKED)
+		learn_listener_addr(st, &in->daddr, udp->dest);
 	if (r >= 0) {
 		*reason = r;
 		return XDP_PASS;
@@ -1045,7 +1103,7 @@ static __always_inline int p2c_out(struct xdp_md *ctx, struct cursor *c, struct 
 	struct rewrite rw = {};
 	p2c_rewrite(&rw, in, st, bind, data_len, to_v4);
 	__u32 out_l3 = to_v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
-	r = next_hop(ctx, in->ifindex, &rw, st, 0, gen);
+	r = next_hop(ctx, in, &rw, st, 0, gen);
 	if (r >= 0) {
 		*reason = r;
 		return XDP_PASS;

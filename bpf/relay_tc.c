@@ -408,6 +408,11 @@ static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct curso
 		return TC_ACT_OK;
 	}
 	struct binding_state *st = b.st;
+	struct bpf_fib_lookup fib;
+	if ((r = reverse_path(ctx, in, &fib)) >= 0) {
+		*reason = r; /* the stack drops it: it teaches nothing */
+		return TC_ACT_OK;
+	}
 	learn_listener_addr(st, &in->daddr, udp->dest);
 
 	struct rewrite rw = {};
@@ -500,6 +505,11 @@ static __always_inline int tc_p2c_out(struct __sk_buff *ctx, struct cursor *c, s
 		return TC_ACT_OK;
 	}
 
+	struct bpf_fib_lookup fib;
+	if ((r = reverse_path(ctx, in, &fib)) >= 0) {
+		*reason = r;
+		return TC_ACT_OK;
+	}
 	struct rewrite rw = {};
 	p2c_rewrite(&rw, in, st, bind, data_len, to_v4);
 	r = tc_next_hop(ctx, in->ifindex, &rw);

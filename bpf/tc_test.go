@@ -722,6 +722,11 @@ func FuzzTCBindingsVsModel(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 0x20, 0x10, 1, 0x00, 0x40, 0}, uint8(0), uint8(0), uint8(0), uint8(1), false, data(100))
 	f.Add([]byte{0, 0, 0, 0x20, 0x10, 1, 0x40, 0x00, 0}, uint8(0), uint8(1), uint8(0), uint8(0), true, data(100))
 	f.Add([]byte{0x80, 0, 0, 0x20, 0x10, 1, 0x00, 0x41, 0}, uint8(0), uint8(0), uint8(0), uint8(1), false, data(100))
+	// Reverse-path filtering (fuzzCapsByte bit 7): strict on a0 and b0, the
+	// peer's datagram arriving on a0; loose, a client without a route back.
+	f.Add([]byte{0, 0, 0, 0x20, 0x10, 1, 0x80, 0x80, 0}, uint8(0), uint8(1), uint8(0), uint8(0), false, data(100))
+	f.Add([]byte{0, 0, 0, 0x20, 0x10, 1, 0x80, 0x80, 0}, uint8(0), uint8(0), uint8(0), uint8(1), false, data(100))
+	f.Add([]byte{12, 0, 0, 0x20, 0x10, 1, 0x90, 0x90, 0}, uint8(0), uint8(0), uint8(0), uint8(1), true, data(100))
 	f.Fuzz(func(t *testing.T, spec []byte, ingress, pick, dst, flags uint8, complete bool, payload []byte) {
 		bs := decodeBindings(spec)
 		e.replace(t, bs)

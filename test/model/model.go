@@ -104,6 +104,20 @@
 //     stack gives a datagram of its TOS (TOSPriority, as ip_forward and a
 //     socket's IP_TOS set it; IPv6 0), which egress qdiscs sort by, and mark
 //     0, a socket's (pion/turn's sockets set none); a passed one keeps both.
+//  11. An IPv4 packet that would be relayed from a device where the stack
+//     filters by reverse path (Caps.RPFilter: net.ipv4.conf.{all,<dev>}.rp_filter
+//     as userspace derives it) is first checked as fib_validate_source checks a
+//     locally delivered one: the route back to its source from its
+//     destination, looked up as input from the loopback device. Strict: that
+//     route must leave through the ingress; loose: a unicast route back must
+//     exist. A source that is local, broadcast, unreachable or without a
+//     route fails both. What fails passes (REASON_RP_FILTER: the stack drops
+//     it) before it teaches a reply source (point 2); when the lookup cannot
+//     be made as the stack makes it (bpf_fib_lookup refuses an input from lo
+//     whose forwarding is off: Env.LoopbackForwarding) the packet passes
+//     too (REASON_RP_UNCHECKED), teaching nothing. IPv6 has no rp_filter
+//     setting (netfilter's rpfilter match is a rule, not the stack's): IPv6
+//     packets are not checked.
 package model
 
 import (
@@ -180,7 +194,23 @@ type DevCaps struct {
 	// as Calico's tunl0): the TC engine redirects into it with
 	// bpf_redirect_neigh, which attaches one (rule 10).
 	NeedsRoute bool
+	// RPFilter is how the stack filters IPv4 arriving here by reverse path
+	// (rule 11).
+	RPFilter RPFilter
 }
+
+// RPFilter is a device's reverse-path filtering as the program is told it:
+// the larger of net.ipv4.conf.all.rp_filter and the device's own, strict
+// also when loose on a device without an IPv4 address (where
+// __fib_validate_source rejects what does not come back through it).
+type RPFilter uint8
+
+// The modes, numbered as the sysctl numbers them.
+const (
+	RPOff    RPFilter = 0
+	RPStrict RPFilter = 1
+	RPLoose  RPFilter = 2
+)
 
 // Interface is one network interface as the FIB and the program see it.
 type Interface struct {
@@ -242,6 +272,10 @@ type Env struct {
 	Destinations map[netip.AddrPort]netip.AddrPort
 	// RateLimit is every allocation's (the rate_limits map); zero: none.
 	RateLimit channelmap.RateLimit
+	// LoopbackForwarding is net.ipv4.conf.lo.forwarding: bpf_fib_lookup
+	// makes the reverse-path lookup (an input from lo, rule 11) only with it
+	// on (on a node with ip_forward=1 it is).
+	LoopbackForwarding bool
 }
 
 // RateBurst is how far ahead of its rates a binding may run.
@@ -600,6 +634,9 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 		return pass(bpf.RelayReasonREASON_TTL_EXPIRED)
 	}
 
+	if r := m.reversePath(ingress, in); r != 0 {
+		return pass(r) // the stack drops it: it teaches nothing
+	}
 	res := Result{Verdict: Pass, Frame: frame}
 	// Learned before the next hop is known: the packet is bound either way, and
 	// a VIP (and NodePort) in front of us is what it was sent to.
@@ -639,6 +676,9 @@ func (m *Model) fromPeer(ingress int, frame []byte, in datagram) Result {
 	}
 	if in.ttl < MinTTL {
 		return pass(bpf.RelayReasonREASON_TTL_EXPIRED)
+	}
+	if r := m.reversePath(ingress, in); r != 0 {
+		return pass(r)
 	}
 	msg := make([]byte, 4+len(data))
 	binary.BigEndian.PutUint16(msg[0:], b.Channel)
@@ -745,6 +785,26 @@ func (m *Model) fib(ingress int, dst netip.Addr, totLen int) (*nextHop, bpf.Rela
 	if in == nil || !in.Forwarding {
 		return nil, bpf.RelayReasonREASON_FIB_FWD_DISABLED
 	}
+	r := m.route4(dst)
+	if r.local {
+		// Local and broadcast routes: nothing to forward to.
+		return nil, bpf.RelayReasonREASON_FIB_NOT_FORWARDED
+	}
+	return m.finish(ingress, dst, r.hop, totLen, r.egress, r.bits)
+}
+
+// route4 is the IPv4 route the FIB gives for dst: local (one of the
+// interfaces' addresses or a subnet's broadcast), or through egress (nil: no
+// route but perhaps an unreachable one, which finish and unreachable4 see)
+// of bits bits to the next hop hop (dst itself on a connected route).
+type route4 struct {
+	local  bool
+	egress *Interface
+	bits   int
+	hop    netip.Addr
+}
+
+func (m *Model) route4(dst netip.Addr) route4 {
 	var egress *Interface
 	for i := range m.env.Interfaces {
 		ifc := &m.env.Interfaces[i]
@@ -753,8 +813,7 @@ func (m *Model) fib(ingress int, dst netip.Addr, totLen int) (*nextHop, bpf.Rela
 		}
 		p := ifc.Addr.Masked()
 		if dst == ifc.Addr.Addr() || dst == lastAddr(p) {
-			// Local and broadcast routes: nothing to forward to.
-			return nil, bpf.RelayReasonREASON_FIB_NOT_FORWARDED
+			return route4{local: true}
 		}
 		if p.Contains(dst) {
 			egress = ifc
@@ -781,7 +840,41 @@ func (m *Model) fib(ingress int, dst netip.Addr, totLen int) (*nextHop, bpf.Rela
 			egress, bits, hop = via, r.Dst.Bits(), r.Via
 		}
 	}
-	return m.finish(ingress, dst, hop, totLen, egress, bits)
+	return route4{egress: egress, bits: bits, hop: hop}
+}
+
+// unreachable tells a route of type unreachable (or blackhole, prohibit)
+// more specific than the route r found for dst, or no route at all.
+func (m *Model) unreachable(dst netip.Addr, r route4) bool {
+	for _, u := range m.env.Unreachable {
+		if u.Contains(dst) && (r.egress == nil || u.Bits() > r.bits) {
+			return true
+		}
+	}
+	return r.egress == nil
+}
+
+// reversePath is the stack's reverse-path filter for a packet that would be
+// relayed (rule 11): 0 when the stack would take it, else the reason to pass.
+// Neighbours and MTUs do not matter: bpf_fib_lookup names the egress before
+// it looks for a neighbour, and the lookup has no length.
+func (m *Model) reversePath(ingress int, in datagram) bpf.RelayReason {
+	ifc := m.iface(ingress)
+	if in.v6 || ifc == nil || ifc.Caps == nil || ifc.Caps.RPFilter == RPOff {
+		return 0
+	}
+	if !m.env.LoopbackForwarding {
+		return bpf.RelayReasonREASON_RP_UNCHECKED
+	}
+	src := in.src.Addr()
+	r := m.route4(src)
+	if r.local || m.unreachable(src, r) {
+		return bpf.RelayReasonREASON_RP_FILTER
+	}
+	if ifc.Caps.RPFilter == RPStrict && r.egress.Index != ingress {
+		return bpf.RelayReasonREASON_RP_FILTER
+	}
+	return 0
 }
 
 // fib6 is fib for an IPv6 destination (AF_INET6): IPv6 forwarding on the

@@ -663,3 +663,57 @@ func TestIngressOverMTU(t *testing.T) {
 		})
 	}
 }
+
+// TestReversePath: rule 11. The client's way back is a; the same datagram
+// arriving on b is what the stack's strict filter drops, and it teaches
+// nothing; loose takes it (a way back exists), but not from a client without
+// a route back; IPv6 is never checked; with lo's forwarding off the lookup
+// cannot be made.
+func TestReversePath(t *testing.T) {
+	rp := func(a, b model.RPFilter, loFwd bool) model.Env {
+		env := testEnv()
+		env.LoopbackForwarding = loFwd
+		for i, mode := range []model.RPFilter{a, b} {
+			c := *env.Interfaces[i].Caps
+			c.RPFilter = mode
+			env.Interfaces[i].Caps = &c
+		}
+		return env
+	}
+	stray := binding
+	stray.Client = netip.MustParseAddrPort("198.51.100.7:40000") // no route back
+	stray.Peer, stray.Relay = netip.MustParseAddrPort("10.200.0.2:5002"), netip.MustParseAddrPort("10.200.0.1:50001")
+	in := clientFrame("10.100.0.1", packet.ChannelData(0x4000, []byte("hi"), nil)).Marshal()
+	strayIn := clientFrame("10.100.0.1", packet.ChannelData(0x4000, []byte("hi"), nil))
+	strayIn.Src = stray.Client
+	for _, c := range []struct {
+		name    string
+		env     model.Env
+		ingress int
+		frame   []byte
+		want    bpf.RelayReason
+	}{
+		{"strict/right-device", rp(model.RPStrict, model.RPStrict, true), 2, in, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT},
+		{"strict/other-device", rp(model.RPStrict, model.RPStrict, true), 3, in, bpf.RelayReasonREASON_RP_FILTER},
+				{"off/other-device", rp(model.RPStrict, model.RPOff, true), 3, in, bpf.RelayReasonREASON_RELAY_C2P_TX},
+		{"loose/other-device", rp(model.RPOff, model.RPLoose, true), 3, in, bpf.RelayReasonREASON_RELAY_C2P_TX},
+		{"loose/no-route-back", rp(model.RPLoose, model.RPOff, true), 2, strayIn.Marshal(), bpf.RelayReasonREASON_RP_FILTER},
+		{"off/no-route-back", rp(model.RPOff, model.RPOff, true), 2, strayIn.Marshal(), bpf.RelayReasonREASON_RELAY_C2P_REDIRECT},
+		{"strict/lo-forwarding-off", rp(model.RPStrict, model.RPOff, false), 2, in, bpf.RelayReasonREASON_RP_UNCHECKED},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := model.New(c.env, []channelmap.Binding{binding, stray})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := m.Process(c.ingress, c.frame)
+			if res.Reason != c.want {
+				t.Fatalf("%v, want %v", res.Reason, c.want)
+			}
+			filtered := c.want == bpf.RelayReasonREASON_RP_FILTER || c.want == bpf.RelayReasonREASON_RP_UNCHECKED
+			if filtered && (res.Learned != nil || res.Verdict != model.Pass || !bytes.Equal(res.Frame, c.frame)) {
+				t.Errorf("filtered, yet %v, learned %v", res.Verdict, res.Learned)
+			}
+		})
+	}
+}
