@@ -27,6 +27,8 @@ import (
 // changed, so that cached next hops, which carry the decision, are decided
 // again. Below 6.3 (no xdp-features) it decides per device from what it can
 // read instead (devcaps_fallback.go) and reads again every fallbackPoll.
+// It also tells how the stack filters each device's packets by reverse path
+// (devcaps_rp.go), following the rp_filter sysctls and the IPv4 addresses.
 type devCaps struct {
 	caps   *ebpf.Map
 	fibGen *bpf.FibGen
@@ -35,6 +37,7 @@ type devCaps struct {
 	feat   *xdpfeatures.Client // nil: the kernel reports no XDP features
 	fb     *fallback           // without feat: what the devices tell otherwise
 	watch  *xdpfeatures.Watcher
+	rp     *rpWatch
 	stop   chan struct{}
 	kick   chan struct{}
 	wg     sync.WaitGroup
@@ -42,6 +45,7 @@ type devCaps struct {
 	mu      sync.Mutex
 	modes   map[int]Mode
 	written map[uint32]bpf.RelayDevCap
+	rpBlind bool // the reverse-path settings were not readable (warned)
 }
 
 // startDevCaps starts keeping the dev_caps map of the calling thread's
@@ -76,6 +80,10 @@ func startDevCaps(caps *ebpf.Map, fibGen *bpf.FibGen, modes map[int]Mode, log *s
 			return nil, fmt.Errorf("device capabilities: notifications: %w", err)
 		}
 	}
+	if d.rp, err = dialRPWatch(); err != nil {
+		d.close()
+		return nil, fmt.Errorf("device capabilities: reverse-path filter: %w", err)
+	}
 	updates := make(chan netlink.LinkUpdate, 64)
 	done := make(chan struct{})
 	err = netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
@@ -85,7 +93,11 @@ func startDevCaps(caps *ebpf.Map, fibGen *bpf.FibGen, modes map[int]Mode, log *s
 		return nil, fmt.Errorf("device capabilities: link events: %w", err)
 	}
 	d.sync()
-	d.wg.Add(2)
+	d.wg.Add(3)
+	go func() {
+		defer d.wg.Done()
+		d.rp.follow(d.stop, d.poke, log)
+	}()
 	go func() {
 		defer d.wg.Done()
 		for {
@@ -220,10 +232,24 @@ func (d *devCaps) sync() {
 			features = nil
 		}
 	}
+	rp, err := d.rp.read(d.rtnl)
+	switch {
+	case err != nil && !d.rpBlind:
+		// Unknown is strict everywhere (rpFlags of nil): the program then
+		// checks every IPv4 packet and passes more to the stack, never less.
+		d.log.Warn("device capabilities: cannot read the reverse-path filter settings; treating every device as filtering strictly until they can be read", "error", err)
+		d.rpBlind = true
+	case err == nil && d.rpBlind:
+		d.log.Info("device capabilities: the reverse-path filter settings are readable again")
+		d.rpBlind = false
+	}
 	want := make(map[uint32]bpf.RelayDevCap, len(links))
 	for _, l := range links {
-		f, known := features[l.Attrs().Index]
-		want[uint32(l.Attrs().Index)] = capOf(l, d.modes[l.Attrs().Index], f, known)
+		idx := l.Attrs().Index
+		f, known := features[idx]
+		v := capOf(l, d.modes[idx], f, known)
+		v.Flags |= rp.rpFlags(idx)
+		want[uint32(idx)] = v
 	}
 	changed := false
 	for k, v := range want {
@@ -270,6 +296,9 @@ func (d *devCaps) close() {
 	}
 	if d.fb != nil {
 		d.fb.close()
+	}
+	if d.rp != nil {
+		d.rp.close()
 	}
 	d.rtnl.Close()
 }

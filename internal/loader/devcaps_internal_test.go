@@ -44,3 +44,42 @@ func TestXmitNeedsRoute(t *testing.T) {
 		})
 	}
 }
+
+// TestRPFlags: the mode fib_validate_source applies, from the larger of
+// conf.all and conf.<dev> (and, for 2, whether the device has an IPv4
+// address); unknown settings and devices are strict.
+func TestRPFlags(t *testing.T) {
+	const strict, loose = bpf.RelayDevFlagDEV_RP_STRICT, bpf.RelayDevFlagDEV_RP_LOOSE
+	for _, c := range []struct {
+		name      string
+		all, dev  int
+		addr      bool
+		want      bpf.RelayDevFlag
+		unlisted  bool // the device is not in the netconf dump
+		unknownRP bool // the settings could not be read
+	}{
+		{name: "off", all: 0, dev: 0, addr: true, want: 0},
+		{name: "dev-strict", all: 0, dev: 1, addr: true, want: strict},
+		{name: "dev-loose", all: 0, dev: 2, addr: true, want: loose},
+		{name: "dev-loose/no-address", all: 0, dev: 2, addr: false, want: strict},
+		{name: "all-loose/dev-strict", all: 2, dev: 1, addr: true, want: loose},
+		{name: "all-strict/dev-off", all: 1, dev: 0, addr: true, want: strict},
+		{name: "all-loose/no-address", all: 2, dev: 0, addr: false, want: strict},
+		{name: "off/no-address", all: 0, dev: 0, addr: false, want: 0},
+		{name: "unlisted", unlisted: true, want: strict},
+		{name: "unknown", unknownRP: true, want: strict},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conf := &rpConf{all: c.all, dev: map[int]int{7: c.dev}, v4Addr: map[int]bool{7: c.addr}}
+			if c.unlisted {
+				conf.dev = map[int]int{}
+			}
+			if c.unknownRP {
+				conf = nil
+			}
+			if got := conf.rpFlags(7); got != c.want {
+				t.Fatalf("rpFlags %d, want %d", got, c.want)
+			}
+		})
+	}
+}

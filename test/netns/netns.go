@@ -234,6 +234,13 @@ func (n *NS) Snmp(t testing.TB) map[string]int64 {
 	return n.counters(t, "snmp", parseSnmp)
 }
 
+// Netstat returns the counters of /proc/net/netstat inside the namespace, keyed as Snmp keys
+// them, for example "TcpExt.IPReversePathFilter" (the packets the reverse-path filter dropped).
+func (n *NS) Netstat(t testing.TB) map[string]int64 {
+	t.Helper()
+	return n.counters(t, "netstat", parseSnmp)
+}
+
 // Snmp6 returns the IPv6 counters of /proc/net/snmp6 inside the namespace, keyed as the file
 // names them, for example "Udp6InDatagrams", "Udp6RcvbufErrors", "Icmp6OutMsgs" or
 // "Ip6OutMcastPkts". In a namespace where IPv6 is disabled they stay 0.

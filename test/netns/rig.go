@@ -73,6 +73,7 @@ type Option func(*options)
 
 type options struct {
 	ipv6, bridged bool
+	secondNIC     bool
 	tag           string
 }
 
@@ -115,6 +116,16 @@ func WithTag(tag string) Option {
 //     net.ipv6.conf.all.forwarding stays 0, so the kernel itself forwards no IPv6.
 func WithIPv6() Option {
 	return func(o *options) { o.ipv6 = true }
+}
+
+// WithSecondNIC gives a node rig's node a second NIC on another wire (node rigs only; not with
+// MacvlanNIC, whose eth1 it would be): eth1 10.30.0.1/24, a veth whose far end, eth0
+// 10.30.0.2/24 of the namespace Wire2, stands for that wire's switch and whatever sends on it,
+// and carries an XDP_PASS program as a wire's far end does. The node's routes stay as the shape
+// has them: nothing but 10.30.0.0/24 leaves through eth1, so the route back to the client (and
+// to anything else) does not point through it, as with a storage or management NIC.
+func WithSecondNIC() Option {
+	return func(o *options) { o.secondNIC = true }
 }
 
 // New builds a rig for the test, which removes it when it ends: without options the routed rig,

@@ -96,6 +96,8 @@ var (
 	pod2IP    = netip.MustParseAddr("10.244.1.5")
 	macNode   = netip.MustParseAddr("10.10.0.1")
 	macHost   = netip.MustParseAddr("10.10.0.2")
+	nic2IP    = netip.MustParseAddr("10.30.0.1") // the node's second NIC (WithSecondNIC)
+	wire2IP   = netip.MustParseAddr("10.30.0.2") // its wire's far end
 )
 
 // NodeRig is a node built as Kubernetes nodes are, in namespaces, for one Shape:
@@ -120,7 +122,7 @@ var (
 //     which take redirected frames.
 //   - Every veth keeps its default offloads: senders hand over CHECKSUM_PARTIAL frames.
 //   - IPv6 is disabled everywhere, as in Rig; rp_filter stays 0 (the namespace default; Calico
-//     and Cilium accept it, flannel does not set it).
+//     and Cilium accept it, flannel does not set it) unless a test hardens the node.
 type NodeRig struct {
 	Shape Shape
 
@@ -130,6 +132,7 @@ type NodeRig struct {
 	Node2  *NS // the other node in the two-node shapes (overlay, native routing, hostNetwork, NodePort), else nil
 	Pod    *NS // the peer pod's namespace in the pod shapes, else nil
 	Peer   *NS // where the peer listens: Pod, Node2, or the macvlan NIC's host
+	Wire2  *NS // the far end of the node's second NIC's wire (WithSecondNIC), else nil
 
 	NIC        string     // "eth0": this node's NIC, which carries NodeIP
 	NodeIP     netip.Addr // 192.168.77.10: the listener, relay, metrics and health address
@@ -138,6 +141,8 @@ type NodeRig struct {
 	PeerCIDR   string     // the peers a STUNner cluster routes to in this shape
 	ListenPort uint16     // where the client sends on NodeIP: 3478, or NodePortNumber
 	EgressIf   string     // the node's device towards the peer: the pod's host-side veth, cni0, flannel.1, eth0 or mv0
+	NIC2       string     // "eth1" with WithSecondNIC: the node's second NIC, 10.30.0.1/24; else empty
+	Wire2IP    netip.Addr // 10.30.0.2 with WithSecondNIC: Wire2's end of the second NIC's wire
 
 	closers []func() error
 }
@@ -158,7 +163,7 @@ func NewNode(t testing.TB, shape Shape, opts ...Option) *NodeRig {
 }
 
 // BuildNode builds a node rig of the shape and returns it or what failed; on failure it removes
-// what it had built. WithTag is the only Option it takes. The caller closes the rig (Close).
+// what it had built. It takes the Options WithTag and WithSecondNIC. The caller closes the rig (Close).
 func BuildNode(shape Shape, opts ...Option) (r *NodeRig, err error) {
 	if !slices.Contains(Shapes(), shape) && !slices.Contains(NamedPodShapes(), shape) && !slices.Contains(TunnelShapes(), shape) {
 		return nil, fmt.Errorf("no node shape %q", shape)
@@ -169,6 +174,9 @@ func BuildNode(shape Shape, opts ...Option) (r *NodeRig, err error) {
 	}
 	if o.ipv6 || o.bridged {
 		return nil, errors.New("node rigs take no WithIPv6 or Bridged option")
+	}
+	if o.secondNIC && shape == MacvlanNIC {
+		return nil, errors.New("the macvlan-nic shape has a second NIC of its own: no WithSecondNIC")
 	}
 	r = &NodeRig{Shape: shape, NIC: "eth0", NodeIP: node1IP, ClientIP: lanRouter, ListenPort: 3478, PeerCIDR: ClusterCIDR}
 	defer func() {
@@ -224,7 +232,10 @@ func BuildNode(shape Shape, opts ...Option) (r *NodeRig, err error) {
 	default:
 		b.tunnelShape(shape)
 	}
-	for _, n := range []*NS{r.LAN, r.Client, r.Node, r.Node2, r.Pod, r.Peer} {
+	if o.secondNIC {
+		b.secondNIC()
+	}
+	for _, n := range []*NS{r.LAN, r.Client, r.Node, r.Node2, r.Pod, r.Peer, r.Wire2} {
 		if n != nil && n.Name == "" && b.err == nil {
 			b.err = errors.New("a namespace was not created")
 		}
@@ -483,6 +494,18 @@ func (b *nodeBuilder) macvlanNIC() {
 	b.ip(host, "addr", "add", macHost.String()+"/24", "dev", "eth0")
 	b.ip(host, "route", "add", "default", "via", macNode.String(), "dev", "eth0")
 	b.attachXDPPass(host, "eth0")
+}
+
+// secondNIC gives the node eth1 on a wire of its own, whose far end is Wire2's eth0 (WithSecondNIC).
+func (b *nodeBuilder) secondNIC() {
+	r := b.r
+	r.Wire2, r.NIC2, r.Wire2IP = b.ns("wire2"), "eth1", wire2IP
+	b.disableIPv6(r.Wire2)
+	b.in(r.Wire2, "sysctl", "-q", "-w", "net.ipv4.ip_forward=0")
+	b.veth(r.Node, Iface{Name: "eth1"}, r.Wire2, Iface{Name: "eth0"})
+	b.ip(r.Node, "addr", "add", nic2IP.String()+"/24", "dev", "eth1")
+	b.ip(r.Wire2, "addr", "add", wire2IP.String()+"/24", "dev", "eth0")
+	b.attachXDPPass(r.Wire2, "eth0")
 }
 
 // DaemonOptions say how StartDaemon runs the daemon on a node rig.
