@@ -141,7 +141,7 @@ func TestBench(t *testing.T) {
 		UserspaceServers: []string{ServerUser1, ServerUserN, ServerUser16, ServerCoturn, ServerStunnerd121N, ServerStunnerd12116},
 		UserspacePoints:  (len(cfg.userspaceLadder) + len(cfg.userspacePinned) + 1) * cfg.userspaceRounds,
 		UserspaceSearch:  cfg.userspaceSearch,
-		ShapeRows:        len(netns.Shapes()) * len(shapeModes),
+		ShapeRows:        (len(netns.Shapes()) + len(rpShapes)) * len(shapeModes),
 		SessionRows:      sessionRows(cfg),
 	}
 	h.daemonBin, h.stunnerdBin, h.turncatBin = netns.RequireBinary(t, netns.Daemon), netns.RequireBinary(t, netns.Stunnerd), netns.RequireBinary(t, netns.Turncat)

@@ -117,5 +117,8 @@ func writeEngineCost(b *strings.Builder, r *Report) {
 		"(`r0 = TCX_NEXT; exit`, a cls_bpf filter at the priority before the engine's) on every interface the engine runs on, so that both run on the " +
 		"same packets in the same interval. The XDP program runs on every frame the node's NIC receives (relayed or passed, the " +
 		"echoes included); the TC engine on what XDP passed and on what pods send. A ratio is only taken within one row. " +
-		"Statistics include the run-time accounting itself (two clock reads per run), which the trivial program's figure is mostly made of.\n")
+		"Statistics include the run-time accounting itself (two clock reads per run), which the trivial program's figure is mostly made of. " +
+		"A shape named `+rp_filter=1` is the same shape with strict reverse-path filtering on the node: the TC engine then makes the stack's " +
+		"lookup of the route back for every datagram from a filtering device, XDP once per next hop it resolves; its row beside the plain one " +
+		"is that lookup's cost.\n")
 }

@@ -32,7 +32,19 @@ func (h *harness) stageShapes(t *testing.T) {
 	for _, shape := range netns.Shapes() {
 		for _, mode := range shapeModes {
 			t.Run(string(shape)+"/"+mode, func(t *testing.T) {
-				row := h.shapeOne(t, shape, mode)
+				row := h.shapeOne(t, shape, mode, false)
+				t.Logf("%+v", row)
+				h.rep.Shapes = append(h.rep.Shapes, row)
+			})
+		}
+	}
+	// What the node's reverse-path filter costs the engines: the TC engine
+	// makes the stack's lookup for every datagram from a filtering device,
+	// XDP once per next hop it resolves.
+	for _, shape := range rpShapes {
+		for _, mode := range shapeModes {
+			t.Run(string(shape)+rpSuffix+"/"+mode, func(t *testing.T) {
+				row := h.shapeOne(t, shape, mode, true)
 				t.Logf("%+v", row)
 				h.rep.Shapes = append(h.rep.Shapes, row)
 			})
@@ -40,10 +52,22 @@ func (h *harness) stageShapes(t *testing.T) {
 	}
 }
 
-func (h *harness) shapeOne(t *testing.T, shape netns.Shape, mode string) ShapeRow {
+// rpShapes are measured again with strict reverse-path filtering on the node
+// (net.ipv4.conf.all.rp_filter=1, as hardened nodes and Calico's workload
+// interfaces have it), named with rpSuffix.
+var rpShapes = []netns.Shape{netns.CalicoPod}
+
+const rpSuffix = "+rp_filter=1"
+
+func (h *harness) shapeOne(t *testing.T, shape netns.Shape, mode string, rpFilter bool) ShapeRow {
 	r := netns.NewNode(t, shape)
 	if err := r.LooksLikeANode(); err != nil {
 		t.Fatal(err)
+	}
+	name := string(shape)
+	if rpFilter {
+		name += rpSuffix
+		r.Node.Run(t, "sysctl", "-q", "-w", "net.ipv4.conf.all.rp_filter=1")
 	}
 	d := r.StartDaemon(t, netns.DaemonOptions{Binary: h.daemonBin, SteeringDir: h.pins, Off: mode == "off", User: shapeUser, Password: shapePassword})
 	peer := netip.AddrPortFrom(r.PeerIP, 5002)
@@ -119,7 +143,7 @@ func (h *harness) shapeOne(t *testing.T, shape netns.Shape, mode string) ShapeRo
 	if err != nil {
 		t.Fatal(err)
 	}
-	row := ShapeRow{Shape: string(shape), Mode: mode, RatePPS: h.cfg.shapeRate, Sent: sent, Echoed: echoed.Load() - echoesBefore}
+	row := ShapeRow{Shape: name, Mode: mode, RatePPS: h.cfg.shapeRate, Sent: sent, Echoed: echoed.Load() - echoesBefore}
 	if probe != nil {
 		probe.read(t).fill(engBefore, &row)
 	}
