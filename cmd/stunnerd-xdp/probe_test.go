@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/l7mp/stunnerd-xdp/internal/status"
 )
 
 // TestProbe runs the probe command against a health server on a unix socket:
@@ -19,11 +21,8 @@ func TestProbe(t *testing.T) {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{"status":"live"}`)) })
-	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte(`{"status":"terminating"}`))
-	})
+	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { status.WriteLive(w) })
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) { status.WriteReady(w, "terminating") })
 	srv := &http.Server{Handler: mux}
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
@@ -34,7 +33,7 @@ func TestProbe(t *testing.T) {
 		stdout string
 		stderr string
 	}{
-		{args: []string{"--health-socket=" + sock, "live"}, code: 0, stdout: `"live"`},
+		{args: []string{"--health-socket=" + sock, "live"}, code: 0, stdout: `{}`},
 		{args: []string{"--health-socket=" + sock, "ready"}, code: 1, stdout: `"terminating"`, stderr: "503"},
 		{args: []string{"--health-socket=" + filepath.Join(t.TempDir(), "none.sock"), "live"}, code: 1, stderr: "no such file"},
 		{args: []string{"--health-socket=" + sock}, code: 2, stderr: "want one of live, ready or status"},

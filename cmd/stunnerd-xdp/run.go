@@ -458,15 +458,8 @@ type bootstrapHealth struct {
 
 func (b *bootstrapHealth) start(addr, sock string, log *slog.Logger) error {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"status":"live"}` + "\n"))
-	})
-	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte(`{"status":"waiting for a config"}` + "\n"))
-	})
+	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { status.WriteLive(w) })
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) { status.WriteReady(w, "waiting for a config") })
 	// stunnerd answers /status from its zero config: 200, NOT-READY.
 	mux.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/l7mp/stunnerd-xdp/internal/endpoints"
+	"github.com/l7mp/stunnerd-xdp/internal/status"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -43,20 +44,15 @@ func (d *Daemon) serveHTTP() error {
 		return err
 	}
 	hm := http.NewServeMux()
-	hm.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"status":"live"}` + "\n"))
-	})
+	hm.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { status.WriteLive(w) })
 	hm.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
 		// Clusters that blackhole UDP to unready pods would cut live sessions
 		// during the drain: --force-ready-status keeps it green for them.
 		if d.draining.Load() && !d.config().ForceReady {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = w.Write([]byte(`{"status":"terminating"}` + "\n"))
+			status.WriteReady(w, "terminating")
 			return
 		}
-		_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
+		status.WriteReady(w, "")
 	})
 	hm.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
