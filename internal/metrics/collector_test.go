@@ -77,10 +77,11 @@ func TestScrapeWithoutXDP(t *testing.T) {
 		`stunnerd_xdp_packets_total{direction="client_to_peer",path="xdp"} 0`,
 		`stunnerd_xdp_mode{mode="off"} 1`,
 		`stunnerd_xdp_attached{iface="eth0",mode="native"} 0`,
-		`stunner_allocations_active 0`,
-		`stunner_listener_connections{name="ns/udp"} 1`,
-		`stunner_listener_connections_total{name="ns/udp"} 1`,
-		`stunner_listener_packets_total{direction="rx",name="ns/udp"} 0`,
+		`stunner_allocations_active{otel_scope_name="stunner",otel_scope_schema_url="",otel_scope_version=""} 0`,
+		`stunner_listener_connections{name="ns/udp",otel_scope_name="stunner",otel_scope_schema_url="",otel_scope_version=""} 1`,
+		`stunner_listener_connections_total{name="ns/udp",otel_scope_name="stunner",otel_scope_schema_url="",otel_scope_version=""} 1`,
+		`stunner_listener_packets_total{direction="rx",name="ns/udp",otel_scope_name="stunner",otel_scope_schema_url="",otel_scope_version=""} 0`,
+		`target_info{service_name="stunner"} 1`,
 	} {
 		if !strings.Contains(out, line+"\n") {
 			t.Errorf("missing %s", line)

@@ -12,29 +12,44 @@ type stunnerCollector struct {
 	src                                           Source
 	allocs, lPackets, lBytes, lConns, lConnsTotal *prometheus.Desc
 	cPackets, cBytes                              *prometheus.Desc
+	// target is OpenTelemetry's target_info, as stunnerd exports it: its
+	// service_name (dashboards join on it); not the telemetry_sdk_* labels,
+	// which would name an SDK this daemon does not run.
+	target *prometheus.Desc
 }
+
+// otelScope are the constant labels stunnerd v1.2.1 gives every stunner_*
+// series: its exporter (OpenTelemetry's Prometheus exporter) adds the
+// instrumentation scope, and STUNner's Grafana dashboards filter on
+// otel_scope_name.
+var otelScope = prometheus.Labels{"otel_scope_name": "stunner", "otel_scope_schema_url": "", "otel_scope_version": ""}
 
 func newStunnerCollector(src Source) *stunnerCollector {
 	dirName := []string{"direction", "name"}
+	desc := func(name, help string, labels []string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, otelScope)
+	}
 	return &stunnerCollector{
 		src:         src,
-		allocs:      prometheus.NewDesc("stunner_allocations_active", "Number of active allocations", nil, nil),
-		lPackets:    prometheus.NewDesc("stunner_listener_packets_total", "Number of datagrams sent or received at a listener", dirName, nil),
-		lBytes:      prometheus.NewDesc("stunner_listener_bytes_total", "Number of bytes sent or received at a listener", dirName, nil),
-		lConns:      prometheus.NewDesc("stunner_listener_connections", "Number of active downstream connections at a listener", []string{"name"}, nil),
-		lConnsTotal: prometheus.NewDesc("stunner_listener_connections_total", "Number of all downstream connections observed at a listener", []string{"name"}, nil),
-		cPackets:    prometheus.NewDesc("stunner_cluster_packets_total", "Number of datagrams sent to or received from backends", dirName, nil),
-		cBytes:      prometheus.NewDesc("stunner_cluster_bytes_total", "Number of bytes sent to or received from backends", dirName, nil),
+		allocs:      desc("stunner_allocations_active", "Number of active allocations", nil),
+		lPackets:    desc("stunner_listener_packets_total", "Number of datagrams sent or received at a listener", dirName),
+		lBytes:      desc("stunner_listener_bytes_total", "Number of bytes sent or received at a listener", dirName),
+		lConns:      desc("stunner_listener_connections", "Number of active downstream connections at a listener", []string{"name"}),
+		lConnsTotal: desc("stunner_listener_connections_total", "Number of all downstream connections observed at a listener", []string{"name"}),
+		cPackets:    desc("stunner_cluster_packets_total", "Number of datagrams sent to or received from backends", dirName),
+		cBytes:      desc("stunner_cluster_bytes_total", "Number of bytes sent to or received from backends", dirName),
+		target:      prometheus.NewDesc("target_info", "Target metadata", nil, prometheus.Labels{"service_name": "stunner"}),
 	}
 }
 
 func (c *stunnerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.allocs, c.lPackets, c.lBytes, c.lConns, c.lConnsTotal, c.cPackets, c.cBytes} {
+	for _, d := range []*prometheus.Desc{c.allocs, c.lPackets, c.lBytes, c.lConns, c.lConnsTotal, c.cPackets, c.cBytes, c.target} {
 		ch <- d
 	}
 }
 
 func (c *stunnerCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge(ch, c.target, 1)
 	gauge(ch, c.allocs, float64(c.src.AllocationCount()))
 	t, err := KernelTotals(c.src)
 	if err != nil {

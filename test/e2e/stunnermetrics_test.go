@@ -19,6 +19,10 @@ import (
 // stats; with --xdp-mode=off the userspace path's count alone is the expectation, and
 // stunnerd_xdp_userspace_shortcut_packets_total shows that the shortcut relayed it (or not).
 // Both name sets, and Go's and the process's, are exported.
+// otelScope are the constant labels of stunnerd's stunner_* series (its
+// OpenTelemetry exporter's instrumentation scope).
+const otelScope = `otel_scope_name="stunner",otel_scope_schema_url="",otel_scope_version=""`
+
 func TestSTUNnerMetrics(t *testing.T) {
 	if testenv.InNetns() {
 		t.Skip("parent-only test")
@@ -44,7 +48,7 @@ func TestSTUNnerMetrics(t *testing.T) {
 		after := scrape(t, r.Server)
 
 		series := func(metric, dir, name string) string {
-			return fmt.Sprintf(`%s{direction=%q,name=%q}`, metric, dir, name)
+			return fmt.Sprintf(`%s{direction=%q,name=%q,%s}`, metric, dir, name, otelScope)
 		}
 		grew := func(metric, dir, name string) float64 {
 			return after.grew(t, before, series(metric, dir, name))
@@ -95,8 +99,9 @@ func TestSTUNnerMetrics(t *testing.T) {
 		case mode == "off" && shortcut != 0:
 			t.Errorf("the shortcut relayed %v packets with --channeldata-shortcut=false", shortcut)
 		}
-		for name, want := range map[string]float64{"stunner_allocations_active": 1, "stunnerd_xdp_allocations_active": 1,
-			`stunner_listener_connections{name="udp-0"}`: 2, `stunner_listener_connections_total{name="udp-0"}`: 2} {
+		for name, want := range map[string]float64{"stunner_allocations_active{" + otelScope + "}": 1, "stunnerd_xdp_allocations_active": 1,
+			`stunner_listener_connections{name="udp-0",` + otelScope + `}`: 2, `stunner_listener_connections_total{name="udp-0",` + otelScope + `}`: 2,
+			`target_info{service_name="stunner"}`: 1} {
 			if v := after.get(t, name); v != want {
 				t.Errorf("%s = %v, want %v", name, v, want)
 			}

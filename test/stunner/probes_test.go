@@ -9,26 +9,34 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/l7mp/stunnerd-xdp/test/netns"
 )
 
-// TestProbeBodiesAsStunnerd runs STUNner's stunnerd v1.2.1 and stunnerd-xdp
-// (userspace only: no privileges needed) on the same config, each on ports of
-// its own, and compares what their /live and /ready answer once ready: code,
-// Content-Type and body, byte for byte (kubelets look at the code; scripts
-// and dashboards at the body).
-func TestProbeBodiesAsStunnerd(t *testing.T) {
+// sideBySide are STUNner's stunnerd v1.2.1 and stunnerd-xdp (userspace only:
+// no privileges needed) on the same config, each on ports of its own.
+type sideBySide struct{ stunnerd, xdp endpoints }
+
+// endpoints are a daemon's health and metrics ports.
+type endpoints struct{ health, metrics int }
+
+func startSideBySide(t *testing.T) sideBySide {
 	theirs := netns.RequireBinary(t, netns.Stunnerd121)
 	ours := buildStunnerd(t)
 	dir := t.TempDir()
-	start := func(name, bin string, args ...string) (health int) {
-		turnPort, metricsPort := freePort(t, "udp"), freePort(t, "tcp")
-		health = freePort(t, "tcp")
+	start := func(name, bin string, args ...string) endpoints {
+		turnPort := freePort(t, "udp")
+		e := endpoints{health: freePort(t, "tcp"), metrics: freePort(t, "tcp")}
 		cfg := filepath.Join(dir, name+".conf")
-		if err := os.WriteFile(cfg, []byte(statusConfig(turnPort, health, metricsPort)), 0o600); err != nil {
+		if err := os.WriteFile(cfg, []byte(statusConfig(turnPort, e.health, e.metrics)), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
@@ -45,11 +53,21 @@ func TestProbeBodiesAsStunnerd(t *testing.T) {
 				t.Logf("%s log:\n%s", name, logs.String())
 			}
 		})
-		return health
+		return e
 	}
-	stunnerd := start("stunnerd", theirs)
-	xdp := start("stunnerd-xdp", ours, "--xdp-mode=off", "--relay-address=127.0.0.1", "--steering-dir=",
-		"--min-relay-port=20000", "--max-relay-port=20999")
+	return sideBySide{
+		stunnerd: start("stunnerd", theirs),
+		xdp: start("stunnerd-xdp", ours, "--xdp-mode=off", "--relay-address=127.0.0.1", "--steering-dir=",
+			"--min-relay-port=20000", "--max-relay-port=20999"),
+	}
+}
+
+// TestProbeBodiesAsStunnerd compares what /live and /ready answer once
+// ready: code, Content-Type and body, byte for byte (kubelets look at the
+// code; scripts and dashboards at the body).
+func TestProbeBodiesAsStunnerd(t *testing.T) {
+	both := startSideBySide(t)
+	stunnerd, xdp := both.stunnerd.health, both.xdp.health
 
 	type answer struct{ code, contentType, body string }
 	get := func(port int, path string) (answer, error) {
@@ -87,4 +105,74 @@ func TestProbeBodiesAsStunnerd(t *testing.T) {
 		t.Errorf("/live: stunnerd %+v, stunnerd-xdp %+v", a, b)
 	}
 	t.Logf("/live %+v; /ready as stunnerd's", a)
+}
+
+// TestMetricLabelsAsStunnerd: every stunner_* series stunnerd v1.2.1
+// exports before any traffic, stunnerd-xdp exports with the same label names
+// (its OpenTelemetry exporter's otel_scope_* included, which STUNner's
+// dashboards filter on), and target_info names the same service.
+func TestMetricLabelsAsStunnerd(t *testing.T) {
+	both := startSideBySide(t)
+	scrape := func(port int) map[string]*dto.MetricFamily {
+		var err error
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			var resp *http.Response
+			if resp, err = http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port)); err != nil {
+				continue
+			}
+			var fams map[string]*dto.MetricFamily
+			parser := expfmt.NewTextParser(model.UTF8Validation)
+			fams, err = parser.TextToMetricFamilies(resp.Body)
+			resp.Body.Close()
+			if err == nil && fams["stunner_listener_connections"] != nil {
+				return fams
+			}
+		}
+		t.Fatalf("no metrics on port %d: %v", port, err)
+		return nil
+	}
+	labelNames := func(m *dto.Metric) []string {
+		var names []string
+		for _, l := range m.GetLabel() {
+			names = append(names, l.GetName())
+		}
+		slices.Sort(names)
+		return names
+	}
+	theirs, ours := scrape(both.stunnerd.metrics), scrape(both.xdp.metrics)
+	compared := 0
+	for name, f := range theirs {
+		if !strings.HasPrefix(name, "stunner_") {
+			continue
+		}
+		o := ours[name]
+		if o == nil || len(o.GetMetric()) == 0 {
+			t.Errorf("%s: stunnerd exports it, stunnerd-xdp does not", name)
+			continue
+		}
+		if a, b := labelNames(f.GetMetric()[0]), labelNames(o.GetMetric()[0]); !slices.Equal(a, b) {
+			t.Errorf("%s: labels %v, stunnerd's %v", name, b, a)
+		}
+		if f.GetType() != o.GetType() {
+			t.Errorf("%s: %v, stunnerd's %v", name, o.GetType(), f.GetType())
+		}
+		compared++
+	}
+	service := func(fams map[string]*dto.MetricFamily) string {
+		for _, m := range fams["target_info"].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "service_name" {
+					return l.GetValue()
+				}
+			}
+		}
+		return ""
+	}
+	if a, b := service(theirs), service(ours); a == "" || a != b {
+		t.Errorf("target_info service_name %q, stunnerd's %q", b, a)
+	}
+	if compared < 3 {
+		t.Errorf("compared %d stunner_* families: stunnerd exported fewer than expected", compared)
+	}
+	t.Logf("%d stunner_* families with stunnerd's label names; target_info service_name %q", compared, service(ours))
 }
