@@ -37,6 +37,10 @@ func runURI(o options, cfg daemon.Config, stderr io.Writer, sigs chan os.Signal)
 	log := logger.Slog("stunnerd-xdp")
 	warnStunnerdFlags(o, log)
 	if o.dryRun {
+		if err := daemon.Check(cfg); err != nil {
+			log.Error("dry run: refused", "error", err)
+			return 2
+		}
 		listener := cfg.Listen.String()
 		if len(cfg.Listeners) == 1 {
 			listener = fmt.Sprintf("%s %v", cfg.Listeners[0].Protocol, cfg.Listeners[0].Addr)
@@ -431,6 +435,10 @@ func (a *applier) dryRun(b []byte) int {
 		r, _ = a.dns.Apply(context.Background(), r)
 	}
 	cfg, err := fromConfig(a.o, r)
+	if err == nil {
+		cfg.Logger = a.logger
+		err = daemon.Check(cfg)
+	}
 	if err != nil {
 		a.log.Error("dry run: config rejected", "error", err)
 		return 2

@@ -157,6 +157,22 @@ func TestDryRun(t *testing.T) {
 	if code := run([]string{"-d", "-c", bad}, &out); code != 2 || !strings.Contains(out.String(), "open relay") {
 		t.Errorf("dry run of a bad config: exit %d\n%s", code, out.String())
 	}
+	// Valid as a document, refused by a start (relays are IPv4 and no
+	// listener names an IPv4 address): the dry run refuses it too.
+	v6 := filepath.Join(dir, "v6.json")
+	if err := os.WriteFile(v6, []byte(`{"version":"v1","auth":{"type":"static","credentials":{"username":"u","password":"p"}},`+
+		`"listeners":[{"name":"l","protocol":"TURN-UDP","address":"2001:db8::5","port":3478,"routes":["c"]}],`+
+		`"clusters":[{"name":"c","type":"STATIC","endpoints":["0.0.0.0/0"]}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if code := run([]string{"-d", "-c", v6}, &out); code != 2 || !strings.Contains(out.String(), "relay-address") {
+		t.Errorf("dry run of an IPv6-only listener without a relay address: exit %d\n%s", code, out.String())
+	}
+	out.Reset()
+	if code := run([]string{"-d", "turn://u:p@[2001:db8::5]:3478"}, &out); code != 2 || !strings.Contains(out.String(), "relay-address") {
+		t.Errorf("dry run of an IPv6 TURN URI without a relay address: exit %d\n%s", code, out.String())
+	}
 }
 
 // The config becomes the daemon's: port ranges per listener, offload from the

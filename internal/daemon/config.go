@@ -143,6 +143,11 @@ const (
 	DefaultMaxUDPThreads = 16
 )
 
+// Check validates cfg as Start does, without opening a socket or loading a
+// program: what a dry run (-d) reports, so that it calls valid only what a
+// real start takes.
+func Check(cfg Config) error { return cfg.validate() }
+
 func (c *Config) validate() error {
 	// The running config is a snapshot nobody changes: take copies of what
 	// the caller may still hold and of what validate rewrites.
