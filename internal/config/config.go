@@ -407,8 +407,9 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 		r.XDPMode = "auto"
 		warn("admin.offload_engine TC: running as Auto: XDP where it can transmit, the TC engine beside it where it cannot (--tc-engine, on by default)")
 	default:
-		r.XDPMode = ""
-		warn("admin.offload_engine %q: unknown, ignored (want None, Auto, XDP or TC)", s.Admin.OffloadEngine)
+		// As stunnerd v1.2.1 (stnrv1.NewOffloadEngine): a config naming
+		// another engine is refused, not run with a guess.
+		return nil, fmt.Errorf("admin.offload_engine %q: unknown offload mode (want None, XDP, TC or Auto)", s.Admin.OffloadEngine)
 	}
 	r.Interfaces = s.Admin.OffloadInterfaces
 

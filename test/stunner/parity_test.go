@@ -188,3 +188,20 @@ func allocateOnce(server, user, pass string) error {
 	}
 	return relay.Close()
 }
+
+// admin.offload_engine: stunnerd-xdp takes exactly the values STUNner's
+// parser (stnrv1.NewOffloadEngine, which stunnerd v1.2.1 validates the admin
+// section with) takes, whatever their case, and refuses the others.
+func TestOffloadEngineAsStunnerd(t *testing.T) {
+	for _, engine := range []string{"", "None", "none", "NONE", "XDP", "xdp", "TC", "tc", "Auto", "AUTO", "Turbo", "eBPF", "none "} {
+		_, theirs := stnrv1.NewOffloadEngine(engine)
+		if engine == "" {
+			theirs = nil // stunnerd's default: None
+		}
+		_, ours := config.Parse([]byte(`{"version":"v1","admin":{"offload_engine":"` + engine + `"},` +
+			`"auth":{"credentials":{"username":"u","password":"p"}},"listeners":[{"name":"l"}]}`))
+		if (ours == nil) != (theirs == nil) {
+			t.Errorf("offload_engine %q: ours %v, stunnerd's %v", engine, ours, theirs)
+		}
+	}
+}
