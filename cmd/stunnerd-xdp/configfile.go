@@ -47,6 +47,13 @@ func fromConfig(o options, r *config.Resolved) (daemon.Config, error) {
 			return cfg, err
 		}
 	}
+	// A v1alpha1 config's relay port range (STUNner's listener fields).
+	if !o.set["min-relay-port"] && r.MinRelayPort != 0 {
+		cfg.MinRelayPort = r.MinRelayPort
+	}
+	if !o.set["max-relay-port"] && r.MaxRelayPort != 0 {
+		cfg.MaxRelayPort = r.MaxRelayPort
+	}
 	if !o.set["xdp-iface"] && len(r.Interfaces) > 0 {
 		cfg.Interfaces = r.Interfaces
 	}

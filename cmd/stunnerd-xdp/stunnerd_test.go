@@ -221,3 +221,34 @@ func TestFromConfig(t *testing.T) {
 		}
 	}
 }
+
+// A v1alpha1 config's relay port range is the daemon's unless the command
+// line gives one.
+func TestFromConfigRelayPorts(t *testing.T) {
+	r, err := config.Parse([]byte(`{"version":"v1alpha1","auth":{"credentials":{"username":"u","password":"p"}},"listeners":[` +
+		`{"name":"a","protocol":"TURN-UDP","address":"10.0.0.5","port":3478,"min_relay_port":40000,"max_relay_port":41000}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		flags  []string
+		lo, hi uint16
+	}{
+		{nil, 40000, 41000},
+		{[]string{"--min-relay-port=50000"}, 50000, 41000},
+		{[]string{"--min-relay-port=50000", "--max-relay-port=51000"}, 50000, 51000},
+	} {
+		var out bytes.Buffer
+		o, _, err := parseFlags(append([]string{"-c", "x.conf"}, c.flags...), &out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := fromConfig(o, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.MinRelayPort != c.lo || cfg.MaxRelayPort != c.hi {
+			t.Errorf("%v: relay ports %d-%d, want %d-%d", c.flags, cfg.MinRelayPort, cfg.MaxRelayPort, c.lo, c.hi)
+		}
+	}
+}

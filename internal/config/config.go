@@ -72,6 +72,11 @@ type Listener struct {
 	Cert       string   `json:"cert,omitempty"`
 	Key        string   `json:"key,omitempty"`
 	Routes     []string `json:"routes,omitempty"`
+	// MinRelayPort and MaxRelayPort are a v1alpha1 listener's relay port
+	// range (0: not given); v1 has none (stunnerd v1.2.1 drops them when it
+	// converts).
+	MinRelayPort int `json:"min_relay_port,omitempty"`
+	MaxRelayPort int `json:"max_relay_port,omitempty"`
 	// rawAddr is Addr as the document wrote it, before $VARIABLE expansion.
 	rawAddr string
 }
@@ -130,6 +135,9 @@ type Resolved struct {
 	UserQuota int
 	// OffloadEngine is admin.offload_engine as written.
 	OffloadEngine string
+	// MinRelayPort and MaxRelayPort are the relay port range a v1alpha1
+	// config's listeners give (0: none).
+	MinRelayPort, MaxRelayPort uint16
 	Interfaces    []string
 	Auth          ResolvedAuth
 	Listeners     []ResolvedListener
@@ -486,8 +494,49 @@ func (s *Stunner) Resolve() (*Resolved, error) {
 			"MAX_LISTENER_PORTS in bpf/consts.h, has %d slots, and a port outside it would be relayed "+
 			"as no listener's); split the listeners over Gateways", n, MaxUDPPorts, MaxUDPPorts)
 	}
+	if r.MinRelayPort, r.MaxRelayPort, err = s.relayPorts(warn); err != nil {
+		return nil, err
+	}
 	sort.Slice(r.Listeners, func(i, j int) bool { return r.Listeners[i].Name < r.Listeners[j].Name })
 	return r, nil
+}
+
+// The relay port range a v1alpha1 listener has unless it says otherwise
+// (STUNner's v1alpha1 DefaultMinRelayPort and DefaultMaxRelayPort).
+const (
+	v1alpha1MinRelayPort = 1 << 15
+	v1alpha1MaxRelayPort = 1<<16 - 1
+)
+
+// relayPorts is the relay port range a v1alpha1 config's listeners give (0,
+// 0: none given). One daemon relays from one range: listeners that give
+// different ones are refused. In a v1 config the fields warn.
+func (s *Stunner) relayPorts(warn func(string, ...any)) (lo, hi uint16, err error) {
+	given := false
+	for i, l := range s.Listeners {
+		if l.MinRelayPort == 0 && l.MaxRelayPort == 0 {
+			continue
+		}
+		if s.APIVersion != "v1alpha1" {
+			warn("listeners[%d] %q: min_relay_port and max_relay_port are v1alpha1 fields: ignored in a v1 config (the relay ports are --min-relay-port and --max-relay-port)", i, l.Name)
+			continue
+		}
+		min, max := l.MinRelayPort, l.MaxRelayPort
+		if min == 0 {
+			min = v1alpha1MinRelayPort
+		}
+		if max == 0 {
+			max = v1alpha1MaxRelayPort
+		}
+		if min < 1 || max > 65535 || min > max {
+			return 0, 0, fmt.Errorf("listeners[%d] %q: relay port range %d-%d: want 1 <= min_relay_port <= max_relay_port <= 65535", i, l.Name, min, max)
+		}
+		if given && (uint16(min) != lo || uint16(max) != hi) {
+			return 0, 0, fmt.Errorf("listeners[%d] %q: relay port range %d-%d, another listener's is %d-%d: one daemon relays from one range", i, l.Name, min, max, lo, hi)
+		}
+		lo, hi, given = uint16(min), uint16(max), true
+	}
+	return lo, hi, nil
 }
 
 // MaxUDPPorts is how many distinct TURN-UDP listener ports one daemon serves:

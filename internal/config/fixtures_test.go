@@ -84,7 +84,7 @@ func TestUnknownAndUnimplementedWarn(t *testing.T) {
 	t.Setenv("STUNNER_ADDR", "10.0.0.5")
 	r := parseFile(t, "testdata/operator-future.json")
 	for _, w := range []string{
-		"unknown field admin.telemetry_sink", "unknown field listeners[0].min_relay_port", "unknown field clusters[0].weight",
+		"unknown field admin.telemetry_sink", "min_relay_port and max_relay_port are v1alpha1 fields: ignored in a v1 config", "unknown field clusters[0].weight",
 		"admin.license_config", "offload_engine TC", "protocol TCP",
 	} {
 		if !slices.ContainsFunc(r.Warnings, func(s string) bool { return strings.Contains(s, w) }) {
@@ -191,4 +191,38 @@ func parseFile(t *testing.T, f string) *Resolved {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// A v1alpha1 config's relay port range (its listeners' min_relay_port and
+// max_relay_port, which stunnerd v1.2.1 drops) is the daemon's; unset ends
+// take v1alpha1's defaults; listeners that differ are refused.
+func TestV1alpha1RelayPorts(t *testing.T) {
+	doc := func(a, b string) []byte {
+		return []byte(`{"version":"v1alpha1","auth":{"credentials":{"username":"u","password":"p"}},"listeners":[` +
+			`{"name":"a","protocol":"TURN-UDP","address":"10.0.0.5","port":3478` + a + `},` +
+			`{"name":"b","protocol":"TURN-TCP","address":"10.0.0.5","port":3478` + b + `}]}`)
+	}
+	for _, c := range []struct {
+		name, a, b string
+		lo, hi     uint16
+		err        string
+	}{
+		{"none", "", "", 0, 0, ""},
+		{"both", `,"min_relay_port":40000,"max_relay_port":41000`, `,"min_relay_port":40000,"max_relay_port":41000`, 40000, 41000, ""},
+		{"one listener", `,"min_relay_port":40000,"max_relay_port":41000`, "", 40000, 41000, ""},
+		{"min only", `,"min_relay_port":40000`, "", 40000, 65535, ""},
+		{"max only", `,"max_relay_port":40000`, "", 32768, 40000, ""},
+		{"different", `,"min_relay_port":40000`, `,"min_relay_port":40001`, 0, 0, "one daemon relays from one range"},
+		{"empty", `,"min_relay_port":41000,"max_relay_port":40000`, "", 0, 0, "want 1 <= min_relay_port"},
+	} {
+		r, err := Parse(doc(c.a, c.b))
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%s: %v, want an error about %q", c.name, err, c.err)
+		case c.err == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.err == "" && (r.MinRelayPort != c.lo || r.MaxRelayPort != c.hi):
+			t.Errorf("%s: %d-%d, want %d-%d", c.name, r.MinRelayPort, r.MaxRelayPort, c.lo, c.hi)
+		}
+	}
 }
