@@ -36,19 +36,33 @@ const (
 	rpTagOpen = 0x35F1 // the control's: the same frames with rp_filter off
 )
 
-// TestNodeRPFilterTwins runs the reverse-path row in the default mode and with --xdp-mode=off.
+// TestNodeRPFilterTwins runs the reverse-path rows in the default mode and with --xdp-mode=off:
+// the forged datagrams through the node's second NIC (XDP's check), and from a Calico pod
+// through its host-side veth, whose filter is strict (no address on it), where the TC engine
+// meets them (the TC engine's check).
 func TestNodeRPFilterTwins(t *testing.T) {
 	if testenv.InNetns() {
 		t.Skip("parent-only test")
 	}
 	netns.RequirePrivileged(t, "iptables", "conntrack", "ethtool", "sysctl")
-	for _, mode := range shapeModes {
-		t.Run(mode, func(t *testing.T) { runRPFilter(t, mode) })
+	for _, via := range []string{"second-nic", "pod"} {
+		t.Run(via, func(t *testing.T) {
+			for _, mode := range shapeModes {
+				t.Run(mode, func(t *testing.T) { runRPFilter(t, mode, via) })
+			}
+		})
 	}
 }
 
-func runRPFilter(t *testing.T, mode string) {
-	r := netns.NewNode(t, netns.RemoteHost, netns.WithSecondNIC())
+func runRPFilter(t *testing.T, mode, via string) {
+	var r *netns.NodeRig
+	var offload []string
+	if via == "pod" {
+		r = netns.NewNode(t, netns.CalicoPod)
+	} else {
+		r = netns.NewNode(t, netns.RemoteHost, netns.WithSecondNIC())
+		offload = []string{r.NIC, r.NIC2}
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("drops and errors the kernel counted:\n%s", r.DropCounters())
@@ -61,7 +75,7 @@ func runRPFilter(t *testing.T, mode string) {
 	// their 0, and the larger value counts).
 	r.Node.Run(t, "sysctl", "-q", "-w", "net.ipv4.conf.all.rp_filter=1")
 	r.StartDaemon(t, netns.DaemonOptions{Binary: netns.RequireBinary(t, netns.Daemon), SteeringDir: testenv.BPFFS(t),
-		Off: mode == "off", OffloadInterfaces: []string{r.NIC, r.NIC2}, User: user, Password: password})
+		Off: mode == "off", OffloadInterfaces: offload, User: user, Password: password})
 	peerAddr := netip.AddrPortFrom(r.PeerIP, 5002)
 	peer := startPeer(t, r.Peer, peerAddr.String(), true, 0)
 	cfg := &turn.ClientConfig{TURNServerAddr: r.ListenAddr().String(), Username: user, Password: password, Realm: config.DefaultRealm}
@@ -102,7 +116,8 @@ func runRPFilter(t *testing.T, mode string) {
 	// The forged datagrams, from the second NIC's wire.
 	const rpDrops = "TcpExt.IPReversePathFilter"
 	stackBefore := r.Node.Netstat(t)[rpDrops]
-	sendForged(t, r, client, rpTag)
+	from := forgedFrom(t, r, via)
+	from.send(t, client, rpTag)
 	// What is relayed arrives within milliseconds; a second (scaled) is plenty.
 	time.Sleep(testenv.Timeout(time.Second))
 	after := scrapeAt(t, r.Node, node)
@@ -111,11 +126,11 @@ func runRPFilter(t *testing.T, mode string) {
 	rp := after[verdict("pass_rp_filter")] - mid[verdict("pass_rp_filter")]
 	rpTC := after[tcVerdict("pass_rp_filter")] - mid[tcVerdict("pass_rp_filter")]
 	t.Logf("%s: %d of %d forged datagrams from %v via %s reached the peer; pass_rp_filter grew by %.0f (XDP) and %.0f (TC); the stack's rp_filter dropped %d (%s)",
-		mode, reached, rpForged, client, r.NIC2, rp, rpTC, stackDropped, rpDrops)
+		mode, reached, rpForged, client, from.nodeIf, rp, rpTC, stackDropped, rpDrops)
 	defer func() {
 		// The control: without the filter the stack takes the same frames (and pion relays them).
 		r.Node.Run(t, "sysctl", "-q", "-w", "net.ipv4.conf.all.rp_filter=0")
-		sendForged(t, r, client, rpTagOpen)
+		from.send(t, client, rpTagOpen)
 		waitFor(t, "the forged frames relayed with rp_filter=0 (the control: the frames are well-formed)", 5*time.Second, func() bool {
 			return float64(peer.got(rpTagOpen)) >= 0.99*rpForged
 		})
@@ -146,23 +161,42 @@ func tcVerdict(reason string) string {
 	return fmt.Sprintf(`stunnerd_xdp_tc_verdicts_total{reason=%q}`, reason)
 }
 
-// sendForged sends rpForged Ethernet frames out of Wire2's eth0 to the node's second NIC: IPv4
-// and UDP from the client's address and port to the listener, checksums correct, carrying
-// ChannelData on the bound channel with the tag and a sequence number, a millisecond apart.
-func sendForged(t *testing.T, r *netns.NodeRig, client netip.AddrPort, tag uint64) {
+// forger sends frames into one of the node's devices from the other end of its link.
+type forger struct {
+	ns     *netns.NS // where the frames are sent from
+	ifName string    // out of this device of ns
+	nodeIf string    // into this device of the node
+	dstMAC net.HardwareAddr
+	dst    netip.AddrPort // the listener
+}
+
+// forgedFrom is the forger of the row: Wire2's eth0 into the node's second NIC, or the pod's
+// eth0 into its host-side veth.
+func forgedFrom(t *testing.T, r *netns.NodeRig, via string) forger {
 	t.Helper()
-	var dstMAC net.HardwareAddr
+	f := forger{ns: r.Wire2, ifName: "eth0", nodeIf: r.NIC2, dst: r.ListenAddr()}
+	if via == "pod" {
+		f.ns, f.nodeIf = r.Pod, r.EgressIf
+	}
 	if err := r.Node.Do(func() error {
-		nic, err := net.InterfaceByName(r.NIC2)
+		nic, err := net.InterfaceByName(f.nodeIf)
 		if err == nil {
-			dstMAC = nic.HardwareAddr
+			f.dstMAC = nic.HardwareAddr
 		}
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	err := r.Wire2.Do(func() error {
-		wire, err := net.InterfaceByName("eth0")
+	return f
+}
+
+// send sends rpForged Ethernet frames: IPv4 and UDP from the client's address and port to the
+// listener, checksums correct, carrying ChannelData on the bound channel with the tag and a
+// sequence number, a millisecond apart.
+func (g forger) send(t *testing.T, client netip.AddrPort, tag uint64) {
+	t.Helper()
+	err := g.ns.Do(func() error {
+		dev, err := net.InterfaceByName(g.ifName)
 		if err != nil {
 			return err
 		}
@@ -172,11 +206,11 @@ func sendForged(t *testing.T, r *netns.NodeRig, client netip.AddrPort, tag uint6
 			return err
 		}
 		defer unix.Close(fd)
-		f := packet.Frame{TTL: 64, Src: client, Dst: r.ListenAddr()}
-		copy(f.DstMAC[:], dstMAC)
-		copy(f.SrcMAC[:], wire.HardwareAddr)
-		sa := &unix.SockaddrLinklayer{Ifindex: wire.Index, Protocol: htons(unix.ETH_P_IP), Halen: 6}
-		copy(sa.Addr[:], dstMAC)
+		f := packet.Frame{TTL: 64, Src: client, Dst: g.dst}
+		copy(f.DstMAC[:], g.dstMAC)
+		copy(f.SrcMAC[:], dev.HardwareAddr)
+		sa := &unix.SockaddrLinklayer{Ifindex: dev.Index, Protocol: htons(unix.ETH_P_IP), Halen: 6}
+		copy(sa.Addr[:], g.dstMAC)
 		data := make([]byte, 16)
 		binary.BigEndian.PutUint64(data, tag)
 		for i := range rpForged {
@@ -191,7 +225,7 @@ func sendForged(t *testing.T, r *netns.NodeRig, client netip.AddrPort, tag uint6
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("netns %s: forged frames: %v", r.Wire2.Name, err)
+		t.Fatalf("netns %s: forged frames: %v", g.ns.Name, err)
 	}
 }
 
