@@ -138,9 +138,9 @@ type Resolved struct {
 	// MinRelayPort and MaxRelayPort are the relay port range a v1alpha1
 	// config's listeners give (0: none).
 	MinRelayPort, MaxRelayPort uint16
-	Interfaces    []string
-	Auth          ResolvedAuth
-	Listeners     []ResolvedListener
+	Interfaces                 []string
+	Auth                       ResolvedAuth
+	Listeners                  []ResolvedListener
 	// Source is the configuration as given: /status reports it as stunnerd does.
 	Source *Stunner
 	// Warnings name what the config asks for that this dataplane ignores:

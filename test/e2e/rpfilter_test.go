@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/pion/turn/v4"
-	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/test/netns"
@@ -196,28 +195,21 @@ func forgedFrom(t *testing.T, r *netns.NodeRig, via string) forger {
 func (g forger) send(t *testing.T, client netip.AddrPort, tag uint64) {
 	t.Helper()
 	err := g.ns.Do(func() error {
-		dev, err := net.InterfaceByName(g.ifName)
+		raw, err := testenv.OpenRaw(g.ifName)
 		if err != nil {
 			return err
 		}
-		// Protocol 0: the socket only sends.
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
+		defer raw.Close()
 		f := packet.Frame{TTL: 64, Src: client, Dst: g.dst}
 		copy(f.DstMAC[:], g.dstMAC)
-		copy(f.SrcMAC[:], dev.HardwareAddr)
-		sa := &unix.SockaddrLinklayer{Ifindex: dev.Index, Protocol: htons(unix.ETH_P_IP), Halen: 6}
-		copy(sa.Addr[:], g.dstMAC)
+		copy(f.SrcMAC[:], raw.MAC())
 		data := make([]byte, 16)
 		binary.BigEndian.PutUint64(data, tag)
 		for i := range rpForged {
 			binary.BigEndian.PutUint64(data[8:], uint64(i))
 			f.ID = uint16(i)
 			f.Payload = packet.ChannelData(rpChannel, data, nil)
-			if err := unix.Sendto(fd, f.Marshal(), 0, sa); err != nil {
+			if err := raw.Send(f.Marshal()); err != nil {
 				return fmt.Errorf("forged frame %d: %w", i, err)
 			}
 			time.Sleep(time.Millisecond)
@@ -228,6 +220,3 @@ func (g forger) send(t *testing.T, client netip.AddrPort, tag uint64) {
 		t.Fatalf("netns %s: forged frames: %v", g.ns.Name, err)
 	}
 }
-
-// htons is v in network byte order, as sockaddr_ll's protocol takes it.
-func htons(v uint16) uint16 { return binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, v)) }

@@ -695,7 +695,7 @@ func TestReversePath(t *testing.T) {
 	}{
 		{"strict/right-device", rp(model.RPStrict, model.RPStrict, true), 2, in, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT},
 		{"strict/other-device", rp(model.RPStrict, model.RPStrict, true), 3, in, bpf.RelayReasonREASON_RP_FILTER},
-				{"off/other-device", rp(model.RPStrict, model.RPOff, true), 3, in, bpf.RelayReasonREASON_RELAY_C2P_TX},
+		{"off/other-device", rp(model.RPStrict, model.RPOff, true), 3, in, bpf.RelayReasonREASON_RELAY_C2P_TX},
 		{"loose/other-device", rp(model.RPOff, model.RPLoose, true), 3, in, bpf.RelayReasonREASON_RELAY_C2P_TX},
 		{"loose/no-route-back", rp(model.RPLoose, model.RPOff, true), 2, strayIn.Marshal(), bpf.RelayReasonREASON_RP_FILTER},
 		{"off/no-route-back", rp(model.RPOff, model.RPOff, true), 2, strayIn.Marshal(), bpf.RelayReasonREASON_RELAY_C2P_REDIRECT},
