@@ -1,5 +1,5 @@
 # stunnerd-xdp container image. The BPF object is generated and committed
-# (bpf/relay_bpfel.o, embedded by bpf2go's Go file), so the build needs no
+# (bpf/*_bpfel.o, embedded by bpf2go's Go files), so the build needs no
 # clang: a static Go build is the whole image.
 #
 #   docker build -t ghcr.io/l7mp/stunnerd-xdp:latest .
@@ -9,7 +9,7 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-# deploy/daemonset/deploy_test.go runs this exact command and checks that the
+# test/deploy (TestDockerfile) runs this exact command and checks that the
 # binary is static: keep it on one line, without quotes.
 RUN CGO_ENABLED=0 GOOS=linux GOARCH=${TARGETARCH} go build -trimpath -o /out/stunnerd-xdp ./cmd/stunnerd-xdp
 # STUNner's operator runs a Dataplane's container as `stunnerd`: the image

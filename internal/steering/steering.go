@@ -1,4 +1,4 @@
-// Package handover lets two stunnerd-xdp processes serve the same TURN
+// Package steering lets two stunnerd-xdp processes serve the same TURN
 // listener addresses on one node, which is what a rolling update with surge
 // does: the new pod starts while the old one drains.
 //
