@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os"
 	"runtime"
 	"sort"
 	"sync"
@@ -375,6 +376,10 @@ func (h *harness) sessionsKernel(t *testing.T, trivial []*ebpf.Program) {
 			rows = rows[:2] // the flow-cache row is the one flow
 		}
 		all := load.first(n)
+		if ab := os.Getenv("BENCH_SESSIONS_AB"); ab != "" {
+			h.sessionsAB(t, prog, cfg(false), ab, all, target, probe, trivial, n)
+			continue
+		}
 		for range h.cfg.sessionsRounds {
 			got := h.sessionInterval(t, all, target, probe, trivial, rows[0])
 			rows[0].FlowsAside = maps.FlowsAside() // as the gate left them after the interval
@@ -395,6 +400,49 @@ func (h *harness) sessionsKernel(t *testing.T, trivial []*ebpf.Program) {
 			h.rep.Sessions = append(h.rep.Sessions, *row)
 		}
 	}
+}
+
+// sessionsAB compares the embedded program (B) with the relay object obj (A:
+// bpf/relay_bpfel.o built from other sources, with the same maps and
+// .rodata) on the flow-cache row of n sessions, paired per round (the order
+// alternating), as BENCH_LIVE_AB does for the live-cost rows:
+// BENCH_SESSIONS_AB=obj logs B/A, the median of the rounds' ratios of relay
+// ns/run, and puts nothing in the report.
+func (h *harness) sessionsAB(t *testing.T, prog *loader.Program, base loader.Config, obj string, all *mixLoad, target float64,
+	probe sessionProbe, trivial []*ebpf.Program, n int) {
+	use := func(object string) {
+		c := base
+		c.Object = object
+		if err := h.rig.Server.Do(func() error { return prog.Reconfigure(c) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer use("")
+	a := &SessionRow{Path: SessionsFlowCache, Sessions: n, Bindings: n, TargetPPS: target}
+	b := &SessionRow{Path: SessionsFlowCache, Sessions: n, Bindings: n, TargetPPS: target}
+	for round := range h.cfg.sessionsRounds {
+		order := []string{"", obj}
+		if round%2 == 1 {
+			order = []string{obj, ""}
+		}
+		for _, object := range order {
+			use(object)
+			row := b
+			if object != "" {
+				row = a
+			}
+			h.sessionInterval(t, all, target, probe, trivial, row)
+		}
+	}
+	ratios := make([]float64, min(len(a.ProgNs), len(b.ProgNs)))
+	for k := range ratios {
+		ratios[k] = b.ProgNs[k] / a.ProgNs[k]
+	}
+	sort.Float64s(ratios)
+	a.finish()
+	b.finish()
+	t.Logf("A/B %d sessions, flow cache: A %.0f ns/run (%.2fx trivial), B %.0f ns/run (%.2fx); B/A median %.3f (rounds %.3f-%.3f)",
+		n, a.ProgMedianNs, a.Ratio, b.ProgMedianNs, b.Ratio, quantile(ratios, 0.5), ratios[0], ratios[len(ratios)-1])
 }
 
 // trivialProgs returns the trivial XDP programs on the client's and the
