@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -420,7 +421,11 @@ func (h *harness) sessionsAB(t *testing.T, prog *loader.Program, base loader.Con
 	defer use("")
 	a := &SessionRow{Path: SessionsFlowCache, Sessions: n, Bindings: n, TargetPPS: target}
 	b := &SessionRow{Path: SessionsFlowCache, Sessions: n, Bindings: n, TargetPPS: target}
-	for round := range h.cfg.sessionsRounds {
+	rounds := h.cfg.sessionsRounds
+	if n, err := strconv.Atoi(os.Getenv("BENCH_SESSIONS_AB_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
+	for round := range rounds {
 		order := []string{"", obj}
 		if round%2 == 1 {
 			order = []string{obj, ""}
