@@ -422,6 +422,10 @@ func (e *env) setCaps(t testing.TB, m *model.Model, name string, caps *model.Dev
 		if err := e.writeCaps(i); err != nil {
 			t.Fatal(err)
 		}
+		// As the loader's device follower tells it (GEN_RP_FILTER).
+		if err := e.prog.FibGen().SetReversePath(e.anyRP()); err != nil {
+			t.Fatal(err)
+		}
 		if err := e.prog.FibGen().Bump(); err != nil {
 			t.Fatal(err)
 		}
@@ -436,6 +440,16 @@ func (e *env) setCaps(t testing.TB, m *model.Model, name string, caps *model.Dev
 			m.SetEnv(e.modelEnv())
 		}
 	})
+}
+
+// anyRP tells whether any interface's dev_caps entry filters by reverse path.
+func (e *env) anyRP() bool {
+	for _, i := range e.ifaces {
+		if i.caps != nil && i.caps.RPFilter != model.RPOff {
+			return true
+		}
+	}
+	return false
 }
 
 func bit(b bool) string {

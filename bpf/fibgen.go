@@ -19,6 +19,15 @@ const (
 // map; generations count in the other 31 bits.
 const flowsAside = 1 << 31
 
+// reversePath is GEN_RP_FILTER, the next bit: set, some device's dev_caps
+// entry says the stack filters there by reverse path, and the program looks
+// the ingress's entry up before it relays; clear, it skips that lookup (which
+// the TC engine would otherwise pay on every packet). Kept like flowsAside.
+const reversePath = 1 << 30
+
+// genFlags are the bits of a generation that are not its count.
+const genFlags = flowsAside | reversePath
+
 // FibGen is the program's FIB generation (its fib_gen map): every next hop
 // and flow the program cached in an older generation is resolved again on its
 // next packet. Everything it remembers is in the map, so the program's owner
@@ -77,16 +86,16 @@ func (g *FibGen) bumpLocked(enable bool) error {
 	if err := g.m.Lookup(fibGenHigh, &high); err != nil {
 		return fmt.Errorf("read the FIB generation: %w", err)
 	}
-	aside := high & flowsAside
-	gen = max(gen&^flowsAside, high&^flowsAside)
-	if gen = (gen + 1) &^ flowsAside; gen == 0 {
+	flags := high & genFlags
+	gen = max(gen&^genFlags, high&^genFlags)
+	if gen = (gen + 1) &^ genFlags; gen == 0 {
 		gen = 1 // wrapped: 0 would turn the caches off
 	}
 	// The mark first: a generation is never current before it is recorded.
-	if err := g.m.Put(fibGenHigh, gen|aside); err != nil {
+	if err := g.m.Put(fibGenHigh, gen|flags); err != nil {
 		return fmt.Errorf("write the FIB generation: %w", err)
 	}
-	if err := g.m.Put(fibGenCurrent, gen|aside); err != nil {
+	if err := g.m.Put(fibGenCurrent, gen|flags); err != nil {
 		return fmt.Errorf("write the FIB generation: %w", err)
 	}
 	return nil
@@ -96,30 +105,52 @@ func (g *FibGen) bumpLocked(enable bool) error {
 // them again, from a new generation on: what they hold describes itself, and
 // nothing cached before the change is used after it.
 func (g *FibGen) SetFlowsAside(aside bool) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	var high uint32
-	if err := g.m.Lookup(fibGenHigh, &high); err != nil {
-		return fmt.Errorf("read the FIB generation: %w", err)
-	}
-	if (high&flowsAside != 0) == aside {
-		return nil
-	}
-	high ^= flowsAside
-	if err := g.m.Put(fibGenHigh, high); err != nil {
-		return fmt.Errorf("set the flow caches aside (%v): %w", aside, err)
-	}
-	if err := g.bumpLocked(false); err != nil {
+	if err := g.setFlag(flowsAside, aside); err != nil {
 		return fmt.Errorf("set the flow caches aside (%v): %w", aside, err)
 	}
 	return nil
 }
 
 // FlowsAside tells whether the flow caches are set aside.
-func (g *FibGen) FlowsAside() (bool, error) {
+func (g *FibGen) FlowsAside() (bool, error) { return g.flag(flowsAside) }
+
+// SetReversePath tells the program whether any device's dev_caps entry says
+// the stack filters there by reverse path (DEV_RP_*): without it the program
+// does not look. Set it after writing such an entry and clear it after the
+// last one is gone. A generation of 0 (caches off) carries no flag: the
+// program then always looks.
+func (g *FibGen) SetReversePath(on bool) error {
+	if err := g.setFlag(reversePath, on); err != nil {
+		return fmt.Errorf("tell the program about reverse-path filters (%v): %w", on, err)
+	}
+	return nil
+}
+
+// ReversePath tells what SetReversePath last said.
+func (g *FibGen) ReversePath() (bool, error) { return g.flag(reversePath) }
+
+// setFlag sets or clears one of genFlags in the high mark and starts a new
+// generation that carries it.
+func (g *FibGen) setFlag(flag uint32, on bool) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var high uint32
+	if err := g.m.Lookup(fibGenHigh, &high); err != nil {
+		return fmt.Errorf("read the FIB generation: %w", err)
+	}
+	if (high&flag != 0) == on {
+		return nil
+	}
+	if err := g.m.Put(fibGenHigh, high^flag); err != nil {
+		return err
+	}
+	return g.bumpLocked(false)
+}
+
+func (g *FibGen) flag(flag uint32) (bool, error) {
 	var high uint32
 	if err := g.m.Lookup(fibGenHigh, &high); err != nil {
 		return false, fmt.Errorf("read the FIB generation: %w", err)
 	}
-	return high&flowsAside != 0, nil
+	return high&flag != 0, nil
 }

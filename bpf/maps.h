@@ -260,6 +260,12 @@ struct {
  * reads anyway (no second lookup on the path). Changing it starts a new
  * generation, so nothing cached before is used after. */
 #define FLOWS_ASIDE 0x80000000u
+/* The next bit (GEN_RP_FILTER): some device's dev_caps entry has DEV_RP_*,
+ * so the program looks up the ingress's before it relays (reverse_path);
+ * clear, no device filters and it does not look, which would otherwise cost
+ * the TC engine a hash lookup per packet. Userspace sets it after writing
+ * such an entry. A generation of 0 carries no flag: the program looks. */
+#define GEN_RP_FILTER 0x40000000u
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);

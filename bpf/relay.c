@@ -261,6 +261,9 @@ static __always_inline int reverse_path(void *ctx, const struct input *in, struc
 {
 	if (in->family != AF_INET)
 		return -1; /* IPv6 has no rp_filter setting */
+	__u32 gen = fib_generation();
+	if (gen && !(gen & GEN_RP_FILTER))
+		return -1; /* no device filters */
 	__u32 ifindex = in->ifindex;
 	const struct dev_cap *cap = bpf_map_lookup_elem(&dev_caps, &ifindex);
 	if (!cap || !(cap->flags & (DEV_RP_STRICT | DEV_RP_LOOSE)))
@@ -269,6 +272,10 @@ static __always_inline int reverse_path(void *ctx, const struct input *in, struc
 	fib->family = AF_INET;
 	fib->ifindex = LOOPBACK_IFINDEX;
 	fib->tos = in->tos;
+	/* The filter does not measure. A length that fits any IPv4 MTU: without
+	 * one TC's lookup measures the skb against the route's device (the route
+	 * back may leave through a smaller MTU than the packet came in on). */
+	fib->tot_len = sizeof(struct iphdr);
 	fib->ipv4_src = addr_v4(&in->daddr);
 	fib->ipv4_dst = addr_v4(&in->saddr);
 	switch (bpf_fib_lookup(ctx, fib, sizeof(*fib), 0)) {

@@ -108,6 +108,7 @@ type rpRow struct {
 func rpRows() []rpRow {
 	redirect, v6 := bindings["redirect"], bindings["v6redirect"]
 	noRoute, unreach, local := rpBindings[0], rpBindings[1], rpBindings[2]
+	smallBack, smallPeer := bindings["clientsmallmtu"], bindings["smallmtu"]
 	c2p := func(b channelmap.Binding, listener string) func(*env) []byte {
 		return func(*env) []byte {
 			return fromClient(b, listener, packet.ChannelData(b.Channel, data(100), nil)).Marshal()
@@ -144,6 +145,17 @@ func rpRows() []rpRow {
 		// No filter on b0: as before.
 		{name: "c2p/off/other-device", rp: strict("a0"), ingress: "b0", frame: c2p(redirect, "10.100.0.1"),
 			want: bpf.RelayReasonREASON_RELAY_C2P_TX},
+		// The route back leaves through c0, whose MTU (100) the frame is over:
+		// the filter does not measure, nor may the lookup (TC's measures the
+		// skb itself against the route's device unless given a length).
+		{name: "c2p/strict/route-back-small-mtu", rp: strict("a0"), ingress: "a0", frame: c2p(smallBack, "10.201.0.1"),
+			want: bpf.RelayReasonREASON_RP_FILTER},
+		{name: "c2p/loose/route-back-small-mtu", rp: loose("a0"), ingress: "a0", frame: c2p(smallBack, "10.201.0.1"),
+			want: bpf.RelayReasonREASON_RELAY_C2P_REDIRECT},
+		{name: "p2c/strict/route-back-small-mtu", rp: strict("b0"), ingress: "b0", frame: p2c(smallPeer),
+			want: bpf.RelayReasonREASON_RP_FILTER},
+		{name: "p2c/loose/route-back-small-mtu", rp: loose("b0"), ingress: "b0", frame: p2c(smallPeer),
+			want: bpf.RelayReasonREASON_RELAY_P2C_REDIRECT},
 		{name: "c2p/loose/no-route-back", rp: loose("a0"), ingress: "a0", frame: c2p(noRoute, "10.100.0.1"),
 			want: bpf.RelayReasonREASON_RP_FILTER},
 		{name: "c2p/strict/no-route-back", rp: strict("a0"), ingress: "a0", frame: c2p(noRoute, "10.100.0.1"),
@@ -218,6 +230,64 @@ func TestTCReversePathGoldenPackets(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReversePathGenFlag: the program looks at the ingress's reverse-path
+// mode only while the FIB generation says some device filters
+// (GEN_RP_FILTER), as the loader keeps it; with it clear, a forged packet on
+// a strict device is relayed, so the flag is what the loader must keep true.
+// Generation 0 (the caches off) carries no flag: the program looks. Both
+// engines.
+func TestReversePathGenFlag(t *testing.T) {
+	b := bindings["redirect"]
+	forged := fromClient(b, "10.100.0.1", packet.ChannelData(b.Channel, data(100), nil)).Marshal()
+	steps := []struct {
+		name string
+		set  func(*bpf.FibGen) error
+		want bpf.RelayReason
+	}{
+		{"flag-set", func(g *bpf.FibGen) error { return g.SetReversePath(true) }, bpf.RelayReasonREASON_RP_FILTER},
+		{"flag-clear", func(g *bpf.FibGen) error { return g.SetReversePath(false) }, bpf.RelayReasonREASON_RELAY_C2P_TX},
+		{"caches-off", (*bpf.FibGen).Disable, bpf.RelayReasonREASON_RP_FILTER},
+	}
+	run := func(t *testing.T, e *env, check func(*model.Model) bpf.RelayReason) {
+		t.Helper()
+		m := e.installRP(t)
+		e.setRP(t, m, "b0", model.RPStrict)
+		t.Cleanup(func() {
+			if err := e.prog.FibGen().Enable(); err != nil {
+				t.Error(err)
+			}
+		})
+		for _, s := range steps {
+			if err := s.set(e.prog.FibGen()); err != nil {
+				t.Fatal(err)
+			}
+			if got := check(m); got != s.want {
+				t.Errorf("%s: %s, want %s", s.name, tcReasonName(got), tcReasonName(s.want))
+			}
+		}
+	}
+	// The model knows no flag: the program's output is compared with the
+	// step's reason only.
+	t.Run("xdp", func(t *testing.T) {
+		e := newEnv(t)
+		run(t, e, func(*model.Model) bpf.RelayReason {
+			before := e.verdicts(t)
+			e.run(t, "b0", forged)
+			return movedByOne(t, before, e.verdicts(t), bpf.RelayReasonREASON_MAX, reasonName)
+		})
+	})
+	t.Run("tc", func(t *testing.T) {
+		e := newTCEnv(t)
+		run(t, e.env, func(*model.Model) bpf.RelayReason {
+			before := e.tcVerdicts(t)
+			if _, _, err := e.runTC(t, "b0", forged, model.SKB{}); err != nil {
+				t.Fatal(err)
+			}
+			return movedByOne(t, before, e.tcVerdicts(t), bpf.RelayReason(bpf.RelayTcTcReasonTC_REASON_MAX), tcReasonName)
+		})
+	})
 }
 
 // TestReversePathTeachesNothing: a client packet forged from another device

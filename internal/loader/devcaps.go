@@ -244,11 +244,13 @@ func (d *devCaps) sync() {
 		d.rpBlind = false
 	}
 	want := make(map[uint32]bpf.RelayDevCap, len(links))
+	filters := false // some device filters by reverse path
 	for _, l := range links {
 		idx := l.Attrs().Index
 		f, known := features[idx]
 		v := capOf(l, d.modes[idx], f, known)
 		v.Flags |= rp.rpFlags(idx)
+		filters = filters || v.Flags&(bpf.RelayDevFlagDEV_RP_STRICT|bpf.RelayDevFlagDEV_RP_LOOSE) != 0
 		want[uint32(idx)] = v
 	}
 	changed := false
@@ -273,6 +275,12 @@ func (d *devCaps) sync() {
 		changed = true
 	}
 	d.written = want
+	// After the entries: the program looks at them only with the flag set.
+	if err := d.fibGen.SetReversePath(filters); err != nil {
+		// Generation 0 carries no flag: the program looks at every entry.
+		d.log.Warn("device capabilities: cannot tell the program whether a device filters by reverse path; turned the next-hop cache off", "error", err)
+		_ = d.fibGen.Disable()
+	}
 	if changed {
 		if err := d.fibGen.Invalidate(); err != nil {
 			d.log.Warn("device capabilities changed but the next-hop cache cannot be invalidated; turned it off", "error", err)

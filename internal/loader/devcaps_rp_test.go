@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -107,9 +108,43 @@ func TestDevCapsReversePathFilter(t *testing.T) {
 			}
 			waitCap(t, prog, dev, "reverse-path flags "+strconv.Itoa(int(r.want)),
 				func(v bpf.RelayDevCap, ok bool) bool { return ok && v.Flags&flagsRP == r.want })
+			waitRPGenFlag(t, prog)
 			if before.Flags&flagsRP != r.want && fibGen(t, prog) == gen {
 				t.Errorf("the reverse-path flags went from %d to %d but the FIB generation stayed %d", before.Flags&flagsRP, r.want, gen)
 			}
 		})
+	}
+}
+
+// genRPFilter is GEN_RP_FILTER (bpf/maps.h), a bit of the FIB generation.
+const genRPFilter = 1 << 30
+
+// waitRPGenFlag waits up to a second for the FIB generation to say what
+// dev_caps holds: GEN_RP_FILTER set exactly when some entry has DEV_RP_*
+// (without it the program does not look at them).
+func waitRPGenFlag(t *testing.T, prog *loader.Program) {
+	t.Helper()
+	deadline := time.Now().Add(time.Second)
+	for {
+		var (
+			k       uint32
+			v       bpf.RelayDevCap
+			filters bool
+		)
+		it := prog.Maps().DevCaps.Iterate()
+		for it.Next(&k, &v) {
+			filters = filters || v.Flags&flagsRP != 0
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		gen := fibGen(t, prog)
+		if gen != 0 && (gen&genRPFilter != 0) == filters {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("FIB generation %#x after a second; a device filters by reverse path: %v", gen, filters)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
