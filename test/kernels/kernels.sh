@@ -83,7 +83,8 @@ initramfs() {
 }
 
 # run SUITE CMD...: boot and run CMD in the host's file system (read-only)
-# with tmpfs on /tmp, /run and /root, the guest kernel's modules on
+# with tmpfs on /tmp, /run and /root (the working directory, which may lie
+# under them, laid back over them), the guest kernel's modules on
 # /lib/modules, and $KERNELS_OUT (read-write) shared at the same path.
 run() {
 	local suite=$1; shift
@@ -108,7 +109,7 @@ run() {
 	timeout --foreground -k 10 "$GUEST_TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp "$GUEST_CPUS" -m "$GUEST_MEM" \
 		-nographic -no-reboot -monitor none -serial stdio \
 		-kernel "$d/root/boot/vmlinuz-$ver" -initrd "$img" \
-		-append "console=ttyS0 panic=-1 quiet loglevel=3 kmods=$d/root/lib/modules out=$out" \
+		-append "console=ttyS0 panic=-1 quiet loglevel=3 kmods=$d/root/lib/modules out=$out wd=$PWD" \
 		-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
 		-virtfs "local,path=$out,mount_tag=out,security_model=none" </dev/null || status=$?
 	if [ "$status" = 124 ]; then echo "kernels.sh: $suite: stopped after ${GUEST_TIMEOUT}s"; return 124; fi
