@@ -250,7 +250,7 @@ func TestReversePathGenFlag(t *testing.T) {
 		{"flag-clear", func(g *bpf.FibGen) error { return g.SetReversePath(false) }, bpf.RelayReasonREASON_RELAY_C2P_TX},
 		{"caches-off", (*bpf.FibGen).Disable, bpf.RelayReasonREASON_RP_FILTER},
 	}
-	run := func(t *testing.T, e *env, check func(*model.Model) bpf.RelayReason) {
+	run := func(t *testing.T, e *env, check func() bpf.RelayReason) {
 		t.Helper()
 		m := e.installRP(t)
 		e.setRP(t, m, "b0", model.RPStrict)
@@ -263,7 +263,7 @@ func TestReversePathGenFlag(t *testing.T) {
 			if err := s.set(e.prog.FibGen()); err != nil {
 				t.Fatal(err)
 			}
-			if got := check(m); got != s.want {
+			if got := check(); got != s.want {
 				t.Errorf("%s: %s, want %s", s.name, tcReasonName(got), tcReasonName(s.want))
 			}
 		}
@@ -272,7 +272,7 @@ func TestReversePathGenFlag(t *testing.T) {
 	// step's reason only.
 	t.Run("xdp", func(t *testing.T) {
 		e := newEnv(t)
-		run(t, e, func(*model.Model) bpf.RelayReason {
+		run(t, e, func() bpf.RelayReason {
 			before := e.verdicts(t)
 			e.run(t, "b0", forged)
 			return movedByOne(t, before, e.verdicts(t), bpf.RelayReasonREASON_MAX, reasonName)
@@ -280,7 +280,7 @@ func TestReversePathGenFlag(t *testing.T) {
 	})
 	t.Run("tc", func(t *testing.T) {
 		e := newTCEnv(t)
-		run(t, e.env, func(*model.Model) bpf.RelayReason {
+		run(t, e.env, func() bpf.RelayReason {
 			before := e.tcVerdicts(t)
 			if _, _, err := e.runTC(t, "b0", forged, model.SKB{}); err != nil {
 				t.Fatal(err)
