@@ -158,6 +158,27 @@ type ChargeDstKey struct {
 type ChargeDstVal struct {
 	_          structs.HostLayout
 	ListenerId uint32
+	Group      struct {
+		_        structs.HostLayout
+		Addr     [16]uint8
+		Port     uint16
+		Protocol uint8
+		Family   uint8
+	}
+}
+
+type ChargeFlow struct {
+	_     structs.HostLayout
+	Group struct {
+		_        structs.HostLayout
+		Addr     [16]uint8
+		Port     uint16
+		Protocol uint8
+		Family   uint8
+	}
+	ClientAddr [16]uint8
+	ClientPort uint16
+	Pad        uint16
 }
 
 type ChargeP2cFlow struct {
@@ -221,10 +242,22 @@ type ChargeRateLimit struct {
 	Pad         uint32
 }
 
+type ChargeShield struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
+type ChargeShieldKeys struct {
+	_    structs.HostLayout
+	Dst  ChargeDstKey
+	Flow ChargeFlow
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	ChargeMapAllocFlows          = "alloc_flows"
 	ChargeMapAllocRates          = "alloc_rates"
 	ChargeMapBindingStates       = "binding_states"
 	ChargeMapC2pBindings         = "c2p_bindings"
@@ -233,9 +266,12 @@ const (
 	ChargeMapFibGen              = "fib_gen"
 	ChargeMapListenerDsts        = "listener_dsts"
 	ChargeMapNatRelayPorts       = "nat_relay_ports"
+	ChargeMapNodeFlows           = "node_flows"
 	ChargeMapP2cBindings         = "p2c_bindings"
 	ChargeMapP2cFlows            = "p2c_flows"
 	ChargeMapRateLimits          = "rate_limits"
+	ChargeMapShieldScratch       = "shield_scratch"
+	ChargeMapShields             = "shields"
 	ChargeMapTxPorts             = "tx_ports"
 	ChargeMapVerdicts            = "verdicts"
 	ChargeMapWirePorts           = "wire_ports"
@@ -293,6 +329,7 @@ type ChargeProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ChargeMapSpecs struct {
+	AllocFlows    *ebpf.MapSpec `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.MapSpec `ebpf:"alloc_rates"`
 	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
 	C2pBindings   *ebpf.MapSpec `ebpf:"c2p_bindings"`
@@ -301,9 +338,12 @@ type ChargeMapSpecs struct {
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
 	NatRelayPorts *ebpf.MapSpec `ebpf:"nat_relay_ports"`
+	NodeFlows     *ebpf.MapSpec `ebpf:"node_flows"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.MapSpec `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
+	ShieldScratch *ebpf.MapSpec `ebpf:"shield_scratch"`
+	Shields       *ebpf.MapSpec `ebpf:"shields"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 	Verdicts      *ebpf.MapSpec `ebpf:"verdicts"`
 	WirePorts     *ebpf.MapSpec `ebpf:"wire_ports"`
@@ -337,6 +377,7 @@ func (o *ChargeObjects) Close() error {
 //
 // It can be passed to LoadChargeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ChargeMaps struct {
+	AllocFlows    *ebpf.Map `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.Map `ebpf:"alloc_rates"`
 	BindingStates *ebpf.Map `ebpf:"binding_states"`
 	C2pBindings   *ebpf.Map `ebpf:"c2p_bindings"`
@@ -345,9 +386,12 @@ type ChargeMaps struct {
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
 	NatRelayPorts *ebpf.Map `ebpf:"nat_relay_ports"`
+	NodeFlows     *ebpf.Map `ebpf:"node_flows"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.Map `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
+	ShieldScratch *ebpf.Map `ebpf:"shield_scratch"`
+	Shields       *ebpf.Map `ebpf:"shields"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 	Verdicts      *ebpf.Map `ebpf:"verdicts"`
 	WirePorts     *ebpf.Map `ebpf:"wire_ports"`
@@ -355,6 +399,7 @@ type ChargeMaps struct {
 
 func (m *ChargeMaps) Close() error {
 	return _ChargeClose(
+		m.AllocFlows,
 		m.AllocRates,
 		m.BindingStates,
 		m.C2pBindings,
@@ -363,9 +408,12 @@ func (m *ChargeMaps) Close() error {
 		m.FibGen,
 		m.ListenerDsts,
 		m.NatRelayPorts,
+		m.NodeFlows,
 		m.P2cBindings,
 		m.P2cFlows,
 		m.RateLimits,
+		m.ShieldScratch,
+		m.Shields,
 		m.TxPorts,
 		m.Verdicts,
 		m.WirePorts,

@@ -9,6 +9,18 @@
 #define CHANNEL_DATA_MASK 0xC0
 #define CHANNEL_DATA_BITS 0x40
 #define CHANNEL_DATA_HDR_LEN 4
+/* STUN (RFC 8489 §5): the header, its magic cookie; the classes and methods
+ * pion/turn's server handles (internal/server getMessageHandler). */
+#define STUN_HDR_LEN 20
+#define STUN_MAGIC_COOKIE 0x2112A442
+#define STUN_CLASS_REQUEST 0
+#define STUN_CLASS_INDICATION 1
+#define STUN_BINDING 0x001
+#define STUN_ALLOCATE 0x003
+#define STUN_REFRESH 0x004
+#define STUN_SEND 0x006
+#define STUN_CREATE_PERMISSION 0x008
+#define STUN_CHANNEL_BIND 0x009
 
 /* Over UDP a ChannelData message may carry 0-3 bytes of padding (RFC 8656 §12.5);
  * more trailing bytes than that are not ours: pion/turn decides about them. */
@@ -107,6 +119,15 @@ enum reason {
 	REASON_RP_UNCHECKED,           /* the route back could not be looked up as
 	                                  the stack does (forwarding off on lo, an
 	                                  LWT route): the stack decides */
+	/* The listener's shield (shields): to a listener socket, what pion/turn
+	 * would discard unanswered, dropped. */
+	REASON_NO_ALLOCATION,          /* ChannelData (pion/turn's test) from a client
+	                                  with no allocation on that listener socket
+	                                  (alloc_flows, node_flows) */
+	REASON_NOT_TURN,               /* neither that nor a STUN message whose header
+	                                  decodes (magic cookie, length) */
+	REASON_STUN_UNHANDLED,         /* STUN of a class and method pion/turn has no
+	                                  handler for (a response, an unknown method) */
 	REASON_MAX,
 };
 

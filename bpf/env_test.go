@@ -165,6 +165,10 @@ type env struct {
 	// input device); routes are the gateway routes added since setup.
 	loFwd  bool
 	routes []model.Route
+	// shield is the listener shield as set (setShield), allocs and
+	// nodeAllocs what alloc_flows and node_flows hold.
+	shield             model.Shield
+	allocs, nodeAllocs map[model.Allocation]bool
 }
 
 func newEnv(t testing.TB) *env {
@@ -494,6 +498,9 @@ func (e *env) modelEnv() model.Env {
 		Destinations:       destTable,
 		LoopbackForwarding: e.loFwd,
 		Routes:             e.routes,
+		Shield:             e.shield,
+		Allocations:        e.allocs,
+		NodeAllocations:    e.nodeAllocs,
 	}
 	for _, name := range ifaceNames {
 		i := e.ifaces[name]

@@ -58,6 +58,11 @@ func FuzzRelayVsModel(f *testing.F) {
 		}
 	}
 
+	// The listener shield on, with the golden clients' allocations (as
+	// pion/turn holds them) in the daemon's table: a stranger's ChannelData
+	// and junk to a listener are dropped (model rule 12).
+	e.setShield(f, nil, model.Shield{Junk: true, Allocations: true}, fuzzAllocations(bs, 0), fuzzAllocations(bs, 1))
+
 	f.Fuzz(func(t *testing.T, frame []byte, ingress uint8) {
 		// Bits 0-2 the ingress, 3-7 its dev_caps (fuzzCapsByte).
 		name := ifaceNames[int(ingress&7)%len(ifaceNames)]
@@ -184,6 +189,7 @@ func FuzzRelayBindingsVsModel(f *testing.F) {
 		e.replace(t, bs)
 		e.fuzzCaps(t, spec)
 		e.setFlowsAside(t, ingress&0x80 != 0)
+		e.fuzzShield(t, bs, len(payload)+int(flags))
 		m := e.newModel(t, bs)
 		e.fuzzRateLimit(t, m, spec, bs)
 		if len(payload) > maxRunFrame-64 {
@@ -192,6 +198,28 @@ func FuzzRelayBindingsVsModel(f *testing.F) {
 		name := ifaceNames[int(ingress&0x7f)%len(ifaceNames)]
 		e.check(t, m, name, fuzzFrame(bs, pick, dst, flags, payload))
 	})
+}
+
+// fuzzShield sets the listener shield from a number the input gives: off,
+// junk only, or testing allocations too, with the bindings' allocations split
+// between the daemon's table and the node's.
+func (e *env) fuzzShield(t *testing.T, bs []channelmap.Binding, n int) {
+	switch n % 3 {
+	case 1:
+		e.setShield(t, nil, model.Shield{Junk: true}, nil, nil)
+	case 2:
+		e.setShield(t, nil, model.Shield{Junk: true, Allocations: true}, fuzzAllocations(bs, 0), fuzzAllocations(bs, 1))
+	}
+}
+
+// fuzzAllocations are the allocations of every other binding, from the
+// first (0) or the second (1): those of the daemon's table and the node's.
+func fuzzAllocations(bs []channelmap.Binding, from int) map[model.Allocation]bool {
+	out := map[model.Allocation]bool{}
+	for i := from; i < len(bs); i += 2 {
+		out[model.Allocation{Listener: bs[i].Listener, Client: bs[i].Client}] = true
+	}
+	return out
 }
 
 // fuzzCaps reads dev_caps bytes after the binding specs: of the bytes that

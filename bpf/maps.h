@@ -7,6 +7,8 @@
 
 #include <linux/bpf.h>
 #include <bpf_helpers.h>
+
+#include "flow.h"
 #include "consts.h"
 
 struct addr {
@@ -27,6 +29,8 @@ struct dst_key {
 
 struct dst_val {
 	__u32 listener_id;
+	/* The listener socket's group (flow.h): the shield's allocation key. */
+	struct group group;
 };
 
 /* A client's ChannelData arriving at an accepted destination. The listener is
@@ -347,6 +351,61 @@ struct {
 	__type(value, struct p2c_flow);
 	__uint(max_entries, FLOW_CACHE_SLOTS);
 } p2c_flows SEC(".maps");
+
+/* The listener's shield: what of it is on (SHIELD_* flags). Written by
+ * userspace (internal/channelmap): SHIELD_JUNK with --listener-shield, and
+ * SHIELD_ALLOCS while alloc_flows holds every allocation of this daemon. */
+enum shield_flag {
+	SHIELD_JUNK = 1,   /* drop what pion/turn discards unanswered */
+	SHIELD_ALLOCS = 2, /* and ChannelData from a client without an allocation */
+};
+
+struct shield {
+	__u32 flags;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct shield);
+	__uint(max_entries, 1);
+} shields SEC(".maps");
+
+/* The UDP allocations: this daemon's (alloc_flows, written by
+ * internal/allocflows before pion/turn answers the Allocate) and the node's
+ * (node_flows: the listener steering's pinned steer_flows, which every daemon
+ * of the node's network namespace writes, replaces it when the steering is
+ * on; without it no other daemon serves these listeners). The same spec as
+ * steer_flows, so that either can stand for the other. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct flow);
+	__type(value, __u32);
+	__uint(max_entries, 1 << 20);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} alloc_flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct flow);
+	__type(value, __u32);
+	__uint(max_entries, 1 << 20);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} node_flows SEC(".maps");
+
+/* The shield's keys, built per CPU outside the program's stack (the TC
+ * engine's frame has no room for them). */
+struct shield_keys {
+	struct dst_key dst;
+	struct flow flow;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct shield_keys);
+	__uint(max_entries, 1);
+} shield_scratch SEC(".maps");
 
 /* One counter per enum reason, per CPU: no atomics on the packet path. */
 struct {

@@ -48,6 +48,7 @@ volatile const struct config cfg = {};
 
 /* Force the enum into BTF for bpf2go (enum dev_flag is struct dev_cap's). */
 const enum reason *_unused_reason __attribute__((unused));
+const enum shield_flag *_unused_shield_flag __attribute__((unused));
 
 static __always_inline __be32 addr_v4(const struct addr *a)
 {
@@ -648,6 +649,74 @@ static __always_inline int c2p_mapped(const struct input *in)
 	return -1;
 }
 
+/* listener_shield is the listener's shield (model rule 12), for a packet to a listener
+ * port that is not relayed for reason r: r to pass it, or the REASON_* of a
+ * drop when the kernel would deliver it to a listener socket (listener_dsts)
+ * and pion/turn would discard it unanswered. Its tests are pion/turn's own,
+ * in its order (internal/server HandleRequest): ChannelData is what
+ * proto.IsChannelData takes (first two bits 01, the length within the
+ * payload), which pion/turn hands to the allocation of (client, listener
+ * socket) or discards; anything else must decode as STUN
+ * (stun.Message.Decode: 20 bytes, the magic cookie, the length within the
+ * payload; its attributes are left to pion/turn) of a class and method with a
+ * handler (Binding, Allocate, Refresh, CreatePermission and ChannelBind
+ * requests, Send indications; the method read as stun reads it, without the
+ * type's top two bits). Only on the path of packets not bound: a bound
+ * packet never gets here. Any reason may come: the shield drops only what
+ * it finds for a listener socket, where those reasons all mean "not bound". */
+static __noinline int listener_shield(const struct cursor *c, const struct input *in, const struct udphdr *udp, int r)
+{
+	__u32 zero = 0;
+	const struct shield *sh = bpf_map_lookup_elem(&shields, &zero);
+	if (!sh || !(sh->flags & SHIELD_JUNK) || c2p_mapped(in) >= 0)
+		return r;
+	struct shield_keys *k = bpf_map_lookup_elem(&shield_scratch, &zero);
+	if (!k)
+		return r;
+	__builtin_memset(&k->dst, 0, sizeof(k->dst));
+	k->dst.addr = in->daddr;
+	k->dst.port = udp->dest;
+	const struct dst_val *dst = bpf_map_lookup_elem(&listener_dsts, &k->dst);
+	if (!dst)
+		return r; /* not for a listener socket: the kernel's to decide */
+	const __u8 *h = (const void *)(udp + 1);
+	__u16 len = bpf_ntohs(udp->len) - sizeof(*udp);
+	if (len >= CHANNEL_DATA_HDR_LEN && (void *)(h + CHANNEL_DATA_HDR_LEN) <= c->end &&
+	    (h[0] & CHANNEL_DATA_MASK) == CHANNEL_DATA_BITS &&
+	    (((__u16)h[2] << 8) | h[3]) <= len - CHANNEL_DATA_HDR_LEN) {
+		if (!(sh->flags & SHIELD_ALLOCS))
+			return r;
+		struct flow *f = &k->flow;
+		f->group = dst->group;
+		__builtin_memcpy(f->client_addr, in->saddr.b, sizeof(f->client_addr));
+		f->client_port = udp->source;
+		f->_pad = 0;
+		if (bpf_map_lookup_elem(&alloc_flows, f) || bpf_map_lookup_elem(&node_flows, f))
+			return r;
+		return REASON_NO_ALLOCATION;
+	}
+	if (len < STUN_HDR_LEN || (void *)(h + STUN_HDR_LEN) > c->end)
+		return REASON_NOT_TURN;
+	__u32 cookie = ((__u32)h[4] << 24) | ((__u32)h[5] << 16) | ((__u32)h[6] << 8) | h[7];
+	if (cookie != STUN_MAGIC_COOKIE || (((__u16)h[2] << 8) | h[3]) > len - STUN_HDR_LEN)
+		return REASON_NOT_TURN;
+	__u16 t = ((__u16)h[0] << 8) | h[1];
+	__u16 class = ((t >> 4) & 1) | ((t >> 7) & 2);
+	__u16 method = (t & 0xf) | ((t >> 1) & 0x70) | ((t >> 2) & 0xf80);
+	if (class == STUN_CLASS_REQUEST && (method == STUN_BINDING || method == STUN_ALLOCATE || method == STUN_REFRESH ||
+					    method == STUN_CREATE_PERMISSION || method == STUN_CHANNEL_BIND))
+		return r;
+	if (class == STUN_CLASS_INDICATION && method == STUN_SEND)
+		return r;
+	return REASON_STUN_UNHANDLED;
+}
+
+/* shield_drops tells the shield's reasons, which drop. */
+static __always_inline int shield_drops(int r)
+{
+	return r >= REASON_NO_ALLOCATION && r <= REASON_STUN_UNHANDLED;
+}
+
 /* c2p_found is a client->peer binding as found. alloc_id is set on a miss
  * only: on a hit it stays in the flow entry's second cache line, read only
  * when a rate limit needs it (c2p_alloc_id). */
@@ -1018,19 +1087,17 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 	__u16 payload_len = bpf_ntohs(udp->len) - sizeof(*udp);
 	__be16 channel;
 	__u16 data_len, pad;
-	int r = parse_channel_data(c, payload_len, &channel, &data_len, &pad);
-	if (r >= 0) {
-		*reason = r;
-		return XDP_PASS;
-	}
-
-	if ((r = c2p_mapped(in)) >= 0) {
-		*reason = r;
-		return XDP_PASS;
-	}
+	/* What is not bound meets the shield. */
 	__u32 gen = fib_generation();
 	struct c2p_found b;
-	if ((r = c2p_lookup(in, udp, channel, flow_generation(gen), &b)) >= 0 || (r = c2p_admit(c, in, udp)) >= 0) {
+	int r = parse_channel_data(c, payload_len, &channel, &data_len, &pad);
+	if (r < 0 && (r = c2p_mapped(in)) < 0)
+		r = c2p_lookup(in, udp, channel, flow_generation(gen), &b);
+	if (r >= 0) {
+		*reason = listener_shield(c, in, udp, r);
+		return shield_drops(*reason) ? XDP_DROP : XDP_PASS;
+	}
+	if ((r = c2p_admit(c, in, udp)) >= 0) {
 		*reason = r;
 		return XDP_PASS;
 	}
@@ -1080,8 +1147,7 @@ static __always_inline int client_to_peer(struct xdp_md *ctx, struct cursor *c, 
 
 	/* Tail: Ethernet trailer and padding. Head: the ChannelData header and,
 	 * from IPv6, the 20 bytes IPv4's header is shorter. */
-	void *l3 = (void *)udp - in->l3_len;
-	__u32 tail = (__u32)((void *)c->end - l3) - in->l3_total + pad;
+	__u32 tail = (__u32)((void *)c->end - (void *)udp) + in->l3_len - in->l3_total + pad;
 	int head = CHANNEL_DATA_HDR_LEN + (int)in->l3_len - (int)sizeof(struct iphdr);
 	if (resize(ctx, tail, head)) {
 		*reason = REASON_ADJUST_FAILED;

@@ -150,6 +150,27 @@ type RelayDstKey struct {
 type RelayDstVal struct {
 	_          structs.HostLayout
 	ListenerId uint32
+	Group      struct {
+		_        structs.HostLayout
+		Addr     [16]uint8
+		Port     uint16
+		Protocol uint8
+		Family   uint8
+	}
+}
+
+type RelayFlow struct {
+	_     structs.HostLayout
+	Group struct {
+		_        structs.HostLayout
+		Addr     [16]uint8
+		Port     uint16
+		Protocol uint8
+		Family   uint8
+	}
+	ClientAddr [16]uint8
+	ClientPort uint16
+	Pad        uint16
 }
 
 type RelayNextHop struct {
@@ -254,30 +275,56 @@ const (
 	RelayReasonREASON_INGRESS_OVER_MTU       RelayReason = 31
 	RelayReasonREASON_RP_FILTER              RelayReason = 32
 	RelayReasonREASON_RP_UNCHECKED           RelayReason = 33
-	RelayReasonREASON_MAX                    RelayReason = 34
+	RelayReasonREASON_NO_ALLOCATION          RelayReason = 34
+	RelayReasonREASON_NOT_TURN               RelayReason = 35
+	RelayReasonREASON_STUN_UNHANDLED         RelayReason = 36
+	RelayReasonREASON_MAX                    RelayReason = 37
 )
+
+type RelayShield struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
+type RelayShieldFlag uint32
+
+const (
+	RelayShieldFlagSHIELD_JUNK   RelayShieldFlag = 1
+	RelayShieldFlagSHIELD_ALLOCS RelayShieldFlag = 2
+)
+
+type RelayShieldKeys struct {
+	_    structs.HostLayout
+	Dst  RelayDstKey
+	Flow RelayFlow
+}
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	RelayMapAllocRates    = "alloc_rates"
-	RelayMapBindingStates = "binding_states"
-	RelayMapC2pBindings   = "c2p_bindings"
-	RelayMapC2pFlows      = "c2p_flows"
-	RelayMapDevCaps       = "dev_caps"
-	RelayMapFibGen        = "fib_gen"
-	RelayMapListenerDsts  = "listener_dsts"
-	RelayMapNatRelayPorts = "nat_relay_ports"
-	RelayMapP2cBindings   = "p2c_bindings"
-	RelayMapP2cFlows      = "p2c_flows"
-	RelayMapRateLimits    = "rate_limits"
-	RelayMapTxPorts       = "tx_ports"
-	RelayMapVerdicts      = "verdicts"
-	RelayMapWirePorts     = "wire_ports"
-	RelayProgXdpTurnRelay = "xdp_turn_relay"
-	RelayVarUnusedReason  = "_unused_reason"
-	RelayVarCfg           = "cfg"
+	RelayMapAllocFlows       = "alloc_flows"
+	RelayMapAllocRates       = "alloc_rates"
+	RelayMapBindingStates    = "binding_states"
+	RelayMapC2pBindings      = "c2p_bindings"
+	RelayMapC2pFlows         = "c2p_flows"
+	RelayMapDevCaps          = "dev_caps"
+	RelayMapFibGen           = "fib_gen"
+	RelayMapListenerDsts     = "listener_dsts"
+	RelayMapNatRelayPorts    = "nat_relay_ports"
+	RelayMapNodeFlows        = "node_flows"
+	RelayMapP2cBindings      = "p2c_bindings"
+	RelayMapP2cFlows         = "p2c_flows"
+	RelayMapRateLimits       = "rate_limits"
+	RelayMapShieldScratch    = "shield_scratch"
+	RelayMapShields          = "shields"
+	RelayMapTxPorts          = "tx_ports"
+	RelayMapVerdicts         = "verdicts"
+	RelayMapWirePorts        = "wire_ports"
+	RelayProgXdpTurnRelay    = "xdp_turn_relay"
+	RelayVarUnusedReason     = "_unused_reason"
+	RelayVarUnusedShieldFlag = "_unused_shield_flag"
+	RelayVarCfg              = "cfg"
 )
 
 // LoadRelay returns the embedded CollectionSpec for Relay.
@@ -329,6 +376,7 @@ type RelayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayMapSpecs struct {
+	AllocFlows    *ebpf.MapSpec `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.MapSpec `ebpf:"alloc_rates"`
 	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
 	C2pBindings   *ebpf.MapSpec `ebpf:"c2p_bindings"`
@@ -337,9 +385,12 @@ type RelayMapSpecs struct {
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
 	NatRelayPorts *ebpf.MapSpec `ebpf:"nat_relay_ports"`
+	NodeFlows     *ebpf.MapSpec `ebpf:"node_flows"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.MapSpec `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
+	ShieldScratch *ebpf.MapSpec `ebpf:"shield_scratch"`
+	Shields       *ebpf.MapSpec `ebpf:"shields"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 	Verdicts      *ebpf.MapSpec `ebpf:"verdicts"`
 	WirePorts     *ebpf.MapSpec `ebpf:"wire_ports"`
@@ -349,8 +400,9 @@ type RelayMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayVariableSpecs struct {
-	UnusedReason *ebpf.VariableSpec `ebpf:"_unused_reason"`
-	Cfg          *ebpf.VariableSpec `ebpf:"cfg"`
+	UnusedReason     *ebpf.VariableSpec `ebpf:"_unused_reason"`
+	UnusedShieldFlag *ebpf.VariableSpec `ebpf:"_unused_shield_flag"`
+	Cfg              *ebpf.VariableSpec `ebpf:"cfg"`
 }
 
 // RelayObjects contains all objects after they have been loaded into the kernel.
@@ -373,6 +425,7 @@ func (o *RelayObjects) Close() error {
 //
 // It can be passed to LoadRelayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayMaps struct {
+	AllocFlows    *ebpf.Map `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.Map `ebpf:"alloc_rates"`
 	BindingStates *ebpf.Map `ebpf:"binding_states"`
 	C2pBindings   *ebpf.Map `ebpf:"c2p_bindings"`
@@ -381,9 +434,12 @@ type RelayMaps struct {
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
 	NatRelayPorts *ebpf.Map `ebpf:"nat_relay_ports"`
+	NodeFlows     *ebpf.Map `ebpf:"node_flows"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.Map `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
+	ShieldScratch *ebpf.Map `ebpf:"shield_scratch"`
+	Shields       *ebpf.Map `ebpf:"shields"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 	Verdicts      *ebpf.Map `ebpf:"verdicts"`
 	WirePorts     *ebpf.Map `ebpf:"wire_ports"`
@@ -391,6 +447,7 @@ type RelayMaps struct {
 
 func (m *RelayMaps) Close() error {
 	return _RelayClose(
+		m.AllocFlows,
 		m.AllocRates,
 		m.BindingStates,
 		m.C2pBindings,
@@ -399,9 +456,12 @@ func (m *RelayMaps) Close() error {
 		m.FibGen,
 		m.ListenerDsts,
 		m.NatRelayPorts,
+		m.NodeFlows,
 		m.P2cBindings,
 		m.P2cFlows,
 		m.RateLimits,
+		m.ShieldScratch,
+		m.Shields,
 		m.TxPorts,
 		m.Verdicts,
 		m.WirePorts,
@@ -412,8 +472,9 @@ func (m *RelayMaps) Close() error {
 //
 // It can be passed to LoadRelayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayVariables struct {
-	UnusedReason *ebpf.Variable `ebpf:"_unused_reason"`
-	Cfg          *ebpf.Variable `ebpf:"cfg"`
+	UnusedReason     *ebpf.Variable `ebpf:"_unused_reason"`
+	UnusedShieldFlag *ebpf.Variable `ebpf:"_unused_shield_flag"`
+	Cfg              *ebpf.Variable `ebpf:"cfg"`
 }
 
 // RelayPrograms contains all programs after they have been loaded into the kernel.

@@ -390,20 +390,18 @@ static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct curso
 	__u16 payload_len = bpf_ntohs(udp->len) - sizeof(*udp);
 	__be16 channel;
 	__u16 data_len, pad;
-	int r = parse_channel_data(c, payload_len, &channel, &data_len, &pad);
-	if (r >= 0) {
-		*reason = r;
-		return TC_ACT_OK;
-	}
-	if ((r = c2p_mapped(in)) >= 0) {
-		*reason = r;
-		return TC_ACT_OK;
-	}
 	/* The binding, as XDP finds it (the flow caches are shared: their
 	 * entries describe themselves), and learned as XDP learns it (and XDP's
-	 * reply next hop dropped). */
+	 * reply next hop dropped). What is not bound meets the shield. */
 	struct c2p_found b;
-	if ((r = c2p_lookup(in, udp, channel, flow_generation(fib_generation()), &b)) >= 0 || (r = c2p_admit(c, in, udp)) >= 0) {
+	int r = parse_channel_data(c, payload_len, &channel, &data_len, &pad);
+	if (r < 0 && (r = c2p_mapped(in)) < 0)
+		r = c2p_lookup(in, udp, channel, flow_generation(fib_generation()), &b);
+	if (r >= 0) {
+		*reason = listener_shield(c, in, udp, r);
+		return shield_drops(*reason) ? TC_ACT_SHOT : TC_ACT_OK;
+	}
+	if ((r = c2p_admit(c, in, udp)) >= 0) {
 		*reason = r;
 		return TC_ACT_OK;
 	}

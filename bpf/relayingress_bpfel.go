@@ -158,6 +158,27 @@ type RelayIngressDstKey struct {
 type RelayIngressDstVal struct {
 	_          structs.HostLayout
 	ListenerId uint32
+	Group      struct {
+		_        structs.HostLayout
+		Addr     [16]uint8
+		Port     uint16
+		Protocol uint8
+		Family   uint8
+	}
+}
+
+type RelayIngressFlow struct {
+	_     structs.HostLayout
+	Group struct {
+		_        structs.HostLayout
+		Addr     [16]uint8
+		Port     uint16
+		Protocol uint8
+		Family   uint8
+	}
+	ClientAddr [16]uint8
+	ClientPort uint16
+	Pad        uint16
 }
 
 type RelayIngressP2cFlow struct {
@@ -221,27 +242,43 @@ type RelayIngressRateLimit struct {
 	Pad         uint32
 }
 
+type RelayIngressShield struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
+type RelayIngressShieldKeys struct {
+	_    structs.HostLayout
+	Dst  RelayIngressDstKey
+	Flow RelayIngressFlow
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	RelayIngressMapAllocRates    = "alloc_rates"
-	RelayIngressMapBindingStates = "binding_states"
-	RelayIngressMapC2pBindings   = "c2p_bindings"
-	RelayIngressMapC2pFlows      = "c2p_flows"
-	RelayIngressMapDevCaps       = "dev_caps"
-	RelayIngressMapFibGen        = "fib_gen"
-	RelayIngressMapListenerDsts  = "listener_dsts"
-	RelayIngressMapNatRelayPorts = "nat_relay_ports"
-	RelayIngressMapP2cBindings   = "p2c_bindings"
-	RelayIngressMapP2cFlows      = "p2c_flows"
-	RelayIngressMapRateLimits    = "rate_limits"
-	RelayIngressMapTxPorts       = "tx_ports"
-	RelayIngressMapVerdicts      = "verdicts"
-	RelayIngressMapWirePorts     = "wire_ports"
-	RelayIngressProgXdpTurnRelay = "xdp_turn_relay"
-	RelayIngressVarUnusedReason  = "_unused_reason"
-	RelayIngressVarCfg           = "cfg"
+	RelayIngressMapAllocFlows       = "alloc_flows"
+	RelayIngressMapAllocRates       = "alloc_rates"
+	RelayIngressMapBindingStates    = "binding_states"
+	RelayIngressMapC2pBindings      = "c2p_bindings"
+	RelayIngressMapC2pFlows         = "c2p_flows"
+	RelayIngressMapDevCaps          = "dev_caps"
+	RelayIngressMapFibGen           = "fib_gen"
+	RelayIngressMapListenerDsts     = "listener_dsts"
+	RelayIngressMapNatRelayPorts    = "nat_relay_ports"
+	RelayIngressMapNodeFlows        = "node_flows"
+	RelayIngressMapP2cBindings      = "p2c_bindings"
+	RelayIngressMapP2cFlows         = "p2c_flows"
+	RelayIngressMapRateLimits       = "rate_limits"
+	RelayIngressMapShieldScratch    = "shield_scratch"
+	RelayIngressMapShields          = "shields"
+	RelayIngressMapTxPorts          = "tx_ports"
+	RelayIngressMapVerdicts         = "verdicts"
+	RelayIngressMapWirePorts        = "wire_ports"
+	RelayIngressProgXdpTurnRelay    = "xdp_turn_relay"
+	RelayIngressVarUnusedReason     = "_unused_reason"
+	RelayIngressVarUnusedShieldFlag = "_unused_shield_flag"
+	RelayIngressVarCfg              = "cfg"
 )
 
 // LoadRelayIngress returns the embedded CollectionSpec for RelayIngress.
@@ -293,6 +330,7 @@ type RelayIngressProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayIngressMapSpecs struct {
+	AllocFlows    *ebpf.MapSpec `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.MapSpec `ebpf:"alloc_rates"`
 	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
 	C2pBindings   *ebpf.MapSpec `ebpf:"c2p_bindings"`
@@ -301,9 +339,12 @@ type RelayIngressMapSpecs struct {
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
 	NatRelayPorts *ebpf.MapSpec `ebpf:"nat_relay_ports"`
+	NodeFlows     *ebpf.MapSpec `ebpf:"node_flows"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.MapSpec `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
+	ShieldScratch *ebpf.MapSpec `ebpf:"shield_scratch"`
+	Shields       *ebpf.MapSpec `ebpf:"shields"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 	Verdicts      *ebpf.MapSpec `ebpf:"verdicts"`
 	WirePorts     *ebpf.MapSpec `ebpf:"wire_ports"`
@@ -313,8 +354,9 @@ type RelayIngressMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayIngressVariableSpecs struct {
-	UnusedReason *ebpf.VariableSpec `ebpf:"_unused_reason"`
-	Cfg          *ebpf.VariableSpec `ebpf:"cfg"`
+	UnusedReason     *ebpf.VariableSpec `ebpf:"_unused_reason"`
+	UnusedShieldFlag *ebpf.VariableSpec `ebpf:"_unused_shield_flag"`
+	Cfg              *ebpf.VariableSpec `ebpf:"cfg"`
 }
 
 // RelayIngressObjects contains all objects after they have been loaded into the kernel.
@@ -337,6 +379,7 @@ func (o *RelayIngressObjects) Close() error {
 //
 // It can be passed to LoadRelayIngressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayIngressMaps struct {
+	AllocFlows    *ebpf.Map `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.Map `ebpf:"alloc_rates"`
 	BindingStates *ebpf.Map `ebpf:"binding_states"`
 	C2pBindings   *ebpf.Map `ebpf:"c2p_bindings"`
@@ -345,9 +388,12 @@ type RelayIngressMaps struct {
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
 	NatRelayPorts *ebpf.Map `ebpf:"nat_relay_ports"`
+	NodeFlows     *ebpf.Map `ebpf:"node_flows"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.Map `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
+	ShieldScratch *ebpf.Map `ebpf:"shield_scratch"`
+	Shields       *ebpf.Map `ebpf:"shields"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 	Verdicts      *ebpf.Map `ebpf:"verdicts"`
 	WirePorts     *ebpf.Map `ebpf:"wire_ports"`
@@ -355,6 +401,7 @@ type RelayIngressMaps struct {
 
 func (m *RelayIngressMaps) Close() error {
 	return _RelayIngressClose(
+		m.AllocFlows,
 		m.AllocRates,
 		m.BindingStates,
 		m.C2pBindings,
@@ -363,9 +410,12 @@ func (m *RelayIngressMaps) Close() error {
 		m.FibGen,
 		m.ListenerDsts,
 		m.NatRelayPorts,
+		m.NodeFlows,
 		m.P2cBindings,
 		m.P2cFlows,
 		m.RateLimits,
+		m.ShieldScratch,
+		m.Shields,
 		m.TxPorts,
 		m.Verdicts,
 		m.WirePorts,
@@ -376,8 +426,9 @@ func (m *RelayIngressMaps) Close() error {
 //
 // It can be passed to LoadRelayIngressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayIngressVariables struct {
-	UnusedReason *ebpf.Variable `ebpf:"_unused_reason"`
-	Cfg          *ebpf.Variable `ebpf:"cfg"`
+	UnusedReason     *ebpf.Variable `ebpf:"_unused_reason"`
+	UnusedShieldFlag *ebpf.Variable `ebpf:"_unused_shield_flag"`
+	Cfg              *ebpf.Variable `ebpf:"cfg"`
 }
 
 // RelayIngressPrograms contains all programs after they have been loaded into the kernel.

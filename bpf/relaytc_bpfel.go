@@ -158,6 +158,27 @@ type RelayTcDstKey struct {
 type RelayTcDstVal struct {
 	_          structs.HostLayout
 	ListenerId uint32
+	Group      struct {
+		_        structs.HostLayout
+		Addr     [16]uint8
+		Port     uint16
+		Protocol uint8
+		Family   uint8
+	}
+}
+
+type RelayTcFlow struct {
+	_     structs.HostLayout
+	Group struct {
+		_        structs.HostLayout
+		Addr     [16]uint8
+		Port     uint16
+		Protocol uint8
+		Family   uint8
+	}
+	ClientAddr [16]uint8
+	ClientPort uint16
+	Pad        uint16
 }
 
 type RelayTcP2cFlow struct {
@@ -221,6 +242,17 @@ type RelayTcRateLimit struct {
 	Pad         uint32
 }
 
+type RelayTcShield struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
+type RelayTcShieldKeys struct {
+	_    structs.HostLayout
+	Dst  RelayTcDstKey
+	Flow RelayTcFlow
+}
+
 type RelayTcTcBuf struct {
 	_ structs.HostLayout
 	B [8192]uint8
@@ -242,27 +274,32 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	RelayTcMapAllocRates     = "alloc_rates"
-	RelayTcMapBindingStates  = "binding_states"
-	RelayTcMapC2pBindings    = "c2p_bindings"
-	RelayTcMapC2pFlows       = "c2p_flows"
-	RelayTcMapDevCaps        = "dev_caps"
-	RelayTcMapFibGen         = "fib_gen"
-	RelayTcMapListenerDsts   = "listener_dsts"
-	RelayTcMapNatRelayPorts  = "nat_relay_ports"
-	RelayTcMapP2cBindings    = "p2c_bindings"
-	RelayTcMapP2cFlows       = "p2c_flows"
-	RelayTcMapRateLimits     = "rate_limits"
-	RelayTcMapTcScratch      = "tc_scratch"
-	RelayTcMapTcVerdicts     = "tc_verdicts"
-	RelayTcMapTxPorts        = "tx_ports"
-	RelayTcMapVerdicts       = "verdicts"
-	RelayTcMapWirePorts      = "wire_ports"
-	RelayTcProgTcTurnRelay   = "tc_turn_relay"
-	RelayTcProgTcTurnRelayL3 = "tc_turn_relay_l3"
-	RelayTcVarUnusedReason   = "_unused_reason"
-	RelayTcVarUnusedTcReason = "_unused_tc_reason"
-	RelayTcVarCfg            = "cfg"
+	RelayTcMapAllocFlows       = "alloc_flows"
+	RelayTcMapAllocRates       = "alloc_rates"
+	RelayTcMapBindingStates    = "binding_states"
+	RelayTcMapC2pBindings      = "c2p_bindings"
+	RelayTcMapC2pFlows         = "c2p_flows"
+	RelayTcMapDevCaps          = "dev_caps"
+	RelayTcMapFibGen           = "fib_gen"
+	RelayTcMapListenerDsts     = "listener_dsts"
+	RelayTcMapNatRelayPorts    = "nat_relay_ports"
+	RelayTcMapNodeFlows        = "node_flows"
+	RelayTcMapP2cBindings      = "p2c_bindings"
+	RelayTcMapP2cFlows         = "p2c_flows"
+	RelayTcMapRateLimits       = "rate_limits"
+	RelayTcMapShieldScratch    = "shield_scratch"
+	RelayTcMapShields          = "shields"
+	RelayTcMapTcScratch        = "tc_scratch"
+	RelayTcMapTcVerdicts       = "tc_verdicts"
+	RelayTcMapTxPorts          = "tx_ports"
+	RelayTcMapVerdicts         = "verdicts"
+	RelayTcMapWirePorts        = "wire_ports"
+	RelayTcProgTcTurnRelay     = "tc_turn_relay"
+	RelayTcProgTcTurnRelayL3   = "tc_turn_relay_l3"
+	RelayTcVarUnusedReason     = "_unused_reason"
+	RelayTcVarUnusedShieldFlag = "_unused_shield_flag"
+	RelayTcVarUnusedTcReason   = "_unused_tc_reason"
+	RelayTcVarCfg              = "cfg"
 )
 
 // LoadRelayTc returns the embedded CollectionSpec for RelayTc.
@@ -315,6 +352,7 @@ type RelayTcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayTcMapSpecs struct {
+	AllocFlows    *ebpf.MapSpec `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.MapSpec `ebpf:"alloc_rates"`
 	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
 	C2pBindings   *ebpf.MapSpec `ebpf:"c2p_bindings"`
@@ -323,9 +361,12 @@ type RelayTcMapSpecs struct {
 	FibGen        *ebpf.MapSpec `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.MapSpec `ebpf:"listener_dsts"`
 	NatRelayPorts *ebpf.MapSpec `ebpf:"nat_relay_ports"`
+	NodeFlows     *ebpf.MapSpec `ebpf:"node_flows"`
 	P2cBindings   *ebpf.MapSpec `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.MapSpec `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.MapSpec `ebpf:"rate_limits"`
+	ShieldScratch *ebpf.MapSpec `ebpf:"shield_scratch"`
+	Shields       *ebpf.MapSpec `ebpf:"shields"`
 	TcScratch     *ebpf.MapSpec `ebpf:"tc_scratch"`
 	TcVerdicts    *ebpf.MapSpec `ebpf:"tc_verdicts"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
@@ -337,9 +378,10 @@ type RelayTcMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayTcVariableSpecs struct {
-	UnusedReason   *ebpf.VariableSpec `ebpf:"_unused_reason"`
-	UnusedTcReason *ebpf.VariableSpec `ebpf:"_unused_tc_reason"`
-	Cfg            *ebpf.VariableSpec `ebpf:"cfg"`
+	UnusedReason     *ebpf.VariableSpec `ebpf:"_unused_reason"`
+	UnusedShieldFlag *ebpf.VariableSpec `ebpf:"_unused_shield_flag"`
+	UnusedTcReason   *ebpf.VariableSpec `ebpf:"_unused_tc_reason"`
+	Cfg              *ebpf.VariableSpec `ebpf:"cfg"`
 }
 
 // RelayTcObjects contains all objects after they have been loaded into the kernel.
@@ -362,6 +404,7 @@ func (o *RelayTcObjects) Close() error {
 //
 // It can be passed to LoadRelayTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayTcMaps struct {
+	AllocFlows    *ebpf.Map `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.Map `ebpf:"alloc_rates"`
 	BindingStates *ebpf.Map `ebpf:"binding_states"`
 	C2pBindings   *ebpf.Map `ebpf:"c2p_bindings"`
@@ -370,9 +413,12 @@ type RelayTcMaps struct {
 	FibGen        *ebpf.Map `ebpf:"fib_gen"`
 	ListenerDsts  *ebpf.Map `ebpf:"listener_dsts"`
 	NatRelayPorts *ebpf.Map `ebpf:"nat_relay_ports"`
+	NodeFlows     *ebpf.Map `ebpf:"node_flows"`
 	P2cBindings   *ebpf.Map `ebpf:"p2c_bindings"`
 	P2cFlows      *ebpf.Map `ebpf:"p2c_flows"`
 	RateLimits    *ebpf.Map `ebpf:"rate_limits"`
+	ShieldScratch *ebpf.Map `ebpf:"shield_scratch"`
+	Shields       *ebpf.Map `ebpf:"shields"`
 	TcScratch     *ebpf.Map `ebpf:"tc_scratch"`
 	TcVerdicts    *ebpf.Map `ebpf:"tc_verdicts"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
@@ -382,6 +428,7 @@ type RelayTcMaps struct {
 
 func (m *RelayTcMaps) Close() error {
 	return _RelayTcClose(
+		m.AllocFlows,
 		m.AllocRates,
 		m.BindingStates,
 		m.C2pBindings,
@@ -390,9 +437,12 @@ func (m *RelayTcMaps) Close() error {
 		m.FibGen,
 		m.ListenerDsts,
 		m.NatRelayPorts,
+		m.NodeFlows,
 		m.P2cBindings,
 		m.P2cFlows,
 		m.RateLimits,
+		m.ShieldScratch,
+		m.Shields,
 		m.TcScratch,
 		m.TcVerdicts,
 		m.TxPorts,
@@ -405,9 +455,10 @@ func (m *RelayTcMaps) Close() error {
 //
 // It can be passed to LoadRelayTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayTcVariables struct {
-	UnusedReason   *ebpf.Variable `ebpf:"_unused_reason"`
-	UnusedTcReason *ebpf.Variable `ebpf:"_unused_tc_reason"`
-	Cfg            *ebpf.Variable `ebpf:"cfg"`
+	UnusedReason     *ebpf.Variable `ebpf:"_unused_reason"`
+	UnusedShieldFlag *ebpf.Variable `ebpf:"_unused_shield_flag"`
+	UnusedTcReason   *ebpf.Variable `ebpf:"_unused_tc_reason"`
+	Cfg              *ebpf.Variable `ebpf:"cfg"`
 }
 
 // RelayTcPrograms contains all programs after they have been loaded into the kernel.

@@ -422,6 +422,7 @@ func FuzzTCL3VsModel(f *testing.F) {
 	e := newTCEnv(f)
 	bs := sortedBindings()
 	e.replace(f, bs)
+	e.setShield(f, nil, model.Shield{Junk: true, Allocations: true}, fuzzAllocations(bs, 0), fuzzAllocations(bs, 1))
 	for _, c := range append(append(goldenCases(e.env), goldenCases6(e.env)...), hostileCases(e.env)...) {
 		if len(c.in) > 14 {
 			f.Add(c.in[14:], ingressIndex(c.ingress), uint8(0))
@@ -602,6 +603,7 @@ func FuzzTCVsModel(f *testing.F) {
 	e := newTCEnv(f)
 	bs := sortedBindings()
 	e.replace(f, bs)
+	e.setShield(f, nil, model.Shield{Junk: true, Allocations: true}, fuzzAllocations(bs, 0), fuzzAllocations(bs, 1))
 	for _, c := range append(goldenCases(e.env), hostileCases(e.env)...) {
 		f.Add(c.in, ingressIndex(c.ingress), uint8(0))
 		f.Add(c.in, ingressIndex(c.ingress), uint8(1))
@@ -732,6 +734,7 @@ func FuzzTCBindingsVsModel(f *testing.F) {
 		e.replace(t, bs)
 		e.fuzzCaps(t, spec)
 		e.setFlowsAside(t, ingress&0x80 != 0)
+		e.fuzzShield(t, bs, len(payload)+int(flags))
 		m := e.newModel(t, bs)
 		e.fuzzRateLimit(t, m, spec, bs)
 		if len(payload) > maxRunFrame-64 {

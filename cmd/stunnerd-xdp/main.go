@@ -85,7 +85,7 @@ type options struct {
 	maxAllocPPS, maxAllocBPS                             uint64
 	overLimit                                            string
 	forceReady, verbose, dryRun                          bool
-	shortcut, version, tcEngine                          bool
+	shortcut, version, tcEngine, listenerShield          bool
 	tcIfaces                                             string
 	udpThreadNum, maxPermissions                         int
 	userQuota, totalQuota                                quotaFlag
@@ -195,6 +195,9 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
 	fs.BoolVar(&o.tcEngine, "tc-engine", true, "load the TC engine beside XDP: it relays on the skb path what XDP cannot transmit (into a pod's veth,\n"+
 		"a bridge, a VXLAN/Geneve device) and what local pods send to relay ports (on the interfaces --tc-iface matches)")
+	fs.BoolVar(&o.listenerShield, "listener-shield", true, "drop in the kernel, at the UDP listeners, what pion/turn would discard unanswered: ChannelData from a client\n"+
+		"without an allocation, datagrams that are neither ChannelData nor STUN, STUN that pion/turn has no handler for\n"+
+		"(a response, an unknown method); counted by reason in stunnerd_xdp_verdicts_total (drop_shield_*)")
 	fs.StringVar(&o.tcIfaces, "tc-iface", strings.Join(loader.DefaultTCPatterns, ","), "`PATTERN[,PATTERN]` of interfaces the TC engine attaches to as they come and go, while XDP is attached:\n"+
 		"pod:veth  every pod's host-side veth, whatever the CNI calls it (a veth whose peer is in another network\n"+
 		"          namespace: Calico cali*, Cilium lxc*, EKS eni*, AKS azv*, bridge plugins veth*, Antrea, OVN-Kubernetes);\n"+
@@ -412,6 +415,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 		}
 	}
 	cfg.TCEngine = o.tcEngine
+	cfg.NoListenerShield = !o.listenerShield
 	for _, p := range strings.Split(o.tcIfaces, ",") {
 		if p = strings.TrimSpace(p); p == "" {
 			continue

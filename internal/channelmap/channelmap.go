@@ -188,7 +188,8 @@ type Maps struct {
 	// destination table maps each accepted address:port to.
 	listenerIDs  map[netip.AddrPort]uint32
 	listenerAddr map[uint32]netip.AddrPort
-	dstTable     map[bpf.RelayDstKey]uint32 // what the kernel's destination map holds
+	dstTable     map[bpf.RelayDstKey]bpf.RelayDstVal // what the kernel's destination map holds
+	shields      *ebpf.Map
 	// Allocation ids, by relayed transport address: every binding of one
 	// allocation charges the same rate-limit bucket. Counted references.
 	allocs    map[netip.AddrPort]*allocRef
@@ -249,7 +250,8 @@ func New(m *bpf.RelayMaps) *Maps {
 		maxID:        m.BindingStates.MaxEntries(),
 		listenerIDs:  make(map[netip.AddrPort]uint32),
 		listenerAddr: make(map[uint32]netip.AddrPort),
-		dstTable:     make(map[bpf.RelayDstKey]uint32),
+		dstTable:     make(map[bpf.RelayDstKey]bpf.RelayDstVal),
+		shields:      m.Shields,
 		now:          time.Now,
 		natPorts:     m.NatRelayPorts,
 		natRefs:      make(map[uint16]int),
@@ -492,7 +494,7 @@ func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.retryInvalidate()
-	want := make(map[bpf.RelayDstKey]uint32, len(d))
+	want := make(map[bpf.RelayDstKey]bpf.RelayDstVal, len(d))
 	var bits [wirePortWords]uint64
 	for wire, l := range d {
 		if wire.IsValid() && l.IsValid() && wire.Port() != l.Port() {
@@ -507,20 +509,22 @@ func (m *Maps) SetDestinations(d map[netip.AddrPort]netip.AddrPort) error {
 		var k bpf.RelayDstKey
 		k.Addr.B = addr16(wire.Addr())
 		k.Port = byteorder.Htons(wire.Port())
-		want[k] = m.listenerID(l)
+		v := bpf.RelayDstVal{ListenerId: m.listenerID(l)}
+		v.Group = bpf.FlowGroup(unix.IPPROTO_UDP, l) // the shield's key of the socket
+		want[k] = v
 	}
 	var errs []error
 	changed := false
-	for k, id := range want {
-		if cur, ok := m.dstTable[k]; ok && cur == id {
+	for k, v := range want {
+		if cur, ok := m.dstTable[k]; ok && cur == v {
 			continue
 		}
 		changed = true
-		if err := m.dsts.Put(k, bpf.RelayDstVal{ListenerId: id}); err != nil {
+		if err := m.dsts.Put(k, v); err != nil {
 			errs = append(errs, fmt.Errorf("destination %v:%d: %w", fromAddr16(k.Addr.B), byteorder.Htons(k.Port), mapErr(err)))
 			continue
 		}
-		m.dstTable[k] = id
+		m.dstTable[k] = v
 	}
 	for k := range m.dstTable {
 		if _, ok := want[k]; ok {
@@ -1206,6 +1210,24 @@ func (m *Maps) SetRateLimit(r RateLimit) error {
 	}
 	if err := m.rateLimits.Put(uint32(0), v); err != nil {
 		return fmt.Errorf("set rate limit: %w", err)
+	}
+	return nil
+}
+
+// SetShield turns the listener shield on or off (the next packet sees it): junk
+// drops what pion/turn would discard unanswered at a listener socket, allocs
+// also ChannelData from clients without an allocation, which only a complete
+// allocation table (internal/allocflows) may say.
+func (m *Maps) SetShield(junk, allocs bool) error {
+	var v bpf.RelayShield
+	if junk {
+		v.Flags |= uint32(bpf.RelayShieldFlagSHIELD_JUNK)
+		if allocs {
+			v.Flags |= uint32(bpf.RelayShieldFlagSHIELD_ALLOCS)
+		}
+	}
+	if err := m.shields.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("set listener shield: %w", err)
 	}
 	return nil
 }

@@ -46,6 +46,11 @@ var ReasonNames = map[bpf.RelayReason]string{
 	bpf.RelayReasonREASON_RP_FILTER: "pass_rp_filter",
 	// The route back could not be looked up as the stack looks it up.
 	bpf.RelayReasonREASON_RP_UNCHECKED: "pass_rp_unchecked",
+	// The listener shield (--listener-shield): to a listener socket, what
+	// pion/turn would discard unanswered, dropped.
+	bpf.RelayReasonREASON_NO_ALLOCATION:  "drop_shield_no_allocation",
+	bpf.RelayReasonREASON_NOT_TURN:       "drop_shield_not_turn",
+	bpf.RelayReasonREASON_STUN_UNHANDLED: "drop_shield_stun_unhandled",
 }
 
 // ReasonName is the metric label of Verdicts()[i].

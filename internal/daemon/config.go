@@ -60,6 +60,9 @@ type Config struct {
 	// (pods' host-side veths), the datagrams local pods send to relay ports.
 	TCEngine   bool
 	TCPatterns []string
+	// NoListenerShield turns the listener shield off: the programs then pass
+	// to pion/turn what it discards unanswered (bpf/relay.c listener_shield).
+	NoListenerShield bool
 	// load loads the program in place of LoadXDP and LoadEngines: what a
 	// test gives to stand for a kernel that refuses it.
 	load offload.LoadFunc

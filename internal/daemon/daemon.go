@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/l7mp/stunnerd-xdp/internal/allocflows"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
@@ -60,6 +61,7 @@ type Daemon struct {
 	dests      *destinationSync
 	ctRefresh  *ctrefresh.Refresher
 	steer      *steering.Steering
+	allocs     *allocflows.Table // nil: the shield tests no allocation
 	counters   *userspace.Counters
 	rateLimit  *userspace.RateLimiter
 	traffic    *metrics.Traffic
@@ -118,10 +120,11 @@ func Start(cfg Config) (*Daemon, error) {
 	}
 	d.creds = credentials.New(cfg.credentials(), d.strangerLog)
 	d.openSteering()
+	d.openAllocations()
 	d.startDestinations()
 	d.listeners = listener.NewSet(listener.Deps{
 		Logger: cfg.Logger, Credentials: d.creds, Mirror: d.mirror.EventHandler(),
-		Destinations: d.dests.tracker, Steering: d.steer,
+		Destinations: d.dests.tracker, Steering: d.steer, Allocations: d.allocs,
 		Quota: d.quota, Permissions: d.perms, Draining: d.draining.Load,
 		Conns: d.conns, Guarded: &d.guarded, Counters: d.counters, RateLimit: d.rateLimit,
 		Traffic: d.traffic, ClusterNets: &d.clusterNets,
@@ -130,6 +133,7 @@ func Start(cfg Config) (*Daemon, error) {
 		d.listeners.Close()
 		d.closeDestinations()
 		d.closeSteering()
+		d.closeAllocations()
 		d.mirror.Close()
 		return nil, err
 	}
@@ -171,7 +175,7 @@ func (d *Daemon) startXDP() {
 	// Before any offload is set: the policies in place judge the first bindings.
 	policy := d.startPolicy()
 	d.xdp = offload.New(offload.Options{
-		Log: xlog, Load: load, Sink: mapWriters{d}, Program: cfg.loaderConfig(), Interfaces: ifaces,
+		Log: xlog, Load: load, Sink: mapWriters{d}, Program: d.program(cfg), Interfaces: ifaces,
 		Flag: cfg.XDPMode, Config: cfg.ConfigXDPMode,
 	})
 	d.mirror.SetNoPath(d.xdp.Unavailable)
@@ -333,6 +337,7 @@ func (d *Daemon) Close() error {
 		d.listeners.Close()
 		d.closeDestinations()
 		d.closeSteering()
+		d.closeAllocations()
 		d.wg.Wait()
 		if d.xdp != nil {
 			errs = append(errs, d.xdp.Close())

@@ -62,6 +62,7 @@ func (w mapWriters) SetMaps(o mirror.Offload) {
 	} else {
 		d.rateLimit.SetKernel(m)
 	}
+	d.setShield(m)
 	d.dests.tracker.Resync()
 }
 

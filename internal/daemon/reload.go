@@ -44,7 +44,7 @@ func (d *Daemon) Reconfigure(next Config) error {
 	// What the reload hands on, all of it derived from next here.
 	var (
 		settings, creds, limits    = next.listenerSettings(), next.credentials(), next.quotaLimits()
-		traffic, udpAddrs, program = next.trafficListeners(), next.udpListenerAddrs(), next.loaderConfig()
+		traffic, udpAddrs, program = next.trafficListeners(), next.udpListenerAddrs(), d.program(&next)
 		reprogram                  = !slices.Equal(next.udpPorts(), cur.udpPorts())
 		restartAll                 = next.Realm != cur.Realm // pion/turn keys on the realm
 		mode                       = next.ConfigXDPMode

@@ -16,6 +16,7 @@ import (
 
 	"github.com/pion/turn/v4"
 
+	"github.com/l7mp/stunnerd-xdp/internal/allocflows"
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/connlimit"
 	"github.com/l7mp/stunnerd-xdp/internal/credentials"
@@ -44,7 +45,10 @@ type Deps struct {
 	Destinations *destinations.Tracker
 	// Steering shares the listener ports with the node's other daemons
 	// (nil: the ports are bound exclusively).
-	Steering    *steering.Steering
+	Steering *steering.Steering
+	// Allocations is the listener shield's table of UDP allocations (nil:
+	// none, the shield tests no allocation).
+	Allocations *allocflows.Table
 	Quota       *quota.Counter
 	Permissions *quota.Permissions
 	// Draining says whether new allocations are refused (486).
@@ -225,7 +229,7 @@ func (s *Set) serverConfigs(st Settings, ls *Listener) ([]turn.ServerConfig, err
 			}
 			c := sc
 			c.EventHandler = s.hooks(replies, ls.quotas[i], relays, guard, &ls.ports,
-				chans.EventHandler, s.gate.wrap, s.destinationHooks(ls), s.flowHooks(ls, i))(base)
+				chans.EventHandler, s.gate.wrap, s.destinationHooks(ls), s.flowHooks(ls, i), s.allocationHooks(ls))(base)
 			c.PacketConnConfigs = []turn.PacketConnConfig{{
 				PacketConn:            pc,
 				PermissionHandler:     s.limitPermissions(ls.quotas[i], permit),

@@ -246,6 +246,29 @@ func (s *Set) flowHooks(ls *Listener, i int) stage {
 	}
 }
 
+// allocationHooks records a UDP listener's allocations in the daemon's
+// allocation table, which the listener shield reads, before pion answers the
+// Allocate: the client's first ChannelData finds its allocation there. The
+// table owns what a failed write means (it stops being complete).
+func (s *Set) allocationHooks(ls *Listener) stage {
+	t := s.deps.Allocations
+	if t == nil || ls.l.Protocol != config.UDP {
+		return func(h turn.EventHandler) turn.EventHandler { return h }
+	}
+	addr, log := ls.l.Addr, s.deps.Logger.Slog("shield")
+	return func(h turn.EventHandler) turn.EventHandler {
+		return onAllocations(h, func(c netip.AddrPort) {
+			if err := t.Add(addr, c); err != nil {
+				log.Warn("allocation not in the shield's table: the shield passes ChannelData of every client while it lives", "error", err)
+			}
+		}, func(c netip.AddrPort) {
+			if err := t.Remove(addr, c); err != nil {
+				log.Warn("shield table", "error", err)
+			}
+		})
+	}
+}
+
 // destinationHooks reports a UDP listener's allocations to the tracker,
 // which learns from conntrack the VIP a client came through. The tracker
 // only queues them: pion/turn calls its hooks under its locks.

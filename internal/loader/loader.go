@@ -82,6 +82,11 @@ type Config struct {
 	// of the embedded one (benchmarks measure two builds side by side over
 	// one set of maps). Its maps must match the embedded object's.
 	Object string
+	// AllocFlows is the daemon's allocation table (internal/allocflows),
+	// NodeFlows the listener steering's steer_flows: the maps the listener
+	// shield reads as alloc_flows and node_flows. Nil: the program's own,
+	// empty (the shield then must not test allocations).
+	AllocFlows, NodeFlows *ebpf.Map
 }
 
 // Program is the loaded relay program and its maps.
@@ -199,9 +204,13 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 	for _, name := range []string{bpf.RelayMapC2pBindings, bpf.RelayMapP2cBindings, bpf.RelayMapBindingStates, bpf.RelayMapAllocRates} {
 		spec.Maps[name].MaxEntries = cfg.MaxBindings
 	}
-	opts := &ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{LogLevel: verifierLogLevel}}
+	opts := &ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{LogLevel: verifierLogLevel}, MapReplacements: map[string]*ebpf.Map{}}
 	if reuse != nil {
 		opts.MapReplacements = map[string]*ebpf.Map{
+			bpf.RelayMapShields:       reuse.Shields,
+			bpf.RelayMapShieldScratch: reuse.ShieldScratch,
+			bpf.RelayMapAllocFlows:    reuse.AllocFlows,
+			bpf.RelayMapNodeFlows:     reuse.NodeFlows,
 			bpf.RelayMapC2pBindings:   reuse.C2pBindings,
 			bpf.RelayMapP2cBindings:   reuse.P2cBindings,
 			bpf.RelayMapVerdicts:      reuse.Verdicts,
@@ -219,6 +228,12 @@ func load(cfg Config, objs *bpf.RelayObjects, reuse *bpf.RelayMaps) error {
 			bpf.RelayMapC2pFlows: reuse.C2pFlows,
 			bpf.RelayMapP2cFlows: reuse.P2cFlows,
 		}
+	}
+	if cfg.AllocFlows != nil {
+		opts.MapReplacements[bpf.RelayMapAllocFlows] = cfg.AllocFlows
+	}
+	if cfg.NodeFlows != nil {
+		opts.MapReplacements[bpf.RelayMapNodeFlows] = cfg.NodeFlows
 	}
 	if err := spec.LoadAndAssign(objs, opts); err != nil {
 		var ve *ebpf.VerifierError

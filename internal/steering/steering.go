@@ -77,7 +77,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
-	"github.com/l7mp/stunnerd-xdp/internal/byteorder"
 )
 
 // Errors callers branch on.
@@ -159,14 +158,7 @@ type Group struct {
 	Addr     netip.AddrPort
 }
 
-func (g Group) key() bpf.SteerGroup {
-	a := g.Addr.Addr()
-	k := bpf.SteerGroup{Addr: a.Unmap().As16(), Port: g.Addr.Port(), Protocol: uint8(g.Protocol), Family: unix.AF_INET}
-	if a.Is6() && !a.Is4In6() {
-		k.Family = unix.AF_INET6
-	}
-	return k
-}
+func (g Group) key() bpf.SteerGroup { return bpf.FlowGroup(uint8(g.Protocol), g.Addr) }
 
 func (g Group) String() string {
 	p := "udp"
@@ -640,8 +632,12 @@ func (s *Steering) Unregister(slot uint32) error {
 }
 
 func flowKey(g Group, client netip.AddrPort) bpf.SteerFlow {
-	return bpf.SteerFlow{Group: g.key(), ClientAddr: client.Addr().Unmap().As16(), ClientPort: byteorder.Htons(client.Port())}
+	return bpf.FlowKey(g.key(), client)
 }
+
+// FlowMap is steer_flows, every daemon's UDP allocations on the node: the
+// relay's listener shield reads it as node_flows.
+func (s *Steering) FlowMap() *ebpf.Map { return s.objs.SteerFlows }
 
 // AddFlow steers the client's datagrams on the group to the slot. Called when
 // pion/turn creates the client's allocation, before the response leaves.

@@ -118,6 +118,24 @@
 //     too (REASON_RP_UNCHECKED), teaching nothing. IPv6 has no rp_filter
 //     setting (netfilter's rpfilter match is a rule, not the stack's): IPv6
 //     packets are not checked.
+//  12. The listener's shield (Env.Shield): a datagram to a listener port that
+//     is not bound (rule 2 would pass it as STUN, malformed or oversize
+//     ChannelData, or for no channel) and that the kernel would deliver to a
+//     listener socket (its destination in Env.Destinations; not from or to an
+//     IPv4-mapped IPv6 address) is dropped when pion/turn would discard it
+//     unanswered (internal/server HandleRequest, in its order): one that
+//     pion/turn takes as ChannelData (proto.IsChannelData: first two bits 01,
+//     the length within the payload) from a client with no allocation on
+//     that listener socket (Env.Allocations, Env.NodeAllocations; tested only
+//     with Shield.Allocations) is REASON_NO_ALLOCATION; anything else whose
+//     STUN header does not decode (stun.Message.Decode: 20 bytes or more, the
+//     magic cookie, the length within the payload; attributes are not
+//     walked) is REASON_NOT_TURN; a STUN message of a class and method
+//     pion/turn has no handler for (it serves Binding, Allocate, Refresh,
+//     CreatePermission and ChannelBind requests and Send indications; the
+//     method read without the type's top two bits, as stun reads it) is
+//     REASON_STUN_UNHANDLED. Everything else passes as before, for pion/turn
+//     to answer or discard.
 package model
 
 import (
@@ -137,9 +155,9 @@ import (
 type Verdict uint32
 
 // The verdicts the program gives. It drops (XDP_DROP) only what is over a
-// rate limit that says so.
+// rate limit that says so, and what the listener shield drops (rule 12).
 const (
-	Drop     Verdict = 1 // XDP_DROP: over the rate limit
+	Drop     Verdict = 1 // XDP_DROP: over the rate limit, or the shield's
 	Pass     Verdict = 2 // XDP_PASS: the kernel and pion/turn get the frame
 	TX       Verdict = 3 // XDP_TX: out of the ingress interface
 	Redirect Verdict = 4 // XDP_REDIRECT: out of another attached interface
@@ -276,7 +294,25 @@ type Env struct {
 	// makes the reverse-path lookup (an input from lo, rule 11) only with it
 	// on (on a node with ip_forward=1 it is).
 	LoopbackForwarding bool
+	// Shield is the listener shield's switches (the shields map); the zero
+	// value is off.
+	Shield Shield
+	// Allocations are the daemon's UDP allocations (alloc_flows),
+	// NodeAllocations the node's other daemons' (node_flows): the shield
+	// takes ChannelData from their clients to pion/turn.
+	Allocations, NodeAllocations map[Allocation]bool
 }
+
+// Shield is what of the listener shield is on (rule 12).
+type Shield struct {
+	// Junk drops what pion/turn discards unanswered; Allocations also
+	// ChannelData from clients without an allocation (only with Junk).
+	Junk, Allocations bool
+}
+
+// Allocation is a UDP allocation's 5-tuple: its client and the listener
+// socket (the address it is bound to, as Env.Destinations names it).
+type Allocation struct{ Listener, Client netip.AddrPort }
 
 // RateBurst is how far ahead of its rates a binding may run.
 const RateBurst = uint64(50 * time.Millisecond)
@@ -600,17 +636,17 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	}
 	msg := in.udp[8:]
 	if len(msg) < 4 {
-		return pass(bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA) // no room for a header
+		return m.shield(frame, in, bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA) // no room for a header
 	}
 	if msg[0]>>6 != 0b01 {
-		return pass(bpf.RelayReasonREASON_STUN) // 0b00 is STUN; 0b1x is nothing pion takes either
+		return m.shield(frame, in, bpf.RelayReasonREASON_STUN) // 0b00 is STUN; 0b1x is nothing pion takes either
 	}
 	channel, n := be16(msg[0:]), int(be16(msg[2:]))
 	if 4+n > len(msg) || len(msg)-4-n > MaxPadding {
-		return pass(bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA)
+		return m.shield(frame, in, bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA)
 	}
 	if n > MaxDataLen {
-		return pass(bpf.RelayReasonREASON_OVERSIZE)
+		return m.shield(frame, in, bpf.RelayReasonREASON_OVERSIZE)
 	}
 	// IPv4-mapped addresses are not on an IPv6 wire (RFC 4291 §2.5.5.2): the
 	// kernel gives no socket a packet from one; and one sent to one is for no
@@ -625,7 +661,7 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	key := channelmap.Key{Client: in.src, Listener: listener, Channel: channel}
 	b, ok := m.client[key]
 	if !ok {
-		return pass(bpf.RelayReasonREASON_NO_CHANNEL)
+		return m.shield(frame, in, bpf.RelayReasonREASON_NO_CHANNEL)
 	}
 	if r := in.kernelTakes(); r != 0 {
 		return pass(r)
@@ -648,6 +684,42 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	// From the relay as netfilter would have translated it (Binding.Wire).
 	out := outPacket{src: b.OnWire(), dst: b.Peer, payload: data, dataLen: n}
 	return m.send(ingress, in, out, res, key, b.Relay, bpf.RelayReasonREASON_RELAY_C2P_TX, bpf.RelayReasonREASON_RELAY_C2P_REDIRECT)
+}
+
+// shield is rule 12 for a datagram to a listener port that is not bound: r
+// (Pass) unless pion/turn would discard it unanswered at a listener socket.
+func (m *Model) shield(frame []byte, in datagram, r bpf.RelayReason) Result {
+	pass := Result{Verdict: Pass, Reason: r, Frame: frame}
+	drop := func(r bpf.RelayReason) Result { return Result{Verdict: Drop, Reason: r, Frame: frame} }
+	if !m.env.Shield.Junk || in.v6 && (in.src.Addr().Is4In6() || in.dst.Addr().Is4In6()) {
+		return pass
+	}
+	listener, ok := m.env.Destinations[in.dst]
+	if !ok {
+		return pass // the kernel's: forwarded, or another socket's
+	}
+	msg := in.udp[8:]
+	if len(msg) >= 4 && msg[0]>>6 == 0b01 && int(be16(msg[2:])) <= len(msg)-4 {
+		a := Allocation{Listener: listener, Client: in.src}
+		if !m.env.Shield.Allocations || m.env.Allocations[a] || m.env.NodeAllocations[a] {
+			return pass
+		}
+		return drop(bpf.RelayReasonREASON_NO_ALLOCATION)
+	}
+	const stunHeader, magicCookie = 20, 0x2112A442
+	if len(msg) < stunHeader || binary.BigEndian.Uint32(msg[4:]) != magicCookie || stunHeader+int(be16(msg[2:])) > len(msg) {
+		return drop(bpf.RelayReasonREASON_NOT_TURN)
+	}
+	t := be16(msg)
+	class := (t>>4)&1 | (t>>7)&2
+	method := t&0xf | (t>>1)&0x70 | (t>>2)&0xf80
+	switch {
+	case class == 0 && (method == 0x001 || method == 0x003 || method == 0x004 || method == 0x008 || method == 0x009):
+		return pass // Binding, Allocate, Refresh, CreatePermission, ChannelBind requests
+	case class == 1 && method == 0x006:
+		return pass // a Send indication
+	}
+	return drop(bpf.RelayReasonREASON_STUN_UNHANDLED)
 }
 
 // fromPeer handles UDP to a relay port: a peer's datagram becomes ChannelData.

@@ -111,8 +111,8 @@ func (m *Model) ProcessTC(ingress int, frame []byte, skb SKB) TCResult {
 	}
 	r := m.Process(ingress, in)
 	m.skb = nil
-	if skb.L3 && r.Verdict == Pass {
-		r.Frame = frame // passed as it came, without the header the model put in front
+	if skb.L3 && (r.Verdict == Pass || r.Verdict == Drop) {
+		r.Frame = frame // passed (or shot) as it came, without the header the model put in front
 	}
 	v := TCNext
 	switch r.Verdict {
