@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type ChargeAddr struct {
+	_ structs.HostLayout
+	B [16]uint8
+}
+
 type ChargeAllocRate struct {
 	_    structs.HostLayout
 	Lock struct {
@@ -26,11 +31,8 @@ type ChargeAllocRate struct {
 
 type ChargeBindingState struct {
 	_            structs.HostLayout
-	ListenerAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	Lock struct {
+	ListenerAddr ChargeAddr
+	Lock         struct {
 		_   structs.HostLayout
 		Val uint32
 	}
@@ -73,14 +75,8 @@ type ChargeBindingState struct {
 
 type ChargeC2pFlow struct {
 	_          structs.HostLayout
-	ClientAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	DstAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	ClientAddr ChargeAddr
+	DstAddr    ChargeAddr
 	ClientPort uint16
 	DstPort    uint16
 	Channel    uint16
@@ -98,26 +94,17 @@ type ChargeC2pFlow struct {
 
 type ChargeC2pKey struct {
 	_          structs.HostLayout
-	ClientAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	ClientAddr ChargeAddr
 	ClientPort uint16
 	Channel    uint16
 	ListenerId uint32
 }
 
 type ChargeC2pVal struct {
-	_        structs.HostLayout
-	Key      ChargeC2pKey
-	PeerAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	RelayAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	_         structs.HostLayout
+	Key       ChargeC2pKey
+	PeerAddr  ChargeAddr
+	RelayAddr ChargeAddr
 	PeerPort  uint16
 	RelayPort uint16
 	BindingId uint32
@@ -147,10 +134,7 @@ type ChargeDevCap struct {
 
 type ChargeDstKey struct {
 	_    structs.HostLayout
-	Addr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	Addr ChargeAddr
 	Port uint16
 	Pad  uint16
 }
@@ -190,10 +174,7 @@ type ChargeP2cFlow struct {
 	FibGen    uint32
 	Bind      struct {
 		_          structs.HostLayout
-		ClientAddr struct {
-			_ structs.HostLayout
-			B [16]uint8
-		}
+		ClientAddr ChargeAddr
 		ClientPort uint16
 		Channel    uint16
 		BindingId  uint32
@@ -204,15 +185,9 @@ type ChargeP2cFlow struct {
 }
 
 type ChargeP2cKey struct {
-	_        structs.HostLayout
-	PeerAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	RelayAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	_         structs.HostLayout
+	PeerAddr  ChargeAddr
+	RelayAddr ChargeAddr
 	PeerPort  uint16
 	RelayPort uint16
 }
@@ -222,10 +197,7 @@ type ChargeP2cVal struct {
 	Key  ChargeP2cKey
 	Bind struct {
 		_          structs.HostLayout
-		ClientAddr struct {
-			_ structs.HostLayout
-			B [16]uint8
-		}
+		ClientAddr ChargeAddr
 		ClientPort uint16
 		Channel    uint16
 		BindingId  uint32
@@ -243,8 +215,11 @@ type ChargeRateLimit struct {
 }
 
 type ChargeShield struct {
-	_     structs.HostLayout
-	Flags uint32
+	_            structs.HostLayout
+	Flags        uint32
+	Pad          uint32
+	AdmitCostNs  uint64
+	AdmitBurstNs uint64
 }
 
 type ChargeShieldKeys struct {
@@ -257,6 +232,7 @@ type ChargeShieldKeys struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	ChargeMapAdmitTats           = "admit_tats"
 	ChargeMapAllocFlows          = "alloc_flows"
 	ChargeMapAllocRates          = "alloc_rates"
 	ChargeMapBindingStates       = "binding_states"
@@ -329,6 +305,7 @@ type ChargeProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ChargeMapSpecs struct {
+	AdmitTats     *ebpf.MapSpec `ebpf:"admit_tats"`
 	AllocFlows    *ebpf.MapSpec `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.MapSpec `ebpf:"alloc_rates"`
 	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
@@ -377,6 +354,7 @@ func (o *ChargeObjects) Close() error {
 //
 // It can be passed to LoadChargeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ChargeMaps struct {
+	AdmitTats     *ebpf.Map `ebpf:"admit_tats"`
 	AllocFlows    *ebpf.Map `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.Map `ebpf:"alloc_rates"`
 	BindingStates *ebpf.Map `ebpf:"binding_states"`
@@ -399,6 +377,7 @@ type ChargeMaps struct {
 
 func (m *ChargeMaps) Close() error {
 	return _ChargeClose(
+		m.AdmitTats,
 		m.AllocFlows,
 		m.AllocRates,
 		m.BindingStates,

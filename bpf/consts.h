@@ -128,6 +128,8 @@ enum reason {
 	                                  decodes (magic cookie, length) */
 	REASON_STUN_UNHANDLED,         /* STUN of a class and method pion/turn has no
 	                                  handler for (a response, an unknown method) */
+	REASON_ADMISSION,              /* a request of a client without an allocation,
+	                                  over its source address's admission rate */
 	REASON_MAX,
 };
 

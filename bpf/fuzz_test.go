@@ -201,14 +201,19 @@ func FuzzRelayBindingsVsModel(f *testing.F) {
 }
 
 // fuzzShield sets the listener shield from a number the input gives: off,
-// junk only, or testing allocations too, with the bindings' allocations split
+// junk only, testing allocations too, or admitting requests as well, with the bindings' allocations split
 // between the daemon's table and the node's.
 func (e *env) fuzzShield(t *testing.T, bs []channelmap.Binding, n int) {
-	switch n % 3 {
+	switch n % 4 {
 	case 1:
 		e.setShield(t, nil, model.Shield{Junk: true}, nil, nil)
 	case 2:
 		e.setShield(t, nil, model.Shield{Junk: true, Allocations: true}, fuzzAllocations(bs, 0), fuzzAllocations(bs, 1))
+	case 3:
+		// Admission with no burst: a source's first request passes, what
+		// follows within the second is dropped.
+		e.setShield(t, nil, model.Shield{Junk: true, Allocations: true, Admission: model.Admission{Cost: uint64(time.Second)}},
+			fuzzAllocations(bs, 0), fuzzAllocations(bs, 1))
 	}
 }
 

@@ -362,6 +362,12 @@ enum shield_flag {
 
 struct shield {
 	__u32 flags;
+	__u32 _pad;
+	/* Admission: what a request of a client without an allocation costs
+	 * its source address (ns; 0: no limit), and how far ahead of now it
+	 * may run (ns). */
+	__u64 admit_cost_ns;
+	__u64 admit_burst_ns;
 };
 
 struct {
@@ -370,6 +376,16 @@ struct {
 	__type(value, struct shield);
 	__uint(max_entries, 1);
 } shields SEC(".maps");
+
+/* What each source address owes its admission: the instant (bpf_ktime_get_ns)
+ * by which its requests are paid for. An LRU: a flood of spoofed sources
+ * evicts the addresses that sent least recently, which then start afresh. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct addr);
+	__type(value, __u64);
+	__uint(max_entries, 65536);
+} admit_tats SEC(".maps");
 
 /* The UDP allocations: this daemon's (alloc_flows, written by
  * internal/allocflows before pion/turn answers the Allocate) and the node's

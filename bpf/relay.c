@@ -649,6 +649,34 @@ static __always_inline int c2p_mapped(const struct input *in)
 	return -1;
 }
 
+/* allocated tells whether the client of the flow key has an allocation on
+ * its listener socket: this daemon's, or another's of the node. */
+static __always_inline int allocated(const struct flow *f)
+{
+	return bpf_map_lookup_elem(&alloc_flows, f) || bpf_map_lookup_elem(&node_flows, f);
+}
+
+/* admitted charges a request of a client without an allocation to its source
+ * address (model rule 13), a GCRA as rate.h's: it goes while what the address
+ * owes is at most admit_burst_ns ahead of now, and then owes admit_cost_ns
+ * more. The update is not atomic: CPUs racing on one address may each admit
+ * a request the other paid for, a few at most. */
+static __always_inline int admitted(const struct shield *sh, const struct addr *src)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u64 *tat = bpf_map_lookup_elem(&admit_tats, src);
+	if (!tat) {
+		__u64 v = now + sh->admit_cost_ns;
+		bpf_map_update_elem(&admit_tats, src, &v, BPF_ANY);
+		return 1;
+	}
+	__u64 t = *tat > now ? *tat : now;
+	if (t - now > sh->admit_burst_ns)
+		return 0;
+	*tat = t + sh->admit_cost_ns;
+	return 1;
+}
+
 /* listener_shield is the listener's shield (model rule 12), for a packet to a listener
  * port that is not relayed for reason r: r to pass it, or the REASON_* of a
  * drop when the kernel would deliver it to a listener socket (listener_dsts)
@@ -661,7 +689,9 @@ static __always_inline int c2p_mapped(const struct input *in)
  * payload; its attributes are left to pion/turn) of a class and method with a
  * handler (Binding, Allocate, Refresh, CreatePermission and ChannelBind
  * requests, Send indications; the method read as stun reads it, without the
- * type's top two bits). Only on the path of packets not bound: a bound
+ * type's top two bits); and a request of a client without an allocation must
+ * be admitted at its source address's rate (admitted). Only on the path of
+ * packets not bound: a bound
  * packet never gets here. Any reason may come: the shield drops only what
  * it finds for a listener socket, where those reasons all mean "not bound". */
 static __noinline int listener_shield(const struct cursor *c, const struct input *in, const struct udphdr *udp, int r)
@@ -679,19 +709,17 @@ static __noinline int listener_shield(const struct cursor *c, const struct input
 	const struct dst_val *dst = bpf_map_lookup_elem(&listener_dsts, &k->dst);
 	if (!dst)
 		return r; /* not for a listener socket: the kernel's to decide */
+	struct flow *f = &k->flow;
+	f->group = dst->group;
+	__builtin_memcpy(f->client_addr, in->saddr.b, sizeof(f->client_addr));
+	f->client_port = udp->source;
+	f->_pad = 0;
 	const __u8 *h = (const void *)(udp + 1);
 	__u16 len = bpf_ntohs(udp->len) - sizeof(*udp);
 	if (len >= CHANNEL_DATA_HDR_LEN && (void *)(h + CHANNEL_DATA_HDR_LEN) <= c->end &&
 	    (h[0] & CHANNEL_DATA_MASK) == CHANNEL_DATA_BITS &&
 	    (((__u16)h[2] << 8) | h[3]) <= len - CHANNEL_DATA_HDR_LEN) {
-		if (!(sh->flags & SHIELD_ALLOCS))
-			return r;
-		struct flow *f = &k->flow;
-		f->group = dst->group;
-		__builtin_memcpy(f->client_addr, in->saddr.b, sizeof(f->client_addr));
-		f->client_port = udp->source;
-		f->_pad = 0;
-		if (bpf_map_lookup_elem(&alloc_flows, f) || bpf_map_lookup_elem(&node_flows, f))
+		if (!(sh->flags & SHIELD_ALLOCS) || allocated(f))
 			return r;
 		return REASON_NO_ALLOCATION;
 	}
@@ -704,8 +732,11 @@ static __noinline int listener_shield(const struct cursor *c, const struct input
 	__u16 class = ((t >> 4) & 1) | ((t >> 7) & 2);
 	__u16 method = (t & 0xf) | ((t >> 1) & 0x70) | ((t >> 2) & 0xf80);
 	if (class == STUN_CLASS_REQUEST && (method == STUN_BINDING || method == STUN_ALLOCATE || method == STUN_REFRESH ||
-					    method == STUN_CREATE_PERMISSION || method == STUN_CHANNEL_BIND))
+					    method == STUN_CREATE_PERMISSION || method == STUN_CHANNEL_BIND)) {
+		if (sh->admit_cost_ns && !allocated(f) && !admitted(sh, &in->saddr))
+			return REASON_ADMISSION;
 		return r;
+	}
 	if (class == STUN_CLASS_INDICATION && method == STUN_SEND)
 		return r;
 	return REASON_STUN_UNHANDLED;
@@ -714,7 +745,7 @@ static __noinline int listener_shield(const struct cursor *c, const struct input
 /* shield_drops tells the shield's reasons, which drop. */
 static __always_inline int shield_drops(int r)
 {
-	return r >= REASON_NO_ALLOCATION && r <= REASON_STUN_UNHANDLED;
+	return r >= REASON_NO_ALLOCATION && r <= REASON_ADMISSION;
 }
 
 /* c2p_found is a client->peer binding as found. alloc_id is set on a miss

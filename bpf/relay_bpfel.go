@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type RelayAddr struct {
+	_ structs.HostLayout
+	B [16]uint8
+}
+
 type RelayAllocRate struct {
 	_    structs.HostLayout
 	Lock struct {
@@ -26,11 +31,8 @@ type RelayAllocRate struct {
 
 type RelayBindingState struct {
 	_            structs.HostLayout
-	ListenerAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	Lock struct {
+	ListenerAddr RelayAddr
+	Lock         struct {
 		_   structs.HostLayout
 		Val uint32
 	}
@@ -53,14 +55,8 @@ type RelayBindingStats struct {
 
 type RelayC2pFlow struct {
 	_          structs.HostLayout
-	ClientAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	DstAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	ClientAddr RelayAddr
+	DstAddr    RelayAddr
 	ClientPort uint16
 	DstPort    uint16
 	Channel    uint16
@@ -78,26 +74,17 @@ type RelayC2pFlow struct {
 
 type RelayC2pKey struct {
 	_          structs.HostLayout
-	ClientAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	ClientAddr RelayAddr
 	ClientPort uint16
 	Channel    uint16
 	ListenerId uint32
 }
 
 type RelayC2pVal struct {
-	_        structs.HostLayout
-	Key      RelayC2pKey
-	PeerAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	RelayAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	_         structs.HostLayout
+	Key       RelayC2pKey
+	PeerAddr  RelayAddr
+	RelayAddr RelayAddr
 	PeerPort  uint16
 	RelayPort uint16
 	BindingId uint32
@@ -139,10 +126,7 @@ const (
 
 type RelayDstKey struct {
 	_    structs.HostLayout
-	Addr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	Addr RelayAddr
 	Port uint16
 	Pad  uint16
 }
@@ -188,10 +172,7 @@ type RelayNextHop struct {
 
 type RelayP2cBinding struct {
 	_          structs.HostLayout
-	ClientAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	ClientAddr RelayAddr
 	ClientPort uint16
 	Channel    uint16
 	BindingId  uint32
@@ -211,15 +192,9 @@ type RelayP2cFlow struct {
 }
 
 type RelayP2cKey struct {
-	_        structs.HostLayout
-	PeerAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	RelayAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	_         structs.HostLayout
+	PeerAddr  RelayAddr
+	RelayAddr RelayAddr
 	PeerPort  uint16
 	RelayPort uint16
 }
@@ -278,12 +253,16 @@ const (
 	RelayReasonREASON_NO_ALLOCATION          RelayReason = 34
 	RelayReasonREASON_NOT_TURN               RelayReason = 35
 	RelayReasonREASON_STUN_UNHANDLED         RelayReason = 36
-	RelayReasonREASON_MAX                    RelayReason = 37
+	RelayReasonREASON_ADMISSION              RelayReason = 37
+	RelayReasonREASON_MAX                    RelayReason = 38
 )
 
 type RelayShield struct {
-	_     structs.HostLayout
-	Flags uint32
+	_            structs.HostLayout
+	Flags        uint32
+	Pad          uint32
+	AdmitCostNs  uint64
+	AdmitBurstNs uint64
 }
 
 type RelayShieldFlag uint32
@@ -303,6 +282,7 @@ type RelayShieldKeys struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	RelayMapAdmitTats        = "admit_tats"
 	RelayMapAllocFlows       = "alloc_flows"
 	RelayMapAllocRates       = "alloc_rates"
 	RelayMapBindingStates    = "binding_states"
@@ -376,6 +356,7 @@ type RelayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayMapSpecs struct {
+	AdmitTats     *ebpf.MapSpec `ebpf:"admit_tats"`
 	AllocFlows    *ebpf.MapSpec `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.MapSpec `ebpf:"alloc_rates"`
 	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
@@ -425,6 +406,7 @@ func (o *RelayObjects) Close() error {
 //
 // It can be passed to LoadRelayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayMaps struct {
+	AdmitTats     *ebpf.Map `ebpf:"admit_tats"`
 	AllocFlows    *ebpf.Map `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.Map `ebpf:"alloc_rates"`
 	BindingStates *ebpf.Map `ebpf:"binding_states"`
@@ -447,6 +429,7 @@ type RelayMaps struct {
 
 func (m *RelayMaps) Close() error {
 	return _RelayClose(
+		m.AdmitTats,
 		m.AllocFlows,
 		m.AllocRates,
 		m.BindingStates,

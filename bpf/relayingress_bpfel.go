@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type RelayIngressAddr struct {
+	_ structs.HostLayout
+	B [16]uint8
+}
+
 type RelayIngressAllocRate struct {
 	_    structs.HostLayout
 	Lock struct {
@@ -26,11 +31,8 @@ type RelayIngressAllocRate struct {
 
 type RelayIngressBindingState struct {
 	_            structs.HostLayout
-	ListenerAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	Lock struct {
+	ListenerAddr RelayIngressAddr
+	Lock         struct {
 		_   structs.HostLayout
 		Val uint32
 	}
@@ -73,14 +75,8 @@ type RelayIngressBindingState struct {
 
 type RelayIngressC2pFlow struct {
 	_          structs.HostLayout
-	ClientAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	DstAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	ClientAddr RelayIngressAddr
+	DstAddr    RelayIngressAddr
 	ClientPort uint16
 	DstPort    uint16
 	Channel    uint16
@@ -98,26 +94,17 @@ type RelayIngressC2pFlow struct {
 
 type RelayIngressC2pKey struct {
 	_          structs.HostLayout
-	ClientAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	ClientAddr RelayIngressAddr
 	ClientPort uint16
 	Channel    uint16
 	ListenerId uint32
 }
 
 type RelayIngressC2pVal struct {
-	_        structs.HostLayout
-	Key      RelayIngressC2pKey
-	PeerAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	RelayAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	_         structs.HostLayout
+	Key       RelayIngressC2pKey
+	PeerAddr  RelayIngressAddr
+	RelayAddr RelayIngressAddr
 	PeerPort  uint16
 	RelayPort uint16
 	BindingId uint32
@@ -147,10 +134,7 @@ type RelayIngressDevCap struct {
 
 type RelayIngressDstKey struct {
 	_    structs.HostLayout
-	Addr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	Addr RelayIngressAddr
 	Port uint16
 	Pad  uint16
 }
@@ -190,10 +174,7 @@ type RelayIngressP2cFlow struct {
 	FibGen    uint32
 	Bind      struct {
 		_          structs.HostLayout
-		ClientAddr struct {
-			_ structs.HostLayout
-			B [16]uint8
-		}
+		ClientAddr RelayIngressAddr
 		ClientPort uint16
 		Channel    uint16
 		BindingId  uint32
@@ -204,15 +185,9 @@ type RelayIngressP2cFlow struct {
 }
 
 type RelayIngressP2cKey struct {
-	_        structs.HostLayout
-	PeerAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	RelayAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	_         structs.HostLayout
+	PeerAddr  RelayIngressAddr
+	RelayAddr RelayIngressAddr
 	PeerPort  uint16
 	RelayPort uint16
 }
@@ -222,10 +197,7 @@ type RelayIngressP2cVal struct {
 	Key  RelayIngressP2cKey
 	Bind struct {
 		_          structs.HostLayout
-		ClientAddr struct {
-			_ structs.HostLayout
-			B [16]uint8
-		}
+		ClientAddr RelayIngressAddr
 		ClientPort uint16
 		Channel    uint16
 		BindingId  uint32
@@ -243,8 +215,11 @@ type RelayIngressRateLimit struct {
 }
 
 type RelayIngressShield struct {
-	_     structs.HostLayout
-	Flags uint32
+	_            structs.HostLayout
+	Flags        uint32
+	Pad          uint32
+	AdmitCostNs  uint64
+	AdmitBurstNs uint64
 }
 
 type RelayIngressShieldKeys struct {
@@ -257,6 +232,7 @@ type RelayIngressShieldKeys struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	RelayIngressMapAdmitTats        = "admit_tats"
 	RelayIngressMapAllocFlows       = "alloc_flows"
 	RelayIngressMapAllocRates       = "alloc_rates"
 	RelayIngressMapBindingStates    = "binding_states"
@@ -330,6 +306,7 @@ type RelayIngressProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayIngressMapSpecs struct {
+	AdmitTats     *ebpf.MapSpec `ebpf:"admit_tats"`
 	AllocFlows    *ebpf.MapSpec `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.MapSpec `ebpf:"alloc_rates"`
 	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
@@ -379,6 +356,7 @@ func (o *RelayIngressObjects) Close() error {
 //
 // It can be passed to LoadRelayIngressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayIngressMaps struct {
+	AdmitTats     *ebpf.Map `ebpf:"admit_tats"`
 	AllocFlows    *ebpf.Map `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.Map `ebpf:"alloc_rates"`
 	BindingStates *ebpf.Map `ebpf:"binding_states"`
@@ -401,6 +379,7 @@ type RelayIngressMaps struct {
 
 func (m *RelayIngressMaps) Close() error {
 	return _RelayIngressClose(
+		m.AdmitTats,
 		m.AllocFlows,
 		m.AllocRates,
 		m.BindingStates,

@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type RelayTcAddr struct {
+	_ structs.HostLayout
+	B [16]uint8
+}
+
 type RelayTcAllocRate struct {
 	_    structs.HostLayout
 	Lock struct {
@@ -26,11 +31,8 @@ type RelayTcAllocRate struct {
 
 type RelayTcBindingState struct {
 	_            structs.HostLayout
-	ListenerAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	Lock struct {
+	ListenerAddr RelayTcAddr
+	Lock         struct {
 		_   structs.HostLayout
 		Val uint32
 	}
@@ -73,14 +75,8 @@ type RelayTcBindingState struct {
 
 type RelayTcC2pFlow struct {
 	_          structs.HostLayout
-	ClientAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	DstAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	ClientAddr RelayTcAddr
+	DstAddr    RelayTcAddr
 	ClientPort uint16
 	DstPort    uint16
 	Channel    uint16
@@ -98,26 +94,17 @@ type RelayTcC2pFlow struct {
 
 type RelayTcC2pKey struct {
 	_          structs.HostLayout
-	ClientAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	ClientAddr RelayTcAddr
 	ClientPort uint16
 	Channel    uint16
 	ListenerId uint32
 }
 
 type RelayTcC2pVal struct {
-	_        structs.HostLayout
-	Key      RelayTcC2pKey
-	PeerAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	RelayAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	_         structs.HostLayout
+	Key       RelayTcC2pKey
+	PeerAddr  RelayTcAddr
+	RelayAddr RelayTcAddr
 	PeerPort  uint16
 	RelayPort uint16
 	BindingId uint32
@@ -147,10 +134,7 @@ type RelayTcDevCap struct {
 
 type RelayTcDstKey struct {
 	_    structs.HostLayout
-	Addr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	Addr RelayTcAddr
 	Port uint16
 	Pad  uint16
 }
@@ -190,10 +174,7 @@ type RelayTcP2cFlow struct {
 	FibGen    uint32
 	Bind      struct {
 		_          structs.HostLayout
-		ClientAddr struct {
-			_ structs.HostLayout
-			B [16]uint8
-		}
+		ClientAddr RelayTcAddr
 		ClientPort uint16
 		Channel    uint16
 		BindingId  uint32
@@ -204,15 +185,9 @@ type RelayTcP2cFlow struct {
 }
 
 type RelayTcP2cKey struct {
-	_        structs.HostLayout
-	PeerAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
-	RelayAddr struct {
-		_ structs.HostLayout
-		B [16]uint8
-	}
+	_         structs.HostLayout
+	PeerAddr  RelayTcAddr
+	RelayAddr RelayTcAddr
 	PeerPort  uint16
 	RelayPort uint16
 }
@@ -222,10 +197,7 @@ type RelayTcP2cVal struct {
 	Key  RelayTcP2cKey
 	Bind struct {
 		_          structs.HostLayout
-		ClientAddr struct {
-			_ structs.HostLayout
-			B [16]uint8
-		}
+		ClientAddr RelayTcAddr
 		ClientPort uint16
 		Channel    uint16
 		BindingId  uint32
@@ -243,8 +215,11 @@ type RelayTcRateLimit struct {
 }
 
 type RelayTcShield struct {
-	_     structs.HostLayout
-	Flags uint32
+	_            structs.HostLayout
+	Flags        uint32
+	Pad          uint32
+	AdmitCostNs  uint64
+	AdmitBurstNs uint64
 }
 
 type RelayTcShieldKeys struct {
@@ -274,6 +249,7 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	RelayTcMapAdmitTats        = "admit_tats"
 	RelayTcMapAllocFlows       = "alloc_flows"
 	RelayTcMapAllocRates       = "alloc_rates"
 	RelayTcMapBindingStates    = "binding_states"
@@ -352,6 +328,7 @@ type RelayTcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RelayTcMapSpecs struct {
+	AdmitTats     *ebpf.MapSpec `ebpf:"admit_tats"`
 	AllocFlows    *ebpf.MapSpec `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.MapSpec `ebpf:"alloc_rates"`
 	BindingStates *ebpf.MapSpec `ebpf:"binding_states"`
@@ -404,6 +381,7 @@ func (o *RelayTcObjects) Close() error {
 //
 // It can be passed to LoadRelayTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RelayTcMaps struct {
+	AdmitTats     *ebpf.Map `ebpf:"admit_tats"`
 	AllocFlows    *ebpf.Map `ebpf:"alloc_flows"`
 	AllocRates    *ebpf.Map `ebpf:"alloc_rates"`
 	BindingStates *ebpf.Map `ebpf:"binding_states"`
@@ -428,6 +406,7 @@ type RelayTcMaps struct {
 
 func (m *RelayTcMaps) Close() error {
 	return _RelayTcClose(
+		m.AdmitTats,
 		m.AllocFlows,
 		m.AllocRates,
 		m.BindingStates,

@@ -6,11 +6,13 @@ import (
 	"maps"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/l7mp/stunnerd-xdp/bpf"
+	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/test/model"
 	"github.com/l7mp/stunnerd-xdp/test/packet"
 )
@@ -26,10 +28,30 @@ func (e *env) setShield(t testing.TB, m *model.Model, s model.Shield, allocs, no
 	t.Helper()
 	write := func(s model.Shield, allocs, nodeAllocs map[model.Allocation]bool) {
 		t.Helper()
-		if err := e.maps.SetShield(s.Junk, s.Allocations); err != nil {
+		if err := e.maps.SetShield(channelmap.Shield{Junk: s.Junk, Allocations: s.Allocations,
+			AdmitCost: time.Duration(s.Admission.Cost), AdmitBurst: time.Duration(s.Admission.Burst)}); err != nil {
 			t.Fatal(err)
 		}
 		pm := e.prog.Maps()
+		// What the source addresses owe their admission starts afresh, as
+		// the model's does.
+		var (
+			src  bpf.RelayAddr
+			tat  uint64
+			srcs []bpf.RelayAddr
+		)
+		it := pm.AdmitTats.Iterate()
+		for it.Next(&src, &tat) {
+			srcs = append(srcs, src)
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range srcs {
+			if err := pm.AdmitTats.Delete(a); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				t.Fatal(err)
+			}
+		}
 		for _, tb := range []struct {
 			m    *ebpf.Map
 			want map[model.Allocation]bool
@@ -266,5 +288,73 @@ func TestTCShieldGoldenPackets(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestShieldAdmission: requests of clients without an allocation are admitted
+// at their source address's rate (model rule 13): at one per second with a
+// burst of two, a source's first two requests pass and its third is dropped;
+// another source, a client with an allocation, and an indication from the
+// throttled source are not charged. Both engines, against the model.
+func TestShieldAdmission(t *testing.T) {
+	t.Run("xdp", func(t *testing.T) {
+		e := newEnv(t)
+		admissionSteps(t, e, func(frame []byte, m *model.Model) (bpf.RelayReason, bool) {
+			got, res := e.check(t, m, "a0", frame)
+			return got.reason, res.Verdict == model.Drop
+		})
+	})
+	t.Run("tc", func(t *testing.T) {
+		e := newTCEnv(t)
+		admissionSteps(t, e.env, func(frame []byte, m *model.Model) (bpf.RelayReason, bool) {
+			got, res := e.checkTC(t, m, "a0", frame, model.SKB{Checksum: model.ChecksumNone})
+			return got.reason, res.Verdict == model.TCShot
+		})
+	})
+}
+
+func admissionSteps(t *testing.T, e *env, check func([]byte, *model.Model) (bpf.RelayReason, bool)) {
+	bs := sortedBindings()
+	e.replace(t, bs)
+	m := e.newModel(t, bs)
+	flooder, other, member := ap("10.100.0.9:41000"), ap("10.100.0.10:41000"), ap("10.100.0.11:41000")
+	flooder6 := ap("[fd00:100::9]:41000")
+	e.setShield(t, m, model.Shield{Junk: true, Allocations: true,
+		Admission: model.Admission{Cost: uint64(time.Second), Burst: uint64(time.Second)}},
+		map[model.Allocation]bool{{Listener: wildcard4, Client: member}: true}, nil)
+	allocate := stunMessage(0x0003, 8, true)
+	binding := stunMessage(0x0001, 0, true)
+	send := stunMessage(0x0016, 8, true)
+	row := func(src netip.AddrPort, dst string, msg []byte) shieldRow {
+		return shieldRow{src: src, dst: dst, payload: msg}
+	}
+	steps := []struct {
+		name string
+		row  shieldRow
+		drop bool
+	}{
+		{"first", row(flooder, "10.100.0.1", allocate), false},
+		{"second (the burst)", row(flooder, "10.100.0.1", binding), false},
+		{"third: over", row(flooder, "10.100.0.1", allocate), true},
+		{"fourth: over, charged nothing", row(flooder, "10.100.0.1", binding), true},
+		{"an indication", row(flooder, "10.100.0.1", send), false},
+		{"another port of the address", row(ap("10.100.0.9:41001"), "10.100.0.1", allocate), true},
+		{"another address", row(other, "10.100.0.1", allocate), false},
+		{"a client with an allocation", row(member, "10.100.0.1", allocate), false},
+		{"a client with an allocation, again", row(member, "10.100.0.1", allocate), false},
+		{"a client with an allocation, a third time", row(member, "10.100.0.1", allocate), false},
+		{"ipv6 first", row(flooder6, "fd00:100::1", allocate), false},
+		{"ipv6 second", row(flooder6, "fd00:100::1", allocate), false},
+		{"ipv6 third: over", row(flooder6, "fd00:100::1", allocate), true},
+	}
+	for _, s := range steps {
+		reason, dropped := check(s.row.frame(), m)
+		want := bpf.RelayReasonREASON_STUN
+		if s.drop {
+			want = bpf.RelayReasonREASON_ADMISSION
+		}
+		if reason != want || dropped != s.drop {
+			t.Errorf("%s: %s (dropped %v), want %s", s.name, reasonName(reason), dropped, reasonName(want))
+		}
 	}
 }

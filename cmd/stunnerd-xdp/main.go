@@ -91,7 +91,8 @@ type options struct {
 	userQuota, totalQuota                                quotaFlag
 	gracePeriod                                          time.Duration
 	conns                                                connlimit.Limits // TCP and TLS listeners' clients
-	maxChannels                                          int
+	maxChannels, admissionBurst                          int
+	admissionRate                                        float64
 	allowPeers, denyPeers, noOffloadPeers                prefixList
 	configOrigin, id, nodeName, kubeconfig               string
 	// cdsNode is the node the config discovery service patches configs for
@@ -198,6 +199,10 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.BoolVar(&o.listenerShield, "listener-shield", true, "drop in the kernel, at the UDP listeners, what pion/turn would discard unanswered: ChannelData from a client\n"+
 		"without an allocation, datagrams that are neither ChannelData nor STUN, STUN that pion/turn has no handler for\n"+
 		"(a response, an unknown method); counted by reason in stunnerd_xdp_verdicts_total (drop_shield_*)")
+	fs.Float64Var(&o.admissionRate, "admission-rate", daemon.DefaultAdmissionRate, "with the listener shield, the `REQUESTS` per second each source address without an allocation may send\n"+
+		"(an unauthenticated Allocate, a Binding); the kernel drops the rest (drop_shield_admission), so that a flood from a\n"+
+		"few addresses cannot starve the others' Allocates; 0: no limit")
+	fs.IntVar(&o.admissionBurst, "admission-burst", daemon.DefaultAdmissionBurst, "how many such requests a source address may send at once (clients behind one NAT share it)")
 	fs.StringVar(&o.tcIfaces, "tc-iface", strings.Join(loader.DefaultTCPatterns, ","), "`PATTERN[,PATTERN]` of interfaces the TC engine attaches to as they come and go, while XDP is attached:\n"+
 		"pod:veth  every pod's host-side veth, whatever the CNI calls it (a veth whose peer is in another network\n"+
 		"          namespace: Calico cali*, Cilium lxc*, EKS eni*, AKS azv*, bridge plugins veth*, Antrea, OVN-Kubernetes);\n"+
@@ -416,6 +421,10 @@ func flagsConfig(o options) (daemon.Config, error) {
 	}
 	cfg.TCEngine = o.tcEngine
 	cfg.NoListenerShield = !o.listenerShield
+	if o.admissionRate < 0 || o.admissionBurst < 1 {
+		return cfg, fmt.Errorf("--admission-rate %v --admission-burst %d: want a rate of 0 (no limit) or more and a burst of 1 or more", o.admissionRate, o.admissionBurst)
+	}
+	cfg.AdmissionRate, cfg.AdmissionBurst = o.admissionRate, o.admissionBurst
 	for _, p := range strings.Split(o.tcIfaces, ",") {
 		if p = strings.TrimSpace(p); p == "" {
 			continue

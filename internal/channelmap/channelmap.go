@@ -1214,17 +1214,29 @@ func (m *Maps) SetRateLimit(r RateLimit) error {
 	return nil
 }
 
-// SetShield turns the listener shield on or off (the next packet sees it): junk
-// drops what pion/turn would discard unanswered at a listener socket, allocs
-// also ChannelData from clients without an allocation, which only a complete
-// allocation table (internal/allocflows) may say.
-func (m *Maps) SetShield(junk, allocs bool) error {
+// Shield is the listener shield's settings (bpf/relay.c listener_shield).
+type Shield struct {
+	// Junk drops what pion/turn would discard unanswered at a listener
+	// socket; Allocations also ChannelData from clients without an
+	// allocation, which only a complete allocation table
+	// (internal/allocflows) may say.
+	Junk, Allocations bool
+	// AdmitCost is what a request of a client without an allocation costs
+	// its source address (1 s / requests per second; 0: no limit), and
+	// AdmitBurst how far ahead of now an address may run (burst-1 costs).
+	AdmitCost, AdmitBurst time.Duration
+}
+
+// SetShield sets the listener shield (the next packet sees it). Without Junk
+// it is off, whatever else it says.
+func (m *Maps) SetShield(s Shield) error {
 	var v bpf.RelayShield
-	if junk {
+	if s.Junk {
 		v.Flags |= uint32(bpf.RelayShieldFlagSHIELD_JUNK)
-		if allocs {
+		if s.Allocations {
 			v.Flags |= uint32(bpf.RelayShieldFlagSHIELD_ALLOCS)
 		}
+		v.AdmitCostNs, v.AdmitBurstNs = uint64(s.AdmitCost), uint64(s.AdmitBurst)
 	}
 	if err := m.shields.Put(uint32(0), v); err != nil {
 		return fmt.Errorf("set listener shield: %w", err)

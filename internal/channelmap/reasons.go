@@ -51,6 +51,7 @@ var ReasonNames = map[bpf.RelayReason]string{
 	bpf.RelayReasonREASON_NO_ALLOCATION:  "drop_shield_no_allocation",
 	bpf.RelayReasonREASON_NOT_TURN:       "drop_shield_not_turn",
 	bpf.RelayReasonREASON_STUN_UNHANDLED: "drop_shield_stun_unhandled",
+	bpf.RelayReasonREASON_ADMISSION:      "drop_shield_admission",
 }
 
 // ReasonName is the metric label of Verdicts()[i].

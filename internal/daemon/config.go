@@ -63,6 +63,12 @@ type Config struct {
 	// NoListenerShield turns the listener shield off: the programs then pass
 	// to pion/turn what it discards unanswered (bpf/relay.c listener_shield).
 	NoListenerShield bool
+	// AdmissionRate is how many requests per second each source address
+	// without an allocation may send (an Allocate before it is answered, a
+	// Binding), AdmissionBurst how many at once; the shield drops the rest in
+	// the kernel (0: no limit).
+	AdmissionRate  float64
+	AdmissionBurst int
 	// load loads the program in place of LoadXDP and LoadEngines: what a
 	// test gives to stand for a kernel that refuses it.
 	load offload.LoadFunc
@@ -139,6 +145,11 @@ const (
 	DefaultReconcileInterval = 10 * time.Second
 	DefaultSocketBuffer      = 4 << 20
 	DefaultXDPRetryInterval  = 2 * time.Second
+	// The listener shield's admission (--admission-rate, --admission-burst):
+	// a client needs two or three requests before it has an allocation,
+	// and a NAT may put a few hundred clients behind one address.
+	DefaultAdmissionRate  = 100
+	DefaultAdmissionBurst = 200
 	// MaxUDPThreadNum bounds the read loops per UDP listener; the default, one
 	// per CPU, stops at DefaultMaxUDPThreads so that two daemons' sockets
 	// (a rolling update) fit the steering array on a big node.

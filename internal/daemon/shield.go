@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"time"
+
 	"github.com/l7mp/stunnerd-xdp/internal/allocflows"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
@@ -60,7 +62,12 @@ func (d *Daemon) setShield(m *channelmap.Maps) {
 	if on && d.allocs != nil && !allocs {
 		d.log.Warn("listener shield: an allocation is missing from its table, so ChannelData passes to pion/turn whatever its client until that allocation ends")
 	}
-	if err := m.SetShield(on, allocs); err != nil {
+	s := channelmap.Shield{Junk: on, Allocations: allocs}
+	if r := d.config().AdmissionRate; r > 0 {
+		s.AdmitCost = time.Duration(float64(time.Second) / r)
+		s.AdmitBurst = time.Duration(max(d.config().AdmissionBurst-1, 0)) * s.AdmitCost
+	}
+	if err := m.SetShield(s); err != nil {
 		d.log.Warn("listener shield not set: the programs pass what pion/turn discards", "error", err)
 	}
 }

@@ -136,6 +136,15 @@
 //     method read without the type's top two bits, as stun reads it) is
 //     REASON_STUN_UNHANDLED. Everything else passes as before, for pion/turn
 //     to answer or discard.
+//  13. Admission (Shield.Admission, with the shield on): a STUN request that
+//     rule 12 passes, from a client with no allocation on that listener
+//     socket (an unauthenticated one: its Allocate, a Binding), is charged
+//     to its source address as a GCRA: the address owes the instant by which
+//     its requests are paid for at Cost each (1 s / requests per second), and
+//     a request goes while that instant is at most Burst ahead of now; over
+//     it, it is dropped (REASON_ADMISSION) and charged nothing. An address
+//     that owes nothing starts afresh. Requests of clients with an
+//     allocation, and indications, are not charged.
 package model
 
 import (
@@ -308,7 +317,14 @@ type Shield struct {
 	// Junk drops what pion/turn discards unanswered; Allocations also
 	// ChannelData from clients without an allocation (only with Junk).
 	Junk, Allocations bool
+	// Admission is the unauthenticated requests' rate per source address
+	// (rule 13; only with Junk).
+	Admission Admission
 }
+
+// Admission is a rate of requests per source address: each costs Cost (ns;
+// 0: no limit), and an address may run Burst (ns) ahead.
+type Admission struct{ Cost, Burst uint64 }
 
 // Allocation is a UDP allocation's 5-tuple: its client and the listener
 // socket (the address it is bound to, as Env.Destinations names it).
@@ -359,6 +375,9 @@ type Model struct {
 	peer   map[peerKey]*channelmap.Binding
 	order  []*channelmap.Binding
 	rate   map[netip.AddrPort]RateState // by relayed transport address
+	// admit is what each source address owes its admission (rule 13): the
+	// instant by which its requests are paid for.
+	admit map[netip.Addr]uint64
 	// Now is the program's clock (CLOCK_MONOTONIC in ns) when it charges a
 	// packet to a rate limit.
 	Now func() uint64
@@ -379,6 +398,14 @@ func (m *Model) RateState(relay netip.AddrPort) RateState { return m.rate[unmapP
 // SetRateState sets what the allocation relayed at relay owes, as a test sets
 // the program's bucket.
 func (m *Model) SetRateState(relay netip.AddrPort, s RateState) { m.rate[unmapPort(relay)] = s }
+
+// AdmitState is what the source address owes its admission (rule 13): 0,
+// nothing yet.
+func (m *Model) AdmitState(a netip.Addr) uint64 { return m.admit[a] }
+
+// SetAdmitState sets what the source address owes, as a test sets the
+// program's entry.
+func (m *Model) SetAdmitState(a netip.Addr, tat uint64) { m.admit[a] = tat }
 
 // Charge is what userspace does with a datagram of dataLen bytes of
 // application data that pion/turn would relay for the allocation relayed at
@@ -428,7 +455,7 @@ type peerKey struct{ peer, relay netip.AddrPort }
 // client's family.
 func New(env Env, bindings []channelmap.Binding) (*Model, error) {
 	m := &Model{env: env, client: map[channelmap.Key]*channelmap.Binding{}, peer: map[peerKey]*channelmap.Binding{},
-		rate: map[netip.AddrPort]RateState{}, Now: MonotonicNow}
+		rate: map[netip.AddrPort]RateState{}, admit: map[netip.Addr]uint64{}, Now: MonotonicNow}
 	for _, b := range bindings {
 		b.Client = unmapPort(b.Client)
 		b.Listener = unmapPort(b.Listener)
@@ -699,9 +726,10 @@ func (m *Model) shield(frame []byte, in datagram, r bpf.RelayReason) Result {
 		return pass // the kernel's: forwarded, or another socket's
 	}
 	msg := in.udp[8:]
+	a := Allocation{Listener: listener, Client: in.src}
+	allocated := m.env.Allocations[a] || m.env.NodeAllocations[a]
 	if len(msg) >= 4 && msg[0]>>6 == 0b01 && int(be16(msg[2:])) <= len(msg)-4 {
-		a := Allocation{Listener: listener, Client: in.src}
-		if !m.env.Shield.Allocations || m.env.Allocations[a] || m.env.NodeAllocations[a] {
+		if !m.env.Shield.Allocations || allocated {
 			return pass
 		}
 		return drop(bpf.RelayReasonREASON_NO_ALLOCATION)
@@ -715,7 +743,16 @@ func (m *Model) shield(frame []byte, in datagram, r bpf.RelayReason) Result {
 	method := t&0xf | (t>>1)&0x70 | (t>>2)&0xf80
 	switch {
 	case class == 0 && (method == 0x001 || method == 0x003 || method == 0x004 || method == 0x008 || method == 0x009):
-		return pass // Binding, Allocate, Refresh, CreatePermission, ChannelBind requests
+		// Binding, Allocate, Refresh, CreatePermission, ChannelBind requests
+		if ad := m.env.Shield.Admission; ad.Cost != 0 && !allocated {
+			now := m.Now()
+			tat := max(m.admit[in.src.Addr()], now)
+			if tat-now > ad.Burst {
+				return drop(bpf.RelayReasonREASON_ADMISSION)
+			}
+			m.admit[in.src.Addr()] = tat + ad.Cost
+		}
+		return pass
 	case class == 1 && method == 0x006:
 		return pass // a Send indication
 	}
