@@ -196,11 +196,12 @@ func parseFlags(args []string, stderr io.Writer) (options, *flag.FlagSet, error)
 	fs.StringVar(&o.xdpIfaces, "xdp-iface", "", "`IFACE[,IFACE]` to attach XDP to (default: the interfaces carrying the listener and relay addresses)")
 	fs.BoolVar(&o.tcEngine, "tc-engine", true, "load the TC engine beside XDP: it relays on the skb path what XDP cannot transmit (into a pod's veth,\n"+
 		"a bridge, a VXLAN/Geneve device) and what local pods send to relay ports (on the interfaces --tc-iface matches)")
-	fs.BoolVar(&o.listenerShield, "listener-shield", true, "drop in the kernel, at the UDP listeners, what pion/turn would discard unanswered: ChannelData from a client\n"+
-		"without an allocation, datagrams that are neither ChannelData nor STUN, STUN that pion/turn has no handler for\n"+
-		"(a response, an unknown method); counted by reason in stunnerd_xdp_verdicts_total (drop_shield_*)")
+	fs.BoolVar(&o.listenerShield, "listener-shield", true, "drop at the UDP listeners, in the kernel (in the read loops where no program runs), what pion/turn would discard\n"+
+		"unanswered: ChannelData from a client without an allocation, datagrams that are neither ChannelData nor STUN, STUN\n"+
+		"pion/turn has no handler for (a response, an unknown method); counted by reason as drop_shield_* in\n"+
+		"stunnerd_xdp_verdicts_total and stunnerd_xdp_userspace_shield_dropped_total")
 	fs.Float64Var(&o.admissionRate, "admission-rate", daemon.DefaultAdmissionRate, "with the listener shield, the `REQUESTS` per second each source address without an allocation may send\n"+
-		"(an unauthenticated Allocate, a Binding); the kernel drops the rest (drop_shield_admission), so that a flood from a\n"+
+		"(an unauthenticated Allocate, a Binding); the rest is dropped (drop_shield_admission), so that a flood from a\n"+
 		"few addresses cannot starve the others' Allocates; 0: no limit")
 	fs.IntVar(&o.admissionBurst, "admission-burst", daemon.DefaultAdmissionBurst, "how many such requests a source address may send at once (clients behind one NAT share it)")
 	fs.StringVar(&o.tcIfaces, "tc-iface", strings.Join(loader.DefaultTCPatterns, ","), "`PATTERN[,PATTERN]` of interfaces the TC engine attaches to as they come and go, while XDP is attached:\n"+
@@ -421,7 +422,7 @@ func flagsConfig(o options) (daemon.Config, error) {
 	}
 	cfg.TCEngine = o.tcEngine
 	cfg.NoListenerShield = !o.listenerShield
-	if o.admissionRate < 0 || o.admissionBurst < 1 {
+	if o.admissionRate < 0 || o.admissionRate > 0 && o.admissionBurst < 1 {
 		return cfg, fmt.Errorf("--admission-rate %v --admission-burst %d: want a rate of 0 (no limit) or more and a burst of 1 or more", o.admissionRate, o.admissionBurst)
 	}
 	cfg.AdmissionRate, cfg.AdmissionBurst = o.admissionRate, o.admissionBurst

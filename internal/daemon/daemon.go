@@ -30,6 +30,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/offload"
 	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
+	"github.com/l7mp/stunnerd-xdp/internal/shield"
 	"github.com/l7mp/stunnerd-xdp/internal/status"
 	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/turnguard"
@@ -61,7 +62,8 @@ type Daemon struct {
 	dests      *destinationSync
 	ctRefresh  *ctrefresh.Refresher
 	steer      *steering.Steering
-	allocs     *allocflows.Table // nil: the shield tests no allocation
+	allocs     *allocflows.Table
+	shield     *shield.Shield // the read loops' (nil: --listener-shield=false)
 	counters   *userspace.Counters
 	rateLimit  *userspace.RateLimiter
 	traffic    *metrics.Traffic
@@ -124,7 +126,7 @@ func Start(cfg Config) (*Daemon, error) {
 	d.startDestinations()
 	d.listeners = listener.NewSet(listener.Deps{
 		Logger: cfg.Logger, Credentials: d.creds, Mirror: d.mirror.EventHandler(),
-		Destinations: d.dests.tracker, Steering: d.steer, Allocations: d.allocs,
+		Destinations: d.dests.tracker, Steering: d.steer, Allocations: d.allocs, Shield: d.shield,
 		Quota: d.quota, Permissions: d.perms, Draining: d.draining.Load,
 		Conns: d.conns, Guarded: &d.guarded, Counters: d.counters, RateLimit: d.rateLimit,
 		Traffic: d.traffic, ClusterNets: &d.clusterNets,

@@ -6,6 +6,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/allocflows"
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/shield"
 )
 
 // The listener shield (bpf/relay.c listener_shield) drops at the UDP
@@ -16,31 +17,29 @@ import (
 // programs too). It tests them only while the table holds every allocation
 // of this daemon.
 
-// openAllocations creates the table before the listeners take allocations.
-// Without it (no BPF) the shield tests no allocation.
+// openAllocations creates the table before the listeners take allocations,
+// and the read loops' shield over it.
 func (d *Daemon) openAllocations() {
 	t, err := allocflows.New(d.allocationsChanged)
 	if err != nil {
-		d.log.Debug("no allocation table: the listener shield passes ChannelData of every client", "error", err)
-		return
+		d.log.Debug("no allocation map: the kernel's shield passes ChannelData of every client", "error", err)
 	}
 	d.allocs = t
+	if cfg := d.config(); !cfg.NoListenerShield {
+		d.shield = shield.New(t, &d.counters.Shield, cfg.AdmissionRate, cfg.AdmissionBurst)
+	}
 }
 
 // closeAllocations frees the table once the listeners are closed.
 func (d *Daemon) closeAllocations() {
-	if d.allocs != nil {
-		d.allocs.Close()
-	}
+	d.allocs.Close()
 }
 
 // program is the programs' load-time configuration, with the maps the
 // shield shares.
 func (d *Daemon) program(c *Config) loader.Config {
 	p := c.loaderConfig()
-	if d.allocs != nil {
-		p.AllocFlows = d.allocs.Map()
-	}
+	p.AllocFlows = d.allocs.Map()
 	if d.steer != nil {
 		p.NodeFlows = d.steer.FlowMap()
 	}
@@ -58,8 +57,8 @@ func (d *Daemon) allocationsChanged() {
 // say.
 func (d *Daemon) setShield(m *channelmap.Maps) {
 	on := !d.config().NoListenerShield
-	allocs := d.allocs != nil && d.allocs.Complete()
-	if on && d.allocs != nil && !allocs {
+	allocs := d.allocs.Map() != nil && d.allocs.Complete()
+	if on && d.allocs.Map() != nil && !allocs {
 		d.log.Warn("listener shield: an allocation is missing from its table, so ChannelData passes to pion/turn whatever its client until that allocation ends")
 	}
 	s := channelmap.Shield{Junk: on, Allocations: allocs}

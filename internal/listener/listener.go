@@ -25,6 +25,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/metrics"
 	"github.com/l7mp/stunnerd-xdp/internal/peerpolicy"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
+	"github.com/l7mp/stunnerd-xdp/internal/shield"
 	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/turnguard"
 	"github.com/l7mp/stunnerd-xdp/internal/userspace"
@@ -49,6 +50,8 @@ type Deps struct {
 	// Allocations is the listener shield's table of UDP allocations (nil:
 	// none, the shield tests no allocation).
 	Allocations *allocflows.Table
+	// Shield is the read loops' listener shield (nil: off).
+	Shield      *shield.Shield
 	Quota       *quota.Counter
 	Permissions *quota.Permissions
 	// Draining says whether new allocations are refused (486).
@@ -219,7 +222,7 @@ func (s *Set) serverConfigs(st Settings, ls *Listener) ([]turn.ServerConfig, err
 			// accounting, the header-field table, the batched socket.
 			pc := guard.PacketConn(&userspace.ListenerConn{
 				PacketConn: s.deps.Traffic.ListenerConn(l.Name, chans.ListenerSocket(conn)),
-				Counters:   s.deps.Counters, Channels: chans, NoShortcut: st.NoShortcut})
+				Counters:   s.deps.Counters, Channels: chans, NoShortcut: st.NoShortcut, Shield: s.deps.Shield.Listener(l.Addr)})
 			// The peer->client shortcut writes to the listener socket as
 			// pion holds it; it learns each allocation's client from pion's
 			// own report, before every other stage.

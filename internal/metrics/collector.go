@@ -13,6 +13,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/mirror"
 	"github.com/l7mp/stunnerd-xdp/internal/nodelabel"
 	"github.com/l7mp/stunnerd-xdp/internal/quota"
+	"github.com/l7mp/stunnerd-xdp/internal/shield"
 	"github.com/l7mp/stunnerd-xdp/internal/steering"
 	"github.com/l7mp/stunnerd-xdp/internal/userspace"
 )
@@ -85,6 +86,7 @@ type collector struct {
 	mode, label, steering, userspace, full         *prometheus.Desc
 	refused, permRefused, userRateLimited          *prometheus.Desc
 	shortcut, ttlExpired, tcpConns, tcpRefused     *prometheus.Desc
+	userShield                                     *prometheus.Desc
 	peerShortcut                                   *prometheus.Desc
 	tcpClosed, oversized, requestsRefused          *prometheus.Desc
 	tcVerdicts, kernel, evicted                    *prometheus.Desc
@@ -142,6 +144,10 @@ func newCollector(src Source) *collector {
 			"Peer-to-client datagrams the relay sockets relayed to clients (ChannelData or Data indications) without pion/turn's per-datagram handling (--channeldata-shortcut); a part of the userspace path's packets.", nil, nil),
 		ttlExpired: prometheus.NewDesc("stunnerd_xdp_userspace_ttl_expired_total",
 			"Datagrams the userspace path dropped, in either direction, because they arrived with a TTL (hop limit) of 1 or 0 (RFC 8656 section 14; the XDP program passes them to userspace as verdict pass_ttl_expired).", nil, nil),
+		userShield: prometheus.NewDesc("stunnerd_xdp_userspace_shield_dropped_total",
+			"Datagrams the read loops' listener shield (--listener-shield) dropped before pion/turn parsed them, by reason as the kernel path names them: "+
+				"drop_shield_no_allocation, drop_shield_not_turn, drop_shield_stun_unhandled, drop_shield_admission (what the kernel dropped is in stunnerd_xdp_verdicts_total).",
+			[]string{"reason"}, nil),
 		tcVerdicts: prometheus.NewDesc("stunnerd_xdp_tc_verdicts_total",
 			"Packets seen by the TC engine, by the reason for its verdict (the XDP program's reasons, and its own: pass_gso, pass_checksum_partial_elsewhere, drop_rewrite_failed); absent while the engine is not loaded.",
 			[]string{"reason"}, nil),
@@ -155,7 +161,7 @@ func newCollector(src Source) *collector {
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.verdicts, c.tcVerdicts, c.allocs, c.chans, c.bound, c.attached, c.mirrorEvents, c.mirrorErrors, c.drift, c.mode, c.label, c.steering, c.userspace, c.full, c.evicted, c.refused, c.permRefused, c.userRateLimited, c.shortcut, c.peerShortcut, c.ttlExpired,
-		c.tcpConns, c.tcpRefused, c.tcpClosed, c.oversized, c.requestsRefused, c.kernel} {
+		c.userShield, c.tcpConns, c.tcpRefused, c.tcpClosed, c.oversized, c.requestsRefused, c.kernel} {
 		ch <- d
 	}
 }
@@ -167,6 +173,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(ch, c.shortcut, u.ShortcutPackets.Load())
 	counter(ch, c.peerShortcut, u.PeerShortcutPackets.Load())
 	counter(ch, c.ttlExpired, u.TTLExpired.Load())
+	for i, name := range shield.Names {
+		counter(ch, c.userShield, u.Shield[i].Load(), name)
+	}
 	counter(ch, c.packets, u.PeerToClientPackets.Load(), "userspace", "peer_to_client")
 	counter(ch, c.bytes, u.ClientToPeerBytes.Load(), "userspace", "client_to_peer")
 	counter(ch, c.bytes, u.PeerToClientBytes.Load(), "userspace", "peer_to_client")

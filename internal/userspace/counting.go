@@ -11,6 +11,7 @@ import (
 
 	"github.com/pion/turn/v4"
 
+	"github.com/l7mp/stunnerd-xdp/internal/shield"
 	"github.com/l7mp/stunnerd-xdp/internal/udpio"
 )
 
@@ -31,6 +32,8 @@ type Counters struct {
 	// TTLExpired counts the datagrams dropped, in either direction, because
 	// they arrived with a TTL (hop limit) of 1 or 0 (see fields.go).
 	TTLExpired atomic.Uint64
+	// Shield counts what the listeners' shield dropped before pion/turn.
+	Shield shield.Counts
 }
 
 // ListenerConn wraps pion's listener socket: what pion writes to clients as
@@ -44,6 +47,9 @@ type ListenerConn struct {
 	// NoShortcut hands pion every datagram, Channels or not (the table then
 	// only carries the IP header fields: Channels.ListenerSocket).
 	NoShortcut bool
+	// Shield drops what pion/turn would discard unanswered before it parses
+	// it (nil: nothing).
+	Shield *shield.Listener
 }
 
 // ReadFrom returns the next datagram that is not relayed here. What the
@@ -52,7 +58,13 @@ type ListenerConn struct {
 func (c *ListenerConn) ReadFrom(p []byte) (int, net.Addr, error) {
 	t := c.Channels
 	if t == nil || c.NoShortcut {
-		return c.PacketConn.ReadFrom(p)
+		for {
+			n, addr, err := c.PacketConn.ReadFrom(p)
+			if err == nil && n < len(p) && c.Shield.Drop(p[:n], addr) {
+				continue
+			}
+			return n, addr, err
+		}
 	}
 	for {
 		if n, addr, ok, err := t.handBack(p); ok {
@@ -64,7 +76,7 @@ func (c *ListenerConn) ReadFrom(p []byte) (int, net.Addr, error) {
 		}
 		n, addr, err := c.PacketConn.ReadFrom(p)
 		// pion drops a datagram that fills its buffer (possibly truncated).
-		if err == nil && n < len(p) && t.relay(p[:n], addr) {
+		if err == nil && n < len(p) && (t.relay(p[:n], addr) || c.Shield.Drop(p[:n], addr)) {
 			continue
 		}
 		if t.pending() {

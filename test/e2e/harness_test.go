@@ -199,6 +199,7 @@ type paths struct {
 	userC2P, userP2C         uint64
 	verdicts                 []uint64
 	allocations, offloadSize int
+	shield                   [4]uint64 // the read loops' shield, by shield.Reason
 }
 
 func snapshot(t *testing.T, d *daemon.Daemon) paths {
@@ -216,6 +217,9 @@ func snapshot(t *testing.T, d *daemon.Daemon) paths {
 	}
 	u := d.UserspaceCounters()
 	p.userC2P, p.userP2C = u.ClientToPeerPackets.Load(), u.PeerToClientPackets.Load()
+	for i := range p.shield {
+		p.shield[i] = u.Shield[i].Load()
+	}
 	p.allocations = d.AllocationCount()
 	return p
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/l7mp/stunnerd-xdp/internal/channelmap"
 	"github.com/l7mp/stunnerd-xdp/internal/config"
 	"github.com/l7mp/stunnerd-xdp/internal/loader"
+	"github.com/l7mp/stunnerd-xdp/internal/shield"
 	"github.com/l7mp/stunnerd-xdp/test/testenv"
 )
 
@@ -138,12 +139,22 @@ func shieldProbes(t *testing.T, r rig, mode loader.Mode) {
 		}
 	}
 	after := snapshot(t, d)
-	if mode == loader.ModeOff {
-		return
-	}
-	for _, reason := range []bpf.RelayReason{bpf.RelayReasonREASON_NO_ALLOCATION, bpf.RelayReasonREASON_NOT_TURN, bpf.RelayReasonREASON_STUN_UNHANDLED} {
-		if got := after.verdicts[reason] - before.verdicts[reason]; got != wantDrops[reason] {
-			t.Errorf("%s: %d dropped, want %d", channelmap.ReasonNames[reason], got, wantDrops[reason])
+	// Where each reason's drops are counted: by the kernel with XDP, by the
+	// read loops' shield (internal/shield) without it.
+	userReason := map[bpf.RelayReason]shield.Reason{bpf.RelayReasonREASON_NO_ALLOCATION: shield.NoAllocation,
+		bpf.RelayReasonREASON_NOT_TURN: shield.NotTURNReason, bpf.RelayReasonREASON_STUN_UNHANDLED: shield.UnhandledReason}
+	for reason, ur := range userReason {
+		var kernel, user uint64
+		if mode != loader.ModeOff {
+			kernel = after.verdicts[reason] - before.verdicts[reason]
+		}
+		user = after.shield[ur] - before.shield[ur]
+		want := [2]uint64{wantDrops[reason], 0}
+		if mode == loader.ModeOff {
+			want = [2]uint64{0, wantDrops[reason]}
+		}
+		if kernel != want[0] || user != want[1] {
+			t.Errorf("%s: %d dropped by the kernel, %d by the read loops; want %d and %d", channelmap.ReasonNames[reason], kernel, user, want[0], want[1])
 		}
 	}
 	t.Logf("dropped by the shield: %v", wantDrops)
