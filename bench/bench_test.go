@@ -59,6 +59,11 @@ type config struct {
 	sessionsServerN []int         // sessions (real allocations) of the daemon rows
 	sessionsPoint   time.Duration // one interval
 	sessionsRounds  int           // intervals per row, interleaved
+
+	junkLadder []float64     // junk packets/s per rung: -1 none, 0 max
+	junkRounds int           // turns each server takes at every rung
+	junkEcho   time.Duration // how long the session echoes under the junk
+	junkEchoes int           // echoes sent in that time
 }
 
 var configs = map[string]config{
@@ -78,6 +83,7 @@ var configs = map[string]config{
 		userspaceRounds: 3, userspaceSearch: 3,
 		shapeRate: 5000, shapePoint: 3 * time.Second,
 		sessionsN: []int{1, 100, 1000, 10000}, sessionsServerN: []int{100, 1000}, sessionsPoint: 2 * time.Second, sessionsRounds: 3,
+		junkLadder: []float64{-1, 20000, 100000, 0}, junkRounds: 2, junkEcho: 8 * time.Second, junkEchoes: 1000,
 	},
 	"smoke": {
 		mode:      "smoke",
@@ -93,6 +99,7 @@ var configs = map[string]config{
 		userspaceLadder: []float64{20000, 100000, 0}, userspacePinned: []float64{100000}, userspaceRounds: 1, userspaceSearch: 1,
 		shapeRate: 2000, shapePoint: 500 * time.Millisecond,
 		sessionsN: []int{1, 20}, sessionsServerN: []int{3}, sessionsPoint: 500 * time.Millisecond, sessionsRounds: 1,
+		junkLadder: []float64{0}, junkRounds: 1, junkEcho: 2 * time.Second, junkEchoes: 200,
 	},
 }
 
@@ -143,6 +150,7 @@ func TestBench(t *testing.T) {
 		UserspaceSearch:  cfg.userspaceSearch,
 		ShapeRows:        (len(netns.Shapes()) + len(rpShapes)) * len(shapeModes),
 		SessionRows:      sessionRows(cfg),
+		JunkRows:         len(cfg.junkLadder) * cfg.junkRounds * len(junkSpecs),
 	}
 	h.daemonBin, h.stunnerdBin, h.turncatBin = netns.RequireBinary(t, netns.Daemon), netns.RequireBinary(t, netns.Stunnerd), netns.RequireBinary(t, netns.Turncat)
 	h.stunnerd121Bin = netns.RequireBinary(t, netns.Stunnerd121)
@@ -177,6 +185,7 @@ func TestBench(t *testing.T) {
 	stage("iperf", h.stageIperf)
 	stage("shapes", h.stageShapes)
 	stage("sessions", h.stageSessions)
+	stage("junk", h.stageJunk)
 
 	h.rep.Targets, h.rep.Notes = h.targets()
 	h.rep.Meta.Duration = time.Since(started).Round(time.Second).String()

@@ -399,6 +399,9 @@ func (h *harness) targets() ([]TargetResult, []string) {
 	if st, ok := h.rep.sessionsTarget(); ok {
 		out = append(out, st)
 	}
+	if jt, ok := h.rep.junkTarget(); ok {
+		out = append(out, jt)
+	}
 
 	notes := []string{
 		"Everything shares 2 vCPUs: the generator, the relay, the peer's receive path and softirq. On veth the XDP program runs in the NAPI poll that the sender's own transmit schedules, so for XDP the relay's work lands as softirq on the generator's CPU; the max rung uses " + strconv.Itoa(h.cfg.maxWorkers) + " generator threads (one per core).",

@@ -35,7 +35,9 @@ type Report struct {
 	// Shapes are the node shapes of issue 23 in both modes.
 	Shapes []ShapeRow `json:"shapes"`
 	// Sessions are issue 27's many sessions with a WebRTC-like mix.
-	Sessions []SessionRow    `json:"sessions"`
+	Sessions []SessionRow `json:"sessions"`
+	// Junk is issue 39's listener under junk.
+	Junk     []JunkRow       `json:"junk"`
 	Targets  []TargetResult  `json:"targets"`
 	Expected ExpectedRows    `json:"expected"`
 	Notes    []string        `json:"notes,omitempty"`
@@ -257,6 +259,7 @@ type ExpectedRows struct {
 	UserspaceSearch  int      `json:"userspace_search_steps"`
 	ShapeRows        int      `json:"shape_rows"` // node shapes times two modes
 	SessionRows      int      `json:"session_rows"`
+	JunkRows         int      `json:"junk_rows"`
 }
 
 // Validate reports every missing row and every figure that is not a finite
@@ -352,6 +355,7 @@ func (r *Report) Validate() error {
 	}
 	errs = append(errs, r.validateShapes()...)
 	errs = append(errs, r.validateSessions()...)
+	errs = append(errs, r.validateJunk()...)
 	if c := r.Control; c == nil {
 		errs = append(errs, errors.New("control: missing"))
 	} else if c.Installed != c.Bindings || c.BindingsPerSecond <= 0 || bad(c.HeapBytesPerBinding) || c.MapBytesPerSlot <= 0 {
@@ -620,6 +624,7 @@ func (r *Report) WriteMarkdown(dir string, lo, hi float64, plots []string) error
 	writeUserspace(&b, r)
 	writeShapes(&b, r)
 	writeSessions(&b, r)
+	writeJunk(&b, r)
 
 	b.WriteString("\n## 3. The user's benchmark: iperf2 through turncat\n\n")
 	it := table{head: []string{"server", "rate pps", "payload B", "seconds", "iperf sent", "received", "loss %", "server total µs/pkt", "server process µs/pkt", "turncat µs/pkt"}}

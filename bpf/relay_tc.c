@@ -384,6 +384,16 @@ static __always_inline int tc_over_limit(const struct rate_limit *rl, __u32 allo
 	return rl->pass ? TC_ACT_OK : TC_ACT_SHOT;
 }
 
+/* xdp_ran tells whether the XDP program ran on what arrives on the device
+ * (its dev_caps say it is attached there, or nothing is known of it): then
+ * its shield has passed the packet, and the engine's would charge a request's
+ * admission twice. The shield runs once, in the first engine. */
+static __always_inline int xdp_ran(__u32 ifindex)
+{
+	const struct dev_cap *d = bpf_map_lookup_elem(&dev_caps, &ifindex);
+	return !d || (d->flags & (DEV_ATTACHED_NATIVE | DEV_ATTACHED_GENERIC));
+}
+
 static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct cursor *c, struct input *in,
 					     struct udphdr *udp, __u32 *reason, const int l3)
 {
@@ -398,7 +408,7 @@ static __always_inline int tc_client_to_peer(struct __sk_buff *ctx, struct curso
 	if (r < 0 && (r = c2p_mapped(in)) < 0)
 		r = c2p_lookup(in, udp, channel, flow_generation(fib_generation()), &b);
 	if (r >= 0) {
-		*reason = listener_shield(c, in, udp, r);
+		*reason = xdp_ran(in->ifindex) ? r : listener_shield(c, in, udp, r);
 		return shield_drops(*reason) ? TC_ACT_SHOT : TC_ACT_OK;
 	}
 	if ((r = c2p_admit(c, in, udp)) >= 0) {

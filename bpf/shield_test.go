@@ -268,13 +268,24 @@ func TestShieldGoldenPackets(t *testing.T) {
 	}
 }
 
-// TestTCShieldGoldenPackets: the same rows through the TC engine, which
-// shoots what XDP drops.
+// withoutXDP marks the named interface as one the XDP program is not
+// attached to (restored when t ends): the TC engine runs the shield only
+// there.
+func (e *env) withoutXDP(t testing.TB, m *model.Model, name string) {
+	t.Helper()
+	c := *e.ifaces[name].caps
+	c.Native, c.Generic = false, false
+	e.setCaps(t, m, name, &c)
+}
+
+// TestTCShieldGoldenPackets: the same rows through the TC engine, arriving
+// where XDP is not attached, which shoots what XDP drops.
 func TestTCShieldGoldenPackets(t *testing.T) {
 	e := newTCEnv(t)
 	bs := sortedBindings()
 	e.replace(t, bs)
 	m := e.newModel(t, bs)
+	e.withoutXDP(t, m, "a0")
 	for _, r := range shieldRows() {
 		t.Run(r.name, func(t *testing.T) {
 			e.setShield(t, m, r.shield, r.allocs, r.node)
@@ -307,6 +318,7 @@ func TestShieldAdmission(t *testing.T) {
 	t.Run("tc", func(t *testing.T) {
 		e := newTCEnv(t)
 		admissionSteps(t, e.env, func(frame []byte, m *model.Model) (bpf.RelayReason, bool) {
+			e.withoutXDP(t, m, "a0")
 			got, res := e.checkTC(t, m, "a0", frame, model.SKB{Checksum: model.ChecksumNone})
 			return got.reason, res.Verdict == model.TCShot
 		})
@@ -356,5 +368,42 @@ func admissionSteps(t *testing.T, e *env, check func([]byte, *model.Model) (bpf.
 		if reason != want || dropped != s.drop {
 			t.Errorf("%s: %s (dropped %v), want %s", s.name, reasonName(reason), dropped, reasonName(want))
 		}
+	}
+}
+
+// TestTCShieldOnceWithXDP: on an interface where XDP runs (or of which nothing
+// is known) the TC engine leaves the shield to XDP's, which passed what
+// reaches it: junk and a stranger's ChannelData go on untouched, and a
+// request is not charged a second time.
+func TestTCShieldOnceWithXDP(t *testing.T) {
+	e := newTCEnv(t)
+	bs := sortedBindings()
+	e.replace(t, bs)
+	m := e.newModel(t, bs)
+	e.setShield(t, m, model.Shield{Junk: true, Allocations: true, Admission: model.Admission{Cost: uint64(time.Second)}}, nil, nil)
+	stranger := ap("10.100.0.9:41000")
+	rows := []shieldRow{
+		{src: stranger, dst: "10.100.0.1", payload: []byte("GET / HTTP/1.1\r\n\r\n"), want: bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA},
+		{src: stranger, dst: "10.100.0.1", payload: packet.ChannelData(0x4000, data(100), nil), want: bpf.RelayReasonREASON_NO_CHANNEL},
+		{src: stranger, dst: "10.100.0.1", payload: stunMessage(0x0003, 8, true), want: bpf.RelayReasonREASON_STUN},
+		{src: stranger, dst: "10.100.0.1", payload: stunMessage(0x0003, 8, true), want: bpf.RelayReasonREASON_STUN},
+	}
+	for _, caps := range []string{"native", "generic", "none"} {
+		t.Run(caps, func(t *testing.T) {
+			switch caps {
+			case "generic":
+				c := *e.ifaces["a0"].caps
+				c.Native, c.Generic = false, true
+				e.setCaps(t, m, "a0", &c)
+			case "none":
+				e.setCaps(t, m, "a0", nil)
+			}
+			for i, r := range rows {
+				got, res := e.checkTC(t, m, "a0", r.frame(), model.SKB{Checksum: model.ChecksumNone})
+				if got.reason != r.want || res.Verdict == model.TCShot {
+					t.Errorf("%d: %s (%v), want %s", i, tcReasonName(got.reason), res.Verdict, tcReasonName(r.want))
+				}
+			}
+		})
 	}
 }

@@ -135,7 +135,9 @@
 //     CreatePermission and ChannelBind requests and Send indications; the
 //     method read without the type's top two bits, as stun reads it) is
 //     REASON_STUN_UNHANDLED. Everything else passes as before, for pion/turn
-//     to answer or discard.
+//     to answer or discard. The shield runs once per packet: the TC engine
+//     (rule 10) runs it only on an ingress whose Caps say the XDP program is
+//     not attached there (with no Caps, it assumes XDP ran).
 //  13. Admission (Shield.Admission, with the shield on): a STUN request that
 //     rule 12 passes, from a client with no allocation on that listener
 //     socket (an unauthenticated one: its Allocate, a Binding), is charged
@@ -663,17 +665,17 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	}
 	msg := in.udp[8:]
 	if len(msg) < 4 {
-		return m.shield(frame, in, bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA) // no room for a header
+		return m.shield(ingress, frame, in, bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA) // no room for a header
 	}
 	if msg[0]>>6 != 0b01 {
-		return m.shield(frame, in, bpf.RelayReasonREASON_STUN) // 0b00 is STUN; 0b1x is nothing pion takes either
+		return m.shield(ingress, frame, in, bpf.RelayReasonREASON_STUN) // 0b00 is STUN; 0b1x is nothing pion takes either
 	}
 	channel, n := be16(msg[0:]), int(be16(msg[2:]))
 	if 4+n > len(msg) || len(msg)-4-n > MaxPadding {
-		return m.shield(frame, in, bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA)
+		return m.shield(ingress, frame, in, bpf.RelayReasonREASON_MALFORMED_CHANNEL_DATA)
 	}
 	if n > MaxDataLen {
-		return m.shield(frame, in, bpf.RelayReasonREASON_OVERSIZE)
+		return m.shield(ingress, frame, in, bpf.RelayReasonREASON_OVERSIZE)
 	}
 	// IPv4-mapped addresses are not on an IPv6 wire (RFC 4291 §2.5.5.2): the
 	// kernel gives no socket a packet from one; and one sent to one is for no
@@ -688,7 +690,7 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 	key := channelmap.Key{Client: in.src, Listener: listener, Channel: channel}
 	b, ok := m.client[key]
 	if !ok {
-		return m.shield(frame, in, bpf.RelayReasonREASON_NO_CHANNEL)
+		return m.shield(ingress, frame, in, bpf.RelayReasonREASON_NO_CHANNEL)
 	}
 	if r := in.kernelTakes(); r != 0 {
 		return pass(r)
@@ -715,11 +717,16 @@ func (m *Model) fromClient(ingress int, frame []byte, in datagram) Result {
 
 // shield is rule 12 for a datagram to a listener port that is not bound: r
 // (Pass) unless pion/turn would discard it unanswered at a listener socket.
-func (m *Model) shield(frame []byte, in datagram, r bpf.RelayReason) Result {
+func (m *Model) shield(ingress int, frame []byte, in datagram, r bpf.RelayReason) Result {
 	pass := Result{Verdict: Pass, Reason: r, Frame: frame}
 	drop := func(r bpf.RelayReason) Result { return Result{Verdict: Drop, Reason: r, Frame: frame} }
 	if !m.env.Shield.Junk || in.v6 && (in.src.Addr().Is4In6() || in.dst.Addr().Is4In6()) {
 		return pass
+	}
+	if m.skb != nil {
+		if i := m.iface(ingress); i == nil || i.Caps == nil || i.Caps.Native || i.Caps.Generic {
+			return pass // XDP's shield passed it
+		}
 	}
 	listener, ok := m.env.Destinations[in.dst]
 	if !ok {
